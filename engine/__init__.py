@@ -1,0 +1,31 @@
+"""TTS engine adapters behind one interface (``engine.base.TTSEngine``), and their registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from engine.base import AudioChunk, EngineError, SynthesisRequest, TTSEngine, UnknownVoice, UnsupportedOption, Voice
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
+
+def _piper(settings: Settings) -> TTSEngine:
+    from engine.piper import PiperEngine
+
+    return PiperEngine(threads=settings.piper_threads, workers=settings.piper_workers)
+
+
+def _fake(settings: Settings) -> TTSEngine:
+    from engine.fake import FakeEngine
+
+    return FakeEngine()
+
+
+#: Engines by the name used in ``--engine``; heavy imports happen only in the chosen factory.
+ENGINES: dict[str, Callable[[Settings], TTSEngine]] = {"piper": _piper, "fake": _fake}
+
+__all__ = [
+    "ENGINES", "AudioChunk", "EngineError", "SynthesisRequest", "TTSEngine", "UnknownVoice", "UnsupportedOption", "Voice",
+]

@@ -1,0 +1,117 @@
+"""The one interface every TTS engine implements, and the values that cross it.
+
+The gateway only ever talks to engines through ``TTSEngine``: it asks for ``voices()``, checks a
+request with ``check()``, then consumes ``synthesize()`` with ``contextlib.aclosing`` so that a cancel
+or a disconnect closes the iterator and the engine stops working for nobody.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+
+class EngineError(Exception):
+    """Synthesis failed inside an engine (model error, upstream down, bad audio)."""
+
+
+class UnsupportedOption(EngineError):
+    """A request asks for something the engine cannot honour.
+
+    Args:
+        field: the request field, as named on the wire (``instructions``, ``voice``).
+        engine: the engine's registry name.
+        detail: what would serve the request instead.
+    """
+
+    def __init__(self, field: str, engine: str, detail: str = "") -> None:
+        self.field = field
+        self.engine = engine
+        message = f"engine {engine!r} cannot honour {field!r}"
+        super().__init__(f"{message}: {detail}" if detail else message)
+
+
+class UnknownVoice(EngineError):
+    """The requested voice is not one the engine can speak."""
+
+    def __init__(self, voice: str, engine: str, available: list[str]) -> None:
+        self.voice = voice
+        self.engine = engine
+        super().__init__(f"voice {voice!r} is not available on engine {engine!r}; available: {', '.join(available)}")
+
+
+class Voice(msgspec.Struct, frozen=True, kw_only=True):
+    """A voice an engine can speak."""
+
+    name: str
+    engine: str
+    language: str = ""
+    description: str = ""
+    sample_rate: int = 0
+    cloned: bool = False
+
+
+class SynthesisRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One segment of text to speak, with the options that shape it.
+
+    ``options`` holds the wire options set away from their neutral value (see
+    ``SessionConfig.engine_options``); the engine has already accepted them through ``check``.
+    """
+
+    text: str
+    voice: str
+    speed: float = 1.0
+    seed: int | None = None
+    options: dict[str, object] = msgspec.field(default_factory=dict)
+
+
+class AudioChunk(msgspec.Struct, frozen=True):
+    """Mono float32 samples in [-1, 1] at ``sample_rate``."""
+
+    samples: npt.NDArray[np.float32]
+    sample_rate: int
+
+
+class TTSEngine(Protocol):
+    """What the gateway needs from an engine.
+
+    Attributes:
+        name: registry name (``piper``), reported to clients.
+        sample_rate: native output rate, the session default.
+        default_voice: the voice used when a client names none.
+    """
+
+    name: str
+    sample_rate: int
+    default_voice: str
+
+    async def start(self) -> None:
+        """Load the model; called once from the app lifespan before serving."""
+        ...
+
+    async def voices(self) -> list[Voice]:
+        """The voices this engine can speak."""
+        ...
+
+    def check(self, voice: str, options: dict[str, object]) -> None:
+        """Raise ``UnknownVoice`` or ``UnsupportedOption`` for a request the engine cannot honour.
+
+        Called when a session is configured, so that a client learns at once, not per segment.
+        """
+        ...
+
+    def synthesize(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+        """Stream the audio of one segment. Closing the iterator must stop the work."""
+        ...
+
+    async def ready(self) -> bool:
+        """Whether the engine is loaded and answering (``/readyz``)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Free the model and any worker threads or connections."""
+        ...

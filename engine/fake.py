@@ -1,0 +1,93 @@
+"""A deterministic engine for gateway unit tests: a tone whose length follows the text.
+
+Timing is under the test's control: ``delay_s`` before each chunk, or ``gate`` (an
+``asyncio.Event``) that holds synthesis until the test sets it. ``started`` / ``closed`` count the
+synthesize calls that began and those whose iterator was closed, so a test can check that a cancel
+or a disconnect stopped the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from engine.base import AudioChunk, EngineError, SynthesisRequest, UnknownVoice, UnsupportedOption, Voice
+
+# 60 ms of audio per character is close to natural speech (about 15 characters a second).
+SECONDS_PER_CHAR = 0.06
+
+
+class FakeEngine:
+    """Speaks a 220 Hz tone, ``SECONDS_PER_CHAR`` per character, in chunks of ``chunk_s``.
+
+    Args:
+        sample_rate: native rate of the tone.
+        chunk_s: audio per yielded chunk.
+        delay_s: sleep before each chunk.
+        fail_on: text that makes synthesis raise ``EngineError`` after one chunk.
+        supported: options it honours (others are refused by name).
+    """
+
+    name = "fake"
+    default_voice = "tone"
+
+    def __init__(
+        self,
+        *,
+        sample_rate: int = 16000,
+        chunk_s: float = 0.25,
+        delay_s: float = 0.0,
+        fail_on: str | None = None,
+        supported: frozenset[str] = frozenset({"speed", "seed", "language"}),
+    ) -> None:
+        self.sample_rate = sample_rate
+        self.chunk_s = chunk_s
+        self.delay_s = delay_s
+        self.fail_on = fail_on
+        self.supported = supported
+        self.gate: asyncio.Event | None = None
+        self.requests: list[SynthesisRequest] = []
+        self.started = 0
+        self.closed = 0
+        self.finished = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def voices(self) -> list[Voice]:
+        return [Voice(name="tone", engine=self.name, language="en", sample_rate=self.sample_rate)]
+
+    def check(self, voice: str, options: dict[str, object]) -> None:
+        if voice != "tone":
+            raise UnknownVoice(voice, self.name, ["tone"])
+        for field in options:
+            if field not in self.supported:
+                raise UnsupportedOption(field, self.name)
+
+    async def synthesize(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+        self.requests.append(req)
+        self.started += 1
+        total = int(len(req.text) * SECONDS_PER_CHAR / req.speed * self.sample_rate)
+        step = max(1, int(self.chunk_s * self.sample_rate))
+        t = np.arange(total, dtype=np.float64) / self.sample_rate
+        tone = (0.5 * np.sin(2 * np.pi * 220.0 * t)).astype(np.float32)
+        try:
+            for i in range(0, total, step):
+                if self.gate is not None:
+                    await self.gate.wait()
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+                yield AudioChunk(tone[i : i + step], self.sample_rate)
+                if self.fail_on is not None and self.fail_on in req.text:
+                    raise EngineError(f"fake failure on {self.fail_on!r}")
+            self.finished += 1
+        finally:
+            self.closed += 1
+
+    async def ready(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        return None

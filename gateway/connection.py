@@ -1,0 +1,393 @@
+"""One WebSocket session: a reader, a synthesizer and a writer around a ``protocol.Session``.
+
+- The reader only decodes messages and queues work, so a cancel is handled while audio streams.
+- The synthesizer takes segments in order and pushes their frames into the outbox as fast as the
+  engine makes them: while segment k is being sent, segment k+1 is already being synthesized.
+- The writer drains the outbox (the bounded backpressure queue) into the socket.
+
+Ending: ``_Stop`` raised by any of the three ends the task group, which cancels the others (and
+so closes the engine iterator in flight); a fatal ``ProtocolError`` is then reported and closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from engine.base import EngineError, SynthesisRequest, TTSEngine, UnknownVoice, UnsupportedOption
+from gateway.outbox import Item, Outbox, Payload, SlowConsumer
+from gateway.settings import Settings
+from protocol.errors import CloseCode, ErrorCode, ProtocolError
+from protocol.messages import (
+    AudioCancelled,
+    AudioDone,
+    AudioStart,
+    EffectiveConfig,
+    Error,
+    Limits,
+    ServerMessage,
+    SessionConfig,
+    SessionDone,
+    SessionReady,
+)
+from protocol.packer import AudioPacker
+from protocol.session import (
+    CloseRequested,
+    ConfigAccepted,
+    Event,
+    SegmentReady,
+    Session,
+    UtteranceCancelled,
+    UtteranceEnded,
+    UtteranceStarted,
+)
+
+logger = logging.getLogger(__name__)
+
+# A fatal error is reported and the socket closed within this time, even to a client that
+# stopped reading; past it the connection is simply dropped.
+CLOSE_TIMEOUT_S = 1.0
+
+
+class _Stop(Exception):
+    """Ends the session: ``error`` is the fatal error to report, None for a normal end."""
+
+    def __init__(self, error: ProtocolError | None = None) -> None:
+        super().__init__(error.message if error else "stop")
+        self.error = error
+
+
+@dataclass(slots=True)
+class Utterance:
+    """An utterance in flight, with the config it started under."""
+
+    index: int
+    config: SessionConfig
+    voice: str
+    packer: AudioPacker
+    first_text_t: float | None
+    first_audio_t: float | None = None
+    synthesis_s: float = 0.0
+    cancelled: bool = False
+
+
+@dataclass(slots=True)
+class Segment:
+    """A segment to speak, with its timing."""
+
+    utterance: Utterance
+    sentence_index: int
+    text: str
+    ready_t: float
+    first_sent_t: float | None = None
+    synthesis_s: float = 0.0
+    error: bool = False
+
+    def sent(self) -> None:
+        if self.first_sent_t is None:
+            self.first_sent_t = time.perf_counter()
+            if self.utterance.first_audio_t is None:
+                self.utterance.first_audio_t = self.first_sent_t
+
+
+@dataclass(slots=True)
+class _End:
+    utterance: Utterance
+    total_sentences: int
+
+
+@dataclass(slots=True)
+class _Close:
+    pass
+
+
+_Job = Segment | _End | _Close
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 2)
+
+
+@dataclass
+class Connection:
+    """Drives one accepted WebSocket until it ends."""
+
+    ws: WebSocket
+    engine: TTSEngine
+    settings: Settings
+    session: Session = field(init=False)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.session = Session(max_config_bytes=s.max_config_bytes, max_message_bytes=s.max_message_bytes)
+        self.log = logging.LoggerAdapter(logger, {"session": self.id})
+        self.outbox = Outbox(s.max_buffered_audio_s)
+        self.jobs: asyncio.Queue[_Job] = asyncio.Queue()
+        self.utterances: dict[int, Utterance] = {}
+        self.current: asyncio.Task[None] | None = None
+        self.last_activity = time.monotonic()
+
+    async def run(self) -> None:
+        stop: _Stop | None = None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._read())
+                tg.create_task(self._synthesize())
+                tg.create_task(self._write())
+        except* _Stop as group:
+            stop = group.exceptions[0]  # type: ignore[assignment]
+        except* SlowConsumer as group:
+            stop = _Stop(slow_consumer_error(group.exceptions[0]))  # type: ignore[arg-type]
+        if stop is not None and stop.error is not None:
+            await self._abort(stop.error)
+
+    # -- reader -------------------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "websocket.disconnect":
+                raise _Stop()
+            self.last_activity = time.monotonic()
+            events: list[Event] = []
+            try:
+                if message.get("text") is not None:
+                    events = self.session.receive_text(message["text"])
+                else:
+                    events = self.session.receive_bytes(message.get("bytes") or b"")
+                for event in events:
+                    self._handle(event)
+            except ProtocolError as err:
+                if err.fatal:
+                    raise _Stop(err) from None
+                self._report(err)
+            if any(isinstance(e, CloseRequested) for e in events):
+                return
+
+    async def _receive(self) -> dict[str, object]:
+        s = self.settings
+        while True:
+            configured = self.session.configured
+            limit = s.idle_timeout_s if configured else s.config_timeout_s
+            wait = limit - (time.monotonic() - self.last_activity) if configured else limit
+            try:
+                return dict(await asyncio.wait_for(self.ws.receive(), max(wait, 0.01)))
+            except TimeoutError:
+                if not configured:
+                    raise _Stop(ProtocolError(
+                        ErrorCode.CONFIG_TIMEOUT, f"no session.config within {limit:g} s",
+                        close_code=CloseCode.TIMEOUT, fatal=True)) from None
+                if self._busy() or time.monotonic() - self.last_activity < limit:
+                    continue
+                raise _Stop(ProtocolError(
+                    ErrorCode.IDLE_TIMEOUT, f"no message and no audio for {limit:g} s",
+                    close_code=CloseCode.TIMEOUT, fatal=True)) from None
+
+    def _busy(self) -> bool:
+        return bool(len(self.outbox) or self.jobs.qsize() or self.current is not None)
+
+    def _handle(self, event: Event) -> None:
+        now = time.perf_counter()
+        match event:
+            case ConfigAccepted(config=config):
+                self._configure(config)
+            case UtteranceStarted(utterance_index=u):
+                self.utterances[u] = self._utterance(u, now)
+            case SegmentReady(utterance_index=u, sentence_index=s, text=text):
+                self.jobs.put_nowait(Segment(self.utterances[u], s, text, now))
+            case UtteranceEnded(utterance_index=u, total_sentences=n):
+                utterance = self.utterances.get(u) or self.utterances.setdefault(u, self._utterance(u, None))
+                self.jobs.put_nowait(_End(utterance, n))
+            case UtteranceCancelled(utterance_index=u):
+                self._cancel(u)
+            case CloseRequested():
+                self.jobs.put_nowait(_Close())
+
+    def _configure(self, config: SessionConfig) -> None:
+        voice = config.voice_name or self.engine.default_voice
+        try:
+            self.engine.check(voice, config.engine_options())
+        except UnknownVoice as exc:
+            raise self.session.reject_config(
+                ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc), field="$.voice")) from None
+        except UnsupportedOption as exc:
+            raise self.session.reject_config(
+                ProtocolError(ErrorCode.UNSUPPORTED_OPTION, str(exc), field=f"$.{exc.field}")) from None
+        self.session.accept_config(config)
+        s = self.settings
+        effective = EffectiveConfig(
+            voice=voice, engine=self.engine.name, response_format=config.response_format,
+            sample_rate=config.sample_rate or self.engine.sample_rate, speed=config.speed, seed=config.seed,
+            stream_audio=config.stream_audio, split_granularity=config.split_granularity,
+            eager_first_segment=config.eager_first_segment, frame_ms=config.frame_ms, frame_header=config.frame_header,
+        )
+        limits = Limits(max_message_bytes=s.max_message_bytes, max_config_bytes=s.max_config_bytes,
+                        idle_timeout_s=s.idle_timeout_s, max_buffered_audio_s=s.max_buffered_audio_s)
+        self._send(SessionReady(session_id=self.id, config=effective, limits=limits))
+        self.log.info("configured: %s", effective)
+
+    def _utterance(self, index: int, first_text_t: float | None) -> Utterance:
+        config = self.session.config
+        assert config is not None  # the session only starts utterances once configured
+        packer = AudioPacker(
+            index, fmt=config.response_format, sample_rate=config.sample_rate or self.engine.sample_rate,
+            frame_ms=config.frame_ms, frame_header=config.frame_header, stream_audio=config.stream_audio,
+        )
+        voice = config.voice_name or self.engine.default_voice
+        return Utterance(index, config, voice, packer, first_text_t)
+
+    def _cancel(self, open_index: int | None) -> None:
+        victims = list(self.utterances.values())
+        for utterance in victims:
+            utterance.cancelled = True
+        kept = [job for job in self._drain_jobs() if isinstance(job, _Close)]
+        for job in kept:
+            self.jobs.put_nowait(job)
+        if self.current is not None:
+            self.current.cancel()
+        self.outbox.drop(u.index for u in victims)
+        self.utterances.clear()
+        indices = [u.index for u in victims] or [open_index if open_index is not None else max(0, self.session.utterance_index - 1)]
+        for index in indices:
+            self._send(AudioCancelled(utterance_index=index), utterance=None)
+        self.log.info("cancelled utterances %s", indices)
+
+    def _drain_jobs(self) -> list[_Job]:
+        jobs = []
+        while not self.jobs.empty():
+            jobs.append(self.jobs.get_nowait())
+        return jobs
+
+    def _report(self, err: ProtocolError, utterance: int | None = None) -> None:
+        self.log.info("error %s: %s", err.code, err.message)
+        self._send(Error(code=err.code, message=err.message, fatal=err.fatal, field=err.field,
+                         utterance_index=utterance))
+
+    def _send(self, msg: ServerMessage, *, utterance: int | None = None) -> None:
+        self.outbox.put(Item(self.session.send(msg), utterance))
+
+    # -- synthesizer --------------------------------------------------------------------------
+
+    async def _synthesize(self) -> None:
+        while True:
+            job = await self.jobs.get()
+            match job:
+                case _Close():
+                    self.outbox.put(Item(None))
+                    return
+                case _End(utterance=u) if not u.cancelled:
+                    self._queue_done(job)
+                case Segment(utterance=u) if not u.cancelled:
+                    self.current = task = asyncio.create_task(self._speak(job))
+                    try:
+                        await asyncio.wait([task])
+                    finally:
+                        task.cancel()  # a no-op once done; stops the segment when the session ends
+                        self.current = None
+                    if not task.cancelled() and (exc := task.exception()) is not None:
+                        raise exc
+
+    async def _speak(self, seg: Segment) -> None:
+        u = seg.utterance
+        packer, config = u.packer, u.config
+        start = packer.start_segment(seg.sentence_index)
+        self._put(u, AudioStart(
+            utterance_index=u.index, sentence_index=seg.sentence_index, sentence_text=seg.text,
+            format=config.response_format, sample_rate=packer.sample_rate, start_sample=start))
+        req = SynthesisRequest(text=seg.text, voice=u.voice, speed=config.speed, seed=config.seed,
+                               options=config.engine_options())
+        failure: EngineError | None = None
+        try:
+            async with contextlib.aclosing(self.engine.synthesize(req)) as chunks:
+                t = time.perf_counter()
+                async for chunk in chunks:
+                    seg.synthesis_s += time.perf_counter() - t
+                    self._put_frames(seg, packer.push(chunk.samples, chunk.sample_rate))
+                    t = time.perf_counter()
+        except EngineError as exc:
+            failure = exc
+            seg.error = True
+        self._put_frames(seg, packer.end_segment())
+        u.synthesis_s += seg.synthesis_s
+        total_bytes, samples = packer.segment_bytes, packer.segment_samples
+
+        def done() -> str:
+            ready = seg.first_sent_t - seg.ready_t if seg.first_sent_t is not None else None
+            return self.session.send(AudioDone(
+                utterance_index=u.index, sentence_index=seg.sentence_index, total_bytes=total_bytes,
+                duration_ms=round(samples * 1000.0 / packer.sample_rate, 2), error=seg.error,
+                text_to_first_audio_ms=_ms(ready), synthesis_ms=_ms(seg.synthesis_s) or 0.0))
+
+        self._put(u, done)
+        if failure is not None:
+            self.log.warning("engine failed on segment %d/%d: %s", u.index, seg.sentence_index, failure)
+            self._put(u, Error(code=ErrorCode.ENGINE_ERROR, message=str(failure), utterance_index=u.index))
+
+    def _put_frames(self, seg: Segment, frames: list[bytes]) -> None:
+        if not frames or seg.utterance.cancelled:
+            return
+        audio_s = seg.utterance.packer.frame_samples / seg.utterance.packer.sample_rate
+        for frame in frames:
+            self.outbox.put(Item(frame, seg.utterance.index, audio_s, seg.sent))
+
+    def _put(self, u: Utterance, msg: ServerMessage | Payload) -> None:
+        if u.cancelled:
+            return
+        payload = self.session.send(msg) if not isinstance(msg, str | bytes) and not callable(msg) else msg
+        self.outbox.put(Item(payload, u.index))
+
+    def _queue_done(self, job: _End) -> None:
+        u = job.utterance
+
+        def done() -> str:
+            first = u.first_audio_t - u.first_text_t if u.first_audio_t and u.first_text_t else None
+            return self.session.send(SessionDone(
+                utterance_index=u.index, total_sentences=job.total_sentences, first_text_to_first_audio_ms=_ms(first),
+                audio_ms=round(u.packer.samples_sent * 1000.0 / u.packer.sample_rate, 2),
+                synthesis_ms=_ms(u.synthesis_s) or 0.0))
+
+        def finished() -> None:
+            self.utterances.pop(u.index, None)
+
+        self.outbox.put(Item(done, u.index, on_sent=finished))
+
+    # -- writer -------------------------------------------------------------------------------
+
+    async def _write(self) -> None:
+        while True:
+            item = await self.outbox.get()
+            payload = item.payload
+            try:
+                if payload is None:
+                    await self.ws.close(CloseCode.NORMAL)
+                    raise _Stop()
+                if callable(payload):
+                    payload = payload()
+                if isinstance(payload, bytes):
+                    await self.ws.send_bytes(payload)
+                else:
+                    await self.ws.send_text(payload)
+            except WebSocketDisconnect:
+                raise _Stop() from None
+            self.last_activity = time.monotonic()
+            if item.on_sent is not None:
+                item.on_sent()
+
+    async def _abort(self, err: ProtocolError) -> None:
+        self.log.info("closing with %d: %s %s", err.close_code, err.code, err.message)
+        message = self.session.send(Error(code=err.code, message=err.message, fatal=True, field=err.field))
+        with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError):
+            await asyncio.wait_for(self.ws.send_text(message), CLOSE_TIMEOUT_S)
+            await asyncio.wait_for(self.ws.close(err.close_code, err.code), CLOSE_TIMEOUT_S)
+
+
+def slow_consumer_error(exc: SlowConsumer) -> ProtocolError:
+    """The fatal error that ends a session whose client stopped reading."""
+    return ProtocolError(ErrorCode.SLOW_CONSUMER, str(exc), close_code=CloseCode.SLOW_CONSUMER, fatal=True)

@@ -1,0 +1,213 @@
+"""Wire messages of ``WS /v1/audio/speech/stream``, as msgspec Structs in tagged unions.
+
+Message flow (``docs/protocol.md`` is the full contract)::
+
+    client                                   server
+    session.config ─────────────────────────▶
+                   ◀───────────────────────── session.ready
+    input.text  (any number, any size) ─────▶
+                   ◀───────────────────────── audio.start      (per segment)
+                   ◀───────────────────────── <binary audio>   (frames of frame_ms)
+                   ◀───────────────────────── audio.done       (per segment)
+    input.done  (flush; the socket stays) ──▶
+                   ◀───────────────────────── session.done     (per utterance)
+    input.cancel (barge-in) ────────────────▶
+                   ◀───────────────────────── audio.cancelled  (no audio of it after this)
+    session.config (again, between utterances)
+    session.close ──────────────────────────▶ (finishes the utterance, then closes 1000)
+                   ◀───────────────────────── error            (any time; fatal ones close)
+
+Client messages are frozen and forbid unknown fields, so a typo fails loudly with its path.
+Server messages give every field a default, so adding one never breaks a client.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from protocol.audio import AudioFormat
+from protocol.segmenter import Granularity
+
+SampleRate = Annotated[int, msgspec.Meta(ge=8000, le=48000)]
+Speed = Annotated[float, msgspec.Meta(ge=0.25, le=4.0)]
+FrameMs = Annotated[int, msgspec.Meta(ge=10, le=1000)]
+Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # int64, as vllm-omni
+TaskType = Literal["CustomVoice", "VoiceDesign", "Base"]
+# vllm-omni caps speaker_embedding at 8192 values.
+Embedding = Annotated[list[float], msgspec.Meta(max_length=8192)]
+
+
+class _Client(msgspec.Struct, tag_field="type", frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every client-to-server message."""
+
+
+class SessionConfig(_Client, tag="session.config"):
+    """Configures the session; first message, may be sent again between utterances.
+
+    The fields from ``model`` down are vllm-omni's; an engine that cannot honour one that is set
+    answers ``unsupported_option`` naming the field and the engine.
+    """
+
+    voice: str | None = None
+    speaker: str | None = None
+    response_format: AudioFormat = "pcm"
+    sample_rate: SampleRate | None = None
+    speed: Speed = 1.0
+    seed: Seed | None = None
+    language: str | None = None
+    instructions: str | None = None
+    stream_audio: bool = True
+    split_granularity: Granularity = "sentence"
+    eager_first_segment: bool = True
+    frame_ms: FrameMs = 40
+    frame_header: bool = False
+    model: str | None = None
+    task_type: TaskType | None = None
+    ref_audio: str | None = None
+    ref_text: str | None = None
+    x_vector_only_mode: bool | None = None
+    speaker_embedding: Embedding | None = None
+    max_new_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    initial_codec_chunk_frames: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    non_streaming_mode: bool | None = None
+    word_timestamps: bool = False
+
+    @property
+    def voice_name(self) -> str | None:
+        """The requested voice: ``voice``, else its alias ``speaker``, else None (engine default)."""
+        return self.voice if self.voice is not None else self.speaker
+
+    def engine_options(self) -> dict[str, object]:
+        """The options an engine must honour or refuse: every one set away from its neutral value."""
+        neutral: dict[str, object] = {"speed": 1.0, "word_timestamps": False}
+        out: dict[str, object] = {}
+        for name in ENGINE_OPTION_FIELDS:
+            value = getattr(self, name)
+            if value is not None and value != neutral.get(name):
+                out[name] = value
+        return out
+
+
+#: Fields of ``session.config`` that reach the engine and that it must be able to honour.
+ENGINE_OPTION_FIELDS: tuple[str, ...] = (
+    "speed", "seed", "language", "instructions", "task_type", "ref_audio", "ref_text",
+    "x_vector_only_mode", "speaker_embedding", "max_new_tokens", "initial_codec_chunk_frames",
+    "non_streaming_mode", "word_timestamps",
+)
+
+
+class InputText(_Client, tag="input.text"):
+    """Appends text to the current utterance (starts one if none is open)."""
+
+    text: str
+
+
+class InputDone(_Client, tag="input.done"):
+    """Flush: synthesize everything buffered and end the utterance; the socket stays open."""
+
+
+class InputCancel(_Client, tag="input.cancel"):
+    """Barge-in: drop buffered text, abort synthesis and discard queued audio."""
+
+
+class SessionClose(_Client, tag="session.close"):
+    """Finish the current utterance as ``input.done`` would, then close with 1000."""
+
+
+ClientMessage = SessionConfig | InputText | InputDone | InputCancel | SessionClose
+CLIENT_TYPES: frozenset[str] = frozenset(
+    str(t.__struct_config__.tag) for t in (SessionConfig, InputText, InputDone, InputCancel, SessionClose)
+)
+
+
+class _Server(msgspec.Struct, tag_field="type", kw_only=True):
+    """Base of every server-to-client message."""
+
+
+class Limits(msgspec.Struct, kw_only=True):
+    """Limits in force for the session."""
+
+    max_message_bytes: int = 0
+    max_config_bytes: int = 0
+    idle_timeout_s: float = 0.0
+    max_buffered_audio_s: float = 0.0
+
+
+class EffectiveConfig(msgspec.Struct, kw_only=True):
+    """What the server will actually do with the accepted config."""
+
+    voice: str = ""
+    engine: str = ""
+    response_format: AudioFormat = "pcm"
+    sample_rate: int = 0
+    channels: int = 1
+    speed: float = 1.0
+    seed: int | None = None
+    stream_audio: bool = True
+    split_granularity: Granularity = "sentence"
+    eager_first_segment: bool = True
+    frame_ms: int = 40
+    frame_header: bool = False
+
+
+class SessionReady(_Server, tag="session.ready"):
+    """Sent after each accepted ``session.config``."""
+
+    session_id: str = ""
+    config: EffectiveConfig = msgspec.field(default_factory=EffectiveConfig)
+    limits: Limits = msgspec.field(default_factory=Limits)
+
+
+class AudioStart(_Server, tag="audio.start"):
+    """Announces the audio of one segment; its binary frames follow."""
+
+    utterance_index: int = 0
+    sentence_index: int = 0
+    sentence_text: str = ""
+    format: AudioFormat = "pcm"
+    sample_rate: int = 0
+    channels: int = 1
+    start_sample: int = 0
+
+
+class AudioDone(_Server, tag="audio.done"):
+    """Ends the audio of one segment, with its timing."""
+
+    utterance_index: int = 0
+    sentence_index: int = 0
+    total_bytes: int = 0
+    duration_ms: float = 0.0
+    error: bool = False
+    text_to_first_audio_ms: float | None = None
+    synthesis_ms: float = 0.0
+
+
+class SessionDone(_Server, tag="session.done"):
+    """Ends an utterance (after ``input.done``), with its metrics."""
+
+    utterance_index: int = 0
+    total_sentences: int = 0
+    first_text_to_first_audio_ms: float | None = None
+    audio_ms: float = 0.0
+    synthesis_ms: float = 0.0
+
+
+class AudioCancelled(_Server, tag="audio.cancelled"):
+    """Confirms ``input.cancel``; no binary frame of this utterance follows it."""
+
+    utterance_index: int = 0
+
+
+class Error(_Server, tag="error"):
+    """Reports a failure; ``fatal`` errors are followed by a close."""
+
+    code: str = ""
+    message: str = ""
+    fatal: bool = False
+    utterance_index: int | None = None
+    field: str | None = None
+
+
+ServerMessage = SessionReady | AudioStart | AudioDone | SessionDone | AudioCancelled | Error

@@ -1,0 +1,119 @@
+"""Turns an utterance's engine audio into the binary WebSocket messages of the session's format.
+
+One ``AudioPacker`` per utterance: it resamples each segment with a stateful soxr stream, encodes,
+cuts ``frame_ms`` frames (the last frame of a segment may be shorter), numbers them and puts the
+optional frame header in front. Sample positions count from the utterance start at the output rate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from protocol.audio import BYTES_PER_SAMPLE, AudioFormat, Resampler, Samples, encode, wav_header
+from protocol.frames import FrameHeader
+
+
+class AudioPacker:
+    """Frames the audio of one utterance.
+
+    Args:
+        utterance_index: written into frame headers.
+        fmt: the session's ``response_format``.
+        sample_rate: the output rate.
+        frame_ms: audio per binary message when streaming.
+        frame_header: put the 24-byte header in front of each message.
+        stream_audio: False sends one message per segment holding the whole encoded segment.
+    """
+
+    def __init__(
+        self,
+        utterance_index: int,
+        *,
+        fmt: AudioFormat,
+        sample_rate: int,
+        frame_ms: int,
+        frame_header: bool,
+        stream_audio: bool,
+    ) -> None:
+        self.utterance_index = utterance_index
+        self.fmt: AudioFormat = fmt
+        self.sample_rate = sample_rate
+        self.frame_samples = max(1, round(sample_rate * frame_ms / 1000))
+        self.frame_header = frame_header
+        self.stream_audio = stream_audio
+        self.samples_sent = 0  # utterance position of the next sample
+        self._frame_index = 0
+        self._sentence_index = 0
+        self._resampler: Resampler | None = None
+        self._pending: list[Samples] = []
+        self._pending_len = 0
+        self.segment_bytes = 0
+        self.segment_samples = 0
+
+    def start_segment(self, sentence_index: int) -> int:
+        """Begin a segment; returns its ``start_sample``."""
+        self._sentence_index = sentence_index
+        self._resampler = None
+        self._pending, self._pending_len = [], 0
+        self.segment_bytes = self.segment_samples = 0
+        return self.samples_sent
+
+    def push(self, samples: Samples, sample_rate: int) -> list[bytes]:
+        """Add engine audio of the current segment; returns the messages now complete."""
+        if self._resampler is None or self._resampler.in_rate != sample_rate:
+            tail = self._drain_resampler()
+            self._resampler = Resampler(sample_rate, self.sample_rate)
+            self._append(tail)
+        self._append(self._resampler.process(samples))
+        return self._frames(final=False) if self.stream_audio else []
+
+    def end_segment(self) -> list[bytes]:
+        """Finish the current segment; returns its remaining messages (the last may be short)."""
+        self._append(self._drain_resampler())
+        self._resampler = None
+        return self._frames(final=True)
+
+    def _drain_resampler(self) -> Samples:
+        if self._resampler is None:
+            return np.zeros(0, dtype=np.float32)
+        return self._resampler.process(np.zeros(0, dtype=np.float32), last=True)
+
+    def _append(self, samples: Samples) -> None:
+        if len(samples):
+            self._pending.append(samples)
+            self._pending_len += len(samples)
+
+    def _frames(self, *, final: bool) -> list[bytes]:
+        if not self._pending_len:
+            return []
+        audio = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        if not self.stream_audio:
+            cut = len(audio)
+        else:
+            cut = len(audio) if final else len(audio) - len(audio) % self.frame_samples
+        rest = audio[cut:]
+        self._pending, self._pending_len = ([rest], len(rest)) if len(rest) else ([], 0)
+        if not self.stream_audio:
+            return [self._message(audio)] if cut else []
+        return [self._message(audio[i : i + self.frame_samples]) for i in range(0, cut, self.frame_samples)]
+
+    def _message(self, samples: Samples) -> bytes:
+        payload = encode(samples, self.fmt)
+        if self.fmt == "wav":
+            if not self.stream_audio:
+                payload = wav_header(self.sample_rate, len(payload)) + payload
+            elif self._frame_index == 0:
+                payload = wav_header(self.sample_rate) + payload
+        header = b""
+        if self.frame_header:
+            header = FrameHeader(self.utterance_index, self._sentence_index, self._frame_index, self.samples_sent).serialize()
+        self._frame_index += 1
+        self.samples_sent += len(samples)
+        self.segment_samples += len(samples)
+        self.segment_bytes += len(payload)
+        return header + payload
+
+
+def payload_samples(payload_bytes: int, fmt: AudioFormat) -> int:
+    """How many samples ``payload_bytes`` of ``fmt`` audio (without any WAV header) hold."""
+    return payload_bytes // BYTES_PER_SAMPLE[fmt]

@@ -1,0 +1,252 @@
+"""The session state machine: decoded client messages in, events out; server messages in, payloads out.
+
+No I/O and no clock: the gateway feeds whole WebSocket messages to ``receive_text`` /
+``receive_bytes``, acts on the returned events, and writes what ``send`` / ``audio_frame`` return.
+
+States and the messages that move between them (anything else is an error)::
+
+    AWAITING_CONFIG --session.config--> READY
+    READY   --session.config--> READY        READY   --input.text--> SPEAKING
+    READY   --input.done-----> READY         SPEAKING --input.text--> SPEAKING
+    READY   --input.cancel---> READY         SPEAKING --input.done / input.cancel--> READY
+    READY | SPEAKING --session.close--> CLOSED
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+import msgspec
+
+from protocol.errors import CloseCode, ErrorCode, ProtocolError
+from protocol.frames import FrameHeader
+from protocol.messages import (
+    CLIENT_TYPES,
+    ClientMessage,
+    InputCancel,
+    InputDone,
+    InputText,
+    ServerMessage,
+    SessionClose,
+    SessionConfig,
+)
+from protocol.segmenter import Segmenter
+
+# vllm-omni's limits: a config may carry reference audio inline, other messages are small.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+MAX_MESSAGE_BYTES = 128 * 1024
+
+_decode_client = msgspec.json.Decoder(ClientMessage).decode
+_decode_any = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+_PATH = re.compile(r"at `(\$[^`]*)`")
+
+
+class State(enum.Enum):
+    """Where the session is in its life."""
+
+    AWAITING_CONFIG = enum.auto()
+    READY = enum.auto()
+    SPEAKING = enum.auto()
+    CLOSED = enum.auto()
+
+
+_TRANSITIONS: dict[tuple[State, type[ClientMessage]], State] = {
+    (State.AWAITING_CONFIG, SessionConfig): State.READY,
+    (State.READY, SessionConfig): State.READY,
+    (State.READY, InputText): State.SPEAKING,
+    (State.SPEAKING, InputText): State.SPEAKING,
+    (State.READY, InputDone): State.READY,
+    (State.SPEAKING, InputDone): State.READY,
+    (State.READY, InputCancel): State.READY,
+    (State.SPEAKING, InputCancel): State.READY,
+    (State.READY, SessionClose): State.CLOSED,
+    (State.SPEAKING, SessionClose): State.CLOSED,
+}
+
+
+class Event(msgspec.Struct, frozen=True):
+    """Base of what the session tells the gateway to do."""
+
+
+class ConfigAccepted(Event, frozen=True):
+    """A config passed validation; the gateway checks it against the engine, then answers session.ready."""
+
+    config: SessionConfig
+    first: bool
+
+
+class SegmentReady(Event, frozen=True):
+    """A segment of text is complete and can be synthesized."""
+
+    utterance_index: int
+    sentence_index: int
+    text: str
+
+
+class UtteranceStarted(Event, frozen=True):
+    """The first text of an utterance arrived."""
+
+    utterance_index: int
+
+
+class UtteranceEnded(Event, frozen=True):
+    """All text of the utterance is segmented (after ``input.done`` or ``session.close``)."""
+
+    utterance_index: int
+    total_sentences: int
+
+
+class UtteranceCancelled(Event, frozen=True):
+    """Barge-in: stop everything in flight. ``utterance_index`` is the open utterance, if any."""
+
+    utterance_index: int | None
+
+
+class CloseRequested(Event, frozen=True):
+    """The client asked to close once the last utterance has played out."""
+
+
+class Session:
+    """Protocol state of one WebSocket connection.
+
+    Args:
+        max_config_bytes: largest accepted ``session.config`` message.
+        max_message_bytes: largest accepted message of any other type.
+    """
+
+    def __init__(self, *, max_config_bytes: int = MAX_CONFIG_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.state = State.AWAITING_CONFIG
+        self.config: SessionConfig | None = None
+        self.max_config_bytes = max_config_bytes
+        self.max_message_bytes = max_message_bytes
+        self.utterance_index = 0
+        self._sentences = 0
+        self._segmenter = Segmenter()
+
+    @property
+    def configured(self) -> bool:
+        """Whether a config has been accepted (errors are no longer fatal)."""
+        return self.config is not None
+
+    def receive_text(self, data: str) -> list[Event]:
+        """Take one text WebSocket message.
+
+        Raises:
+            ProtocolError: the message is refused; ``fatal`` says whether the session must close.
+        """
+        msg = self._decode(data)
+        key = (self.state, type(msg))
+        if key not in _TRANSITIONS:
+            raise self._illegal(msg)
+        events: list[Event] = []
+        match msg:
+            case SessionConfig():
+                events.append(ConfigAccepted(msg, first=self.config is None))
+            case InputText(text=text):
+                if not text:
+                    return []  # an empty text is a keep-alive, as in ElevenLabs' protocol
+                if self.state is State.READY:
+                    events.append(UtteranceStarted(self.utterance_index))
+                events.extend(self._segments(self._segmenter.push(text)))
+            case InputDone():
+                events.extend(self._end_utterance())
+            case InputCancel():
+                open_index = self.utterance_index if self.state is State.SPEAKING else None
+                self._segmenter.reset()
+                if open_index is not None:
+                    self._next_utterance()
+                events.append(UtteranceCancelled(open_index))
+            case SessionClose():
+                if self.state is State.SPEAKING:
+                    events.extend(self._end_utterance())
+                events.append(CloseRequested())
+        self.state = _TRANSITIONS[key]
+        return events
+
+    def receive_bytes(self, data: bytes) -> list[Event]:
+        """Take one binary WebSocket message: clients send no binary data, so it is always refused."""
+        raise self._error(ErrorCode.BINARY_NOT_ACCEPTED, "binary messages are not accepted; send JSON text frames")
+
+    def accept_config(self, config: SessionConfig) -> None:
+        """Adopt a config once the gateway has checked it against the engine (after ``ConfigAccepted``)."""
+        self.config = config
+        self._segmenter = Segmenter(config.split_granularity, eager_first=config.eager_first_segment)
+
+    def reject_config(self, error: ProtocolError) -> ProtocolError:
+        """Turn an engine's refusal of a config into the error to report (fatal before the first config)."""
+        if self.config is None:
+            self.state = State.AWAITING_CONFIG
+            error.fatal = True
+            error.close_code = CloseCode.POLICY_VIOLATION
+        return error
+
+    def send(self, msg: ServerMessage) -> str:
+        """Encode a server message as the text of a WebSocket message."""
+        return _encode(msg).decode()
+
+    def audio_frame(self, header: FrameHeader | None, payload: bytes) -> bytes:
+        """Build a binary audio message: the payload, behind the 24-byte header when it is on."""
+        return payload if header is None else header.serialize() + payload
+
+    def _segments(self, texts: list[str]) -> list[Event]:
+        out: list[Event] = []
+        for text in texts:
+            out.append(SegmentReady(self.utterance_index, self._sentences, text))
+            self._sentences += 1
+        return out
+
+    def _end_utterance(self) -> list[Event]:
+        events = self._segments(self._segmenter.flush())
+        events.append(UtteranceEnded(self.utterance_index, self._sentences))
+        self._next_utterance()
+        return events
+
+    def _next_utterance(self) -> None:
+        self.utterance_index += 1
+        self._sentences = 0
+
+    def _decode(self, data: str) -> ClientMessage:
+        size = len(data) if data.isascii() else len(data.encode())
+        if size > self.max_config_bytes:
+            raise self._error(
+                ErrorCode.MESSAGE_TOO_LARGE, f"message of {size} bytes exceeds {self.max_config_bytes}",
+                close_code=CloseCode.MESSAGE_TOO_BIG,
+            )
+        try:
+            msg = _decode_client(data)
+        except msgspec.ValidationError as exc:
+            raise self._classify(data, exc) from None
+        except msgspec.DecodeError as exc:
+            raise self._error(ErrorCode.INVALID_JSON, f"invalid JSON: {exc}", close_code=CloseCode.INVALID_DATA) from None
+        if not isinstance(msg, SessionConfig) and size > self.max_message_bytes:
+            raise self._error(
+                ErrorCode.MESSAGE_TOO_LARGE, f"{type(msg).__name__} message of {size} bytes exceeds {self.max_message_bytes}",
+                close_code=CloseCode.MESSAGE_TOO_BIG,
+            )
+        return msg
+
+    def _classify(self, data: str, exc: msgspec.ValidationError) -> ProtocolError:
+        raw = _decode_any(data)
+        if not isinstance(raw, dict):
+            return self._error(ErrorCode.NOT_AN_OBJECT, "messages must be JSON objects", close_code=CloseCode.INVALID_DATA)
+        kind = raw.get("type")
+        if not isinstance(kind, str) or kind not in CLIENT_TYPES:
+            return self._error(ErrorCode.UNKNOWN_TYPE, f"unknown message type: {kind!r}", field="$.type")
+        match = _PATH.search(str(exc))
+        code = ErrorCode.INVALID_MESSAGE
+        return self._error(code, f"invalid {kind}: {exc}", close_code=CloseCode.INVALID_DATA, field=match[1] if match else None)
+
+    def _illegal(self, msg: ClientMessage) -> ProtocolError:
+        kind = msg.__struct_config__.tag
+        if self.state is State.AWAITING_CONFIG:
+            return self._error(ErrorCode.CONFIG_REQUIRED, f"send session.config before {kind}")
+        if self.state is State.SPEAKING:
+            return self._error(ErrorCode.INVALID_STATE, f"{kind} during an utterance: send input.done first")
+        return self._error(ErrorCode.INVALID_STATE, f"{kind} after session.close")
+
+    def _error(
+        self, code: ErrorCode, message: str, *, close_code: CloseCode = CloseCode.POLICY_VIOLATION, field: str | None = None
+    ) -> ProtocolError:
+        return ProtocolError(code, message, close_code=close_code, fatal=not self.configured, field=field)

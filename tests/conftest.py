@@ -1,0 +1,110 @@
+"""Shared fixtures: a real uvicorn server on a free loopback port, and a WebSocket client helper."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from websockets.sync.client import ClientConnection, connect
+
+from engine.base import TTSEngine
+from gateway.app import create_app
+from gateway.settings import Settings
+
+# Every timeout in the tests is a multiple of this, so a slow machine can scale them all at once.
+MS = 0.001
+TIMEOUT_S = 30.0
+
+
+@contextmanager
+def serve(app: Starlette) -> Iterator[str]:
+    """Run ``app`` on uvicorn in a thread on a free loopback port; yields ``host:port``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", ws_max_size=16 * 1024 * 1024, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(TIMEOUT_S)
+        sock.close()
+
+
+@contextmanager
+def serve_engine(engine: TTSEngine | None = None, **settings: object) -> Iterator[str]:
+    """Serve a gateway app with the given engine (or the one named in settings)."""
+    with serve(create_app(Settings(**settings), engine=engine)) as address:  # type: ignore[arg-type]
+        yield address
+
+
+@dataclass
+class Received:
+    """Everything a client got, in order: JSON messages as dicts, binary frames as bytes."""
+
+    items: list[dict[str, object] | bytes] = field(default_factory=list)
+
+    def messages(self, kind: str | None = None) -> list[dict[str, object]]:
+        return [m for m in self.items if isinstance(m, dict) and (kind is None or m["type"] == kind)]
+
+    def frames(self) -> list[bytes]:
+        return [m for m in self.items if isinstance(m, bytes)]
+
+    def types(self) -> list[str]:
+        return ["<audio>" if isinstance(m, bytes) else str(m["type"]) for m in self.items]
+
+
+def send(ws: ClientConnection, **message: object) -> None:
+    ws.send(json.dumps(message))
+
+
+def recv(ws: ClientConnection, timeout: float = TIMEOUT_S) -> dict[str, object] | bytes:
+    data = ws.recv(timeout=timeout)
+    return data if isinstance(data, bytes) else json.loads(data)
+
+
+def recv_until(ws: ClientConnection, kind: str, received: Received | None = None, timeout: float = TIMEOUT_S) -> Received:
+    """Receive until a JSON message of type ``kind`` arrives (included)."""
+    received = received or Received()
+    deadline = time.monotonic() + timeout
+    while True:
+        item = recv(ws, max(0.01, deadline - time.monotonic()))
+        received.items.append(item)
+        if isinstance(item, dict) and item["type"] == kind:
+            return received
+
+
+@contextmanager
+def session(address: str, **config: object) -> Iterator[ClientConnection]:
+    """Open a WebSocket session, send session.config and wait for session.ready."""
+    with connect(f"ws://{address}/v1/audio/speech/stream", max_size=None, open_timeout=TIMEOUT_S) as ws:
+        send(ws, type="session.config", **config)
+        ready = recv(ws)
+        assert isinstance(ready, dict) and ready["type"] == "session.ready", ready
+        yield ws
+
+
+@pytest.fixture(scope="session")
+def output_dir() -> Path:
+    """A folder for artefacts a person may want to look at (screenshots, audio)."""
+    path = Path(__file__).resolve().parent.parent / "test-output"
+    path.mkdir(exist_ok=True)
+    return path
