@@ -50,9 +50,9 @@ def serve(app: Starlette) -> Iterator[str]:
 
 
 @contextmanager
-def serve_engine(engine: TTSEngine | None = None, **settings: object) -> Iterator[str]:
-    """Serve a gateway app with the given engine (or the one named in settings)."""
-    with serve(create_app(Settings(**settings), engine=engine)) as address:  # type: ignore[arg-type]
+def serve_engine(tts: TTSEngine | None = None, **settings: object) -> Iterator[str]:
+    """Serve a gateway app with the engine ``tts`` (or, when None, the one named in settings)."""
+    with serve(create_app(Settings(**settings), engine=tts)) as address:  # type: ignore[arg-type]
         yield address
 
 
