@@ -1,0 +1,351 @@
+"""Incremental text segmentation for streaming speech synthesis.
+
+An LLM emits text in arbitrary pieces ("Hel", "lo", " wor", "ld."). :class:`Segmenter` decides where
+to cut that stream into segments that are synthesised one at a time, so audio can start before the
+whole text has arrived.
+
+The scanner walks the buffered text one character at a time and never revisits a decided position.
+Each decision depends only on the text of the current segment plus at most one character of
+look-ahead; when that look-ahead has not arrived yet the scan pauses and resumes on the next
+:meth:`Segmenter.push`. Hence the segments are the same for every way of splitting the input into
+chunks, and the work per character is constant (amortized linear overall).
+
+Rules, by granularity:
+
+* ``"sentence"``: ``.``/``!``/``?`` (plus closing quotes/brackets) followed by whitespace; CJK
+  ``。！？｡`` (plus closing quotes/brackets) without needing whitespace; a blank line. A single ``.``
+  does not end a sentence after a known abbreviation ("Dr.", "e.g.", "U.S."), a single capital
+  initial ("J."), or inside an ellipsis ("..."); "No." only stays unsplit before a number ("No. 5").
+* ``"clause"``: sentence cuts plus ``, ; : — –`` followed by whitespace and CJK ``，、；：``, but only
+  once the segment holds at least :data:`MIN_CLAUSE_WORDS` words or :data:`MIN_CLAUSE_CJK_CHARS`
+  CJK characters.
+* ``"none"``: no punctuation cuts; only the hard cap and :meth:`Segmenter.flush` cut.
+
+With ``eager_first`` the first segment of each utterance (for every granularity, ``"none"``
+included) is cut early: at the first sentence or clause cut, after ``eager_words`` words, or after
+:data:`EAGER_CJK_CHARS` CJK characters, whichever comes first.
+
+No segment exceeds ``max_chars`` characters. When the cap is reached the cut goes to the last
+unused punctuation boundary in the second half of the segment, else the last whitespace, else
+exactly at the cap.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final, Literal
+
+# Where a segment may end besides the hard cap: nowhere ("none"), at sentence ends, or also at clauses.
+Granularity = Literal["none", "sentence", "clause"]
+
+# About 50 English words, 15-20 s of speech: real sentences almost never reach it, yet a run-on
+# stream without punctuation still reaches the engine in bounded, promptly spoken pieces.
+MAX_SEGMENT_CHARS: Final = 300
+# About 2.5-3 s of speech: enough context for natural prosody, small enough that the first audio
+# starts after only a handful of LLM tokens.
+EAGER_WORDS: Final = 8
+# A CJK character is about one syllable (4-5 per second spoken), so 12 is roughly the same speaking
+# time as EAGER_WORDS English words.
+EAGER_CJK_CHARS: Final = 12
+# One-word clauses ("Yes," "Well,") would become choppy audio and pay per-request engine overhead.
+MIN_CLAUSE_WORDS: Final = 2
+# Two CJK characters is typically a single word ("你好，"); four is the shortest natural phrase.
+MIN_CLAUSE_CJK_CHARS: Final = 4
+# Longest token that can be an abbreviation ("(approx", "U.S.A"); bounds the look-back per period.
+_MAX_ABBREVIATION_CHARS: Final = 12
+# Closing quotes/brackets kept with the preceding mark ('.")' is two); bounds the look-back.
+_MAX_CLOSERS: Final = 4
+
+_ASCII_TERMINATORS: Final = frozenset(".!?")
+_CJK_TERMINATORS: Final = frozenset("。！？｡")
+_CLAUSE_MARKS: Final = frozenset(",;:—–")
+_CJK_CLAUSE_MARKS: Final = frozenset("，、；：")
+_CLOSERS: Final = frozenset("\"')]}”’»」』）】》〉〕］｝")
+_OPENERS: Final = "\"'([{“‘«「『（【《〈¿¡"
+# A character that may directly follow a CJK mark (or its closers) without ending its run.
+_RUN_CONTINUES: Final = _CLOSERS | _CJK_TERMINATORS | _CJK_CLAUSE_MARKS | _ASCII_TERMINATORS
+# A character after which the next non-space character may start a new segment.
+_MARK_ENDS: Final = _CLOSERS | _CJK_TERMINATORS | _CJK_CLAUSE_MARKS
+# Lower-cased tokens after which "." never ends a sentence: titles and common short forms. "etc."
+# and "a.m." at a sentence end are ambiguous; they merge with the next sentence, which only costs
+# latency. "no" is handled apart, as it is also an ordinary word.
+_ABBREVIATIONS: Final = frozenset(
+    "mr mrs ms dr prof st jr sr vs etc fig approx mt inc ltd corp vol dept ave gen col lt capt sgt "
+    "rev cf al ph.d".split()
+)
+# Dotted single letters: "e.g", "i.e", "U.S", "a.m", "U.S.A" (the final dot is the one examined).
+_DOTTED_LETTERS: Final = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]")
+# Plain ASCII letters/digits never start or end a boundary; runs of them are skipped in bulk.
+_PLAIN_RUN: Final = re.compile(r"[A-Za-z0-9]+")
+
+# What _boundary() found before a character (plain codes, compared often on the hot path).
+_NO_CUT: Final = 0
+_SENTENCE: Final = 1
+_CLAUSE: Final = 2
+_NEED_MORE: Final = 3
+
+
+def _is_cjk(char: str) -> bool:
+    """Return whether ``char`` is a Han ideograph or Japanese kana (scripts written without spaces)."""
+    code = ord(char)
+    return (
+        0x4E00 <= code <= 0x9FFF
+        or 0x3040 <= code <= 0x30FF
+        or 0x3400 <= code <= 0x4DBF
+        or 0x31F0 <= code <= 0x31FF
+        or 0xF900 <= code <= 0xFAFF
+        or 0xFF66 <= code <= 0xFF9F
+        or 0x20000 <= code <= 0x2FFFF
+    )
+
+
+class Segmenter:
+    """Cut a stream of text fragments into segments for a TTS engine.
+
+    Args:
+        granularity: ``"sentence"``, ``"clause"`` or ``"none"`` (see the module docstring).
+        eager_first: Cut the first segment of each utterance early so audio starts sooner. Applies
+            to every granularity, ``"none"`` included, and only to the first emitted segment.
+        max_chars: Hard cap on the length of a segment, in characters after stripping.
+        eager_words: Word count after which the eager first segment is cut.
+
+    Raises:
+        ValueError: If ``granularity`` is unknown or ``max_chars``/``eager_words`` is below 1.
+    """
+
+    def __init__(
+        self,
+        granularity: Granularity = "sentence",
+        *,
+        eager_first: bool = True,
+        max_chars: int = MAX_SEGMENT_CHARS,
+        eager_words: int = EAGER_WORDS,
+    ) -> None:
+        if granularity not in ("none", "sentence", "clause"):
+            raise ValueError(f"unknown granularity {granularity!r}")
+        if max_chars < 1 or eager_words < 1:
+            raise ValueError("max_chars and eager_words must be at least 1")
+        self._sentences = granularity != "none"
+        self._clauses = granularity == "clause"
+        self._eager_first = eager_first
+        self._max_chars = max_chars
+        self._eager_words = eager_words
+        self._buf = ""
+        self._pos = 0  # next index of _buf to scan
+        self._out: list[str] = []
+        self._eager = eager_first
+        self._new_segment(0)
+
+    @property
+    def pending(self) -> str:
+        """Buffered text not yet emitted (leading whitespace already dropped)."""
+        return self._buf[self._begin :]
+
+    def push(self, text: str) -> list[str]:
+        """Append text to the utterance.
+
+        Args:
+            text: The next fragment, of any length (empty is allowed).
+
+        Returns:
+            The segments that are now complete, stripped and non-empty; possibly none.
+        """
+        if text:
+            self._buf += text
+            self._scan(final=False)
+            self._compact()
+        out, self._out = self._out, []
+        return out
+
+    def flush(self) -> list[str]:
+        """End the utterance and return everything still buffered.
+
+        The remainder is cut by the same rules as :meth:`push` (and never exceeds ``max_chars``).
+        Afterwards the segmenter is reset, so the next push starts a new utterance and
+        ``eager_first`` applies again.
+
+        Returns:
+            The remaining segments, stripped and non-empty; possibly none.
+        """
+        self._scan(final=True)
+        self._cut(len(self._buf))
+        out = self._out
+        self.reset()
+        return out
+
+    def reset(self) -> None:
+        """Drop all buffered text (e.g. on barge-in) and start a new utterance."""
+        self._buf = ""
+        self._pos = 0
+        self._out = []
+        self._eager = self._eager_first
+        self._new_segment(0)
+
+    def _new_segment(self, begin: int) -> None:
+        self._begin = begin  # start of the segment; its first non-space char once _has_content
+        self._has_content = False
+        self._in_token = False
+        self._tok_start = begin
+        self._tok_word = False  # the current token contains a letter or digit (was counted)
+        self._words = 0
+        self._cjk = 0
+        self._last_ws = -1
+        self._soft = -1  # last punctuation boundary this granularity did not cut at
+
+    def _compact(self) -> None:
+        drop = self._begin
+        if drop:
+            self._buf = self._buf[drop:]
+            self._pos -= drop
+            self._begin = 0
+            self._tok_start = max(0, self._tok_start - drop)
+            self._last_ws = self._last_ws - drop if self._last_ws >= 0 else -1
+            self._soft = self._soft - drop if self._soft >= 0 else -1
+
+    def _scan(self, *, final: bool) -> None:
+        buf = self._buf
+        end = len(buf)
+        i = self._pos
+        while i < end:
+            if not self._step(i, final):
+                break
+            i += 1
+            if self._in_token and self._tok_word:
+                run = _PLAIN_RUN.match(buf, i - 1)
+                if run is not None:
+                    i = max(i, min(run.end(), self._begin + self._max_chars))
+        self._pos = i
+
+    def _step(self, i: int, final: bool) -> bool:
+        """Process ``_buf[i]``; return False (changing nothing) if it needs text not yet pushed."""
+        char = self._buf[i]
+        if self._has_content:
+            kind = self._boundary(i, char, final)
+            if kind == _NEED_MORE:
+                return False
+            if kind != _NO_CUT:
+                if self._takes(kind):
+                    self._cut(i)
+                else:
+                    self._soft = i
+        if self._eager and self._cjk >= EAGER_CJK_CHARS and _is_cjk(char):
+            self._cut(i)
+        if self._has_content and i - self._begin >= self._max_chars:
+            self._cap(i, char)
+        self._absorb(i, char)
+        if self._eager and self._words > self._eager_words:
+            start = self._tok_start
+            self._cut(start)
+            self._recount(start, i + 1)
+        return True
+
+    def _takes(self, kind: int) -> bool:
+        if kind == _SENTENCE:
+            return self._sentences or self._eager
+        big_enough = self._words >= MIN_CLAUSE_WORDS or self._cjk >= MIN_CLAUSE_CJK_CHARS
+        return (self._clauses or self._eager) and big_enough
+
+    def _cap(self, i: int, char: str) -> None:
+        if self._soft >= self._begin + self._max_chars // 2:
+            at = self._soft
+        elif char.isspace():
+            at = i
+        elif self._last_ws > self._begin:
+            at = self._last_ws
+        else:
+            at = i
+        self._cut(at)
+        self._recount(at, i)
+
+    def _cut(self, at: int) -> None:
+        segment = self._buf[self._begin : at].strip()
+        if segment:
+            self._out.append(segment)
+            self._eager = False
+        self._new_segment(at)
+
+    def _recount(self, start: int, stop: int) -> None:
+        for k in range(start, stop):
+            self._absorb(k, self._buf[k])
+
+    def _absorb(self, k: int, char: str) -> None:
+        if char.isspace():
+            if self._has_content:
+                self._last_ws = k
+                self._in_token = False
+            else:
+                self._begin = k + 1
+            return
+        if not self._has_content:
+            self._has_content = True
+            self._begin = k
+        if not self._in_token:
+            self._in_token = True
+            self._tok_start = k
+            self._tok_word = False
+        if not self._tok_word and char.isalnum():
+            self._tok_word = True
+            self._words += 1
+        if char >= "\u3040" and _is_cjk(char):
+            self._cjk += 1
+
+    def _boundary(self, i: int, char: str, final: bool) -> int:
+        """Classify the position before ``_buf[i]``; the segment is known to have content."""
+        buf = self._buf
+        prev = buf[i - 1]
+        if char.isspace():
+            if prev.isspace():
+                return self._paragraph(i) if char == "\n" else _NO_CUT
+            j = self._skip_closers(i - 1)
+            mark = buf[j]
+            if mark in "!?" or mark in _CJK_TERMINATORS:
+                return _SENTENCE
+            if mark == ".":
+                return self._period(j, i, final)
+            if mark in _CLAUSE_MARKS or mark in _CJK_CLAUSE_MARKS:
+                return _CLAUSE
+            return _NO_CUT
+        if prev not in _MARK_ENDS or char in _RUN_CONTINUES:
+            return _NO_CUT
+        mark = buf[self._skip_closers(i - 1)]
+        if mark in _CJK_TERMINATORS:
+            return _SENTENCE
+        if mark in _CJK_CLAUSE_MARKS:
+            return _CLAUSE
+        return _NO_CUT
+
+    def _skip_closers(self, j: int) -> int:
+        buf = self._buf
+        stop = max(self._begin, j - _MAX_CLOSERS)
+        while j > stop and buf[j] in _CLOSERS:
+            j -= 1
+        return j
+
+    def _paragraph(self, i: int) -> int:
+        buf = self._buf
+        j = i - 1
+        while j > self._begin and buf[j] in " \t\r":
+            j -= 1
+        return _SENTENCE if buf[j] == "\n" else _NO_CUT
+
+    def _period(self, dot: int, i: int, final: bool) -> int:
+        """Classify a ``.`` at ``dot`` followed (after closers) by the whitespace at ``i``."""
+        buf = self._buf
+        begin = self._begin
+        if dot > begin and buf[dot - 1] in ".…":
+            return _NO_CUT  # ellipsis
+        start = dot
+        limit = max(begin, dot - _MAX_ABBREVIATION_CHARS)
+        while start > limit and not buf[start - 1].isspace():
+            start -= 1
+        if start == limit and start > begin and not buf[start - 1].isspace():
+            return _SENTENCE  # a token this long is no abbreviation (e.g. a URL)
+        core = buf[start:dot].lstrip(_OPENERS)
+        lowered = core.lower()
+        if lowered == "no":  # "No. 5" is an abbreviation, "The answer is no. We" is not
+            if i + 1 >= len(buf):
+                return _SENTENCE if final else _NEED_MORE
+            return _NO_CUT if buf[i + 1].isdigit() else _SENTENCE
+        if lowered in _ABBREVIATIONS or (len(core) == 1 and core.isupper()):
+            return _NO_CUT
+        return _NO_CUT if _DOTTED_LETTERS.fullmatch(core) else _SENTENCE
