@@ -55,11 +55,22 @@ class Voice(msgspec.Struct, frozen=True, kw_only=True):
     cloned: bool = False
 
 
+class VoiceReference(msgspec.Struct, frozen=True, kw_only=True):
+    """An uploaded voice, for engines that clone: a reference clip (with its transcript) or an embedding."""
+
+    name: str
+    audio: npt.NDArray[np.float32] | None = None
+    sample_rate: int = 0
+    ref_text: str | None = None
+    embedding: npt.NDArray[np.float32] | None = None
+
+
 class SynthesisRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One segment of text to speak, with the options that shape it.
 
     ``options`` holds the wire options set away from their neutral value (see
     ``SessionConfig.engine_options``); the engine has already accepted them through ``check``.
+    ``reference`` is set when ``voice`` is an uploaded voice (only for engines that clone).
     """
 
     text: str
@@ -67,6 +78,7 @@ class SynthesisRequest(msgspec.Struct, frozen=True, kw_only=True):
     speed: float = 1.0
     seed: int | None = None
     options: dict[str, object] = msgspec.field(default_factory=dict)
+    reference: VoiceReference | None = None
 
 
 class AudioChunk(msgspec.Struct, frozen=True):
@@ -83,11 +95,13 @@ class TTSEngine(Protocol):
         name: registry name (``piper``), reported to clients.
         sample_rate: native output rate, the session default.
         default_voice: the voice used when a client names none.
+        clones: whether it can speak uploaded voices (``SynthesisRequest.reference``).
     """
 
     name: str
     sample_rate: int
     default_voice: str
+    clones: bool
 
     async def start(self) -> None:
         """Load the model; called once from the app lifespan before serving."""
@@ -101,6 +115,8 @@ class TTSEngine(Protocol):
         """Raise ``UnknownVoice`` or ``UnsupportedOption`` for a request the engine cannot honour.
 
         Called when a session is configured, so that a client learns at once, not per segment.
+        ``voice`` is a built-in voice name; uploaded voices reach only engines that clone, and
+        skip the voice check.
         """
         ...
 

@@ -28,9 +28,10 @@ class FakeEngine:
         delay_s: sleep before each chunk.
         fail_on: text that makes synthesis raise ``EngineError`` after one chunk.
         supported: options it honours (others are refused by name).
+        clones: whether it accepts uploaded voices (it then speaks them as a 330 Hz tone).
+        name: registry name, so that tests can configure two fake engines.
     """
 
-    name = "fake"
     default_voice = "tone"
 
     def __init__(
@@ -41,7 +42,11 @@ class FakeEngine:
         delay_s: float = 0.0,
         fail_on: str | None = None,
         supported: frozenset[str] = frozenset({"speed", "seed", "language"}),
+        clones: bool = False,
+        name: str = "fake",
     ) -> None:
+        self.name = name
+        self.clones = clones
         self.sample_rate = sample_rate
         self.chunk_s = chunk_s
         self.delay_s = delay_s
@@ -57,10 +62,10 @@ class FakeEngine:
         return None
 
     async def voices(self) -> list[Voice]:
-        return [Voice(name="tone", engine=self.name, language="en", sample_rate=self.sample_rate)]
+        return [Voice(name=self.default_voice, engine=self.name, language="en", sample_rate=self.sample_rate)]
 
     def check(self, voice: str, options: dict[str, object]) -> None:
-        if voice != "tone":
+        if voice != self.default_voice:
             raise UnknownVoice(voice, self.name, ["tone"])
         for field in options:
             if field not in self.supported:
@@ -72,7 +77,8 @@ class FakeEngine:
         total = int(len(req.text) * SECONDS_PER_CHAR / req.speed * self.sample_rate)
         step = max(1, int(self.chunk_s * self.sample_rate))
         t = np.arange(total, dtype=np.float64) / self.sample_rate
-        tone = (0.5 * np.sin(2 * np.pi * 220.0 * t)).astype(np.float32)
+        pitch = 330.0 if req.reference is not None else 220.0
+        tone = (0.5 * np.sin(2 * np.pi * pitch * t)).astype(np.float32)
         try:
             for i in range(0, total, step):
                 if self.gate is not None:

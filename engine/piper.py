@@ -50,6 +50,7 @@ class PiperEngine:
 
     name = "piper"
     default_voice = VOICE_NAME
+    clones = False
 
     def __init__(self, *, threads: int = 1, workers: int = 2) -> None:
         self.threads = threads

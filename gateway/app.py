@@ -1,21 +1,26 @@
-"""The Starlette application: routes, and the lifespan that owns the engine."""
+"""The Starlette application: routes, middleware, and the lifespan that owns the engines."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TypedDict
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from engine import ENGINES, TTSEngine
+from gateway import voices
+from gateway.auth import AuthMiddleware
+from gateway.catalog import Catalog
 from gateway.settings import Settings
+from gateway.store import VoiceStore
 from gateway.ws import speech_stream
 
 logger = logging.getLogger(__name__)
@@ -25,8 +30,9 @@ WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 class State(TypedDict):
     """What the lifespan hands to every request."""
 
-    engine: TTSEngine
+    catalog: Catalog
     settings: Settings
+    voices: VoiceStore
 
 
 async def healthz(request: Request) -> JSONResponse:
@@ -35,35 +41,57 @@ async def healthz(request: Request) -> JSONResponse:
 
 
 async def readyz(request: Request) -> JSONResponse:
-    """The engine is loaded and answering."""
-    engine: TTSEngine = request.state.engine
-    try:
-        ready = await engine.ready()
-    except Exception as exc:  # a probe: any failure means "not ready", with the reason shown
-        return JSONResponse({"status": "unavailable", "engines": {engine.name: f"error: {exc}"}}, status_code=503)
-    status = "ready" if ready else "loading"
-    return JSONResponse({"status": status, "engines": {engine.name: status}}, status_code=200 if ready else 503)
+    """Every engine is loaded and answering; reports each one."""
+    catalog: Catalog = request.state.catalog
+    report: dict[str, str] = {}
+    for name, engine in catalog.engines.items():
+        try:
+            report[name] = "ready" if await engine.ready() else "unavailable"
+        except Exception as exc:  # a probe: any failure means "not ready", with the reason shown
+            report[name] = f"error: {exc}"
+    ready = all(v == "ready" for v in report.values())
+    return JSONResponse({"status": "ready" if ready else "unavailable", "engines": report},
+                        status_code=200 if ready else 503)
 
 
-def create_app(settings: Settings | None = None, engine: TTSEngine | None = None) -> Starlette:
-    """Build the app; ``engine`` overrides the one named in ``settings`` (tests inject a FakeEngine)."""
+def engine_names(settings: Settings) -> list[str]:
+    """The configured engines, in order; the first is the default."""
+    return [n.strip() for n in settings.engine.split(",") if n.strip()]
+
+
+def create_app(
+    settings: Settings | None = None, engine: TTSEngine | Sequence[TTSEngine] | None = None
+) -> Starlette:
+    """Build the app; ``engine`` overrides the engines named in ``settings`` (tests inject FakeEngines)."""
     settings = settings or Settings.from_env()
+    if engine is None:
+        unknown = [n for n in engine_names(settings) if n not in ENGINES]
+        if unknown:
+            raise ValueError(f"unknown engine(s) {unknown}; choose from {sorted(ENGINES)}")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
-        active = engine or ENGINES[settings.engine](settings)
-        await active.start()
-        logger.info("engine %s ready at %d Hz", active.name, active.sample_rate)
+        if engine is None:
+            engines = [ENGINES[name](settings) for name in engine_names(settings)]
+        else:
+            engines = [engine] if not isinstance(engine, Sequence) else list(engine)
+        store = VoiceStore(settings.resolved_voices_dir(), max_voices=settings.max_voices)
+        catalog = Catalog(engines, aliases=settings.voice_aliases, store=store)
+        await catalog.start()
+        for e in engines:
+            logger.info("engine %s ready at %d Hz", e.name, e.sample_rate)
         try:
-            yield {"engine": active, "settings": settings}
+            yield {"catalog": catalog, "settings": settings, "voices": store}
         finally:
-            await active.aclose()
+            await catalog.aclose()
 
-    routes: list[Route | WebSocketRoute | Mount] = [
+    routes: list[BaseRoute] = [
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream),
+        *voices.routes,
     ]
     if WEB_DIR.is_dir():
         routes.append(Mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web"))
-    return Starlette(routes=routes, lifespan=lifespan)
+    middleware = [Middleware(AuthMiddleware, keys=settings.all_api_keys(), allowed_origins=settings.allowed_origins)]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from engine.base import EngineError, SynthesisRequest, TTSEngine, UnknownVoice, UnsupportedOption
+from engine.base import EngineError, SynthesisRequest, TTSEngine, UnknownVoice, UnsupportedOption, VoiceReference
+from gateway.catalog import Catalog, Resolved, VoiceNotServable
 from gateway.outbox import Item, Outbox, Payload, SlowConsumer
 from gateway.settings import Settings
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
@@ -69,7 +70,9 @@ class Utterance:
 
     index: int
     config: SessionConfig
+    engine: TTSEngine
     voice: str
+    reference: VoiceReference | None
     packer: AudioPacker
     first_text_t: float | None
     first_audio_t: float | None = None
@@ -119,8 +122,9 @@ class Connection:
     """Drives one accepted WebSocket until it ends."""
 
     ws: WebSocket
-    engine: TTSEngine
+    catalog: Catalog
     settings: Settings
+    owner: str = ""
     session: Session = field(init=False)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
@@ -132,6 +136,7 @@ class Connection:
         self.jobs: asyncio.Queue[_Job] = asyncio.Queue()
         self.utterances: dict[int, Utterance] = {}
         self.current: asyncio.Task[None] | None = None
+        self.resolved: Resolved | None = None
         self.last_activity = time.monotonic()
 
     async def run(self) -> None:
@@ -163,7 +168,7 @@ class Connection:
                 else:
                     events = self.session.receive_bytes(message.get("bytes") or b"")
                 for event in events:
-                    self._handle(event)
+                    await self._handle(event)
             except ProtocolError as err:
                 if err.fatal:
                     raise _Stop(err) from None
@@ -193,11 +198,11 @@ class Connection:
     def _busy(self) -> bool:
         return bool(len(self.outbox) or self.jobs.qsize() or self.current is not None)
 
-    def _handle(self, event: Event) -> None:
+    async def _handle(self, event: Event) -> None:
         now = time.perf_counter()
         match event:
             case ConfigAccepted(config=config):
-                self._configure(config)
+                await self._configure(config)
             case UtteranceStarted(utterance_index=u):
                 self.utterances[u] = self._utterance(u, now)
             case SegmentReady(utterance_index=u, sentence_index=s, text=text):
@@ -210,21 +215,29 @@ class Connection:
             case CloseRequested():
                 self.jobs.put_nowait(_Close())
 
-    def _configure(self, config: SessionConfig) -> None:
-        voice = config.voice_name or self.engine.default_voice
+    async def _configure(self, config: SessionConfig) -> None:
         try:
-            self.engine.check(voice, config.engine_options())
+            resolved = await self.catalog.resolve(self.owner, config.voice_name, config.model)
+            if resolved.reference is None:
+                resolved.engine.check(resolved.voice, config.engine_options())
+            else:
+                resolved.engine.check(resolved.engine.default_voice, config.engine_options())
         except UnknownVoice as exc:
             raise self.session.reject_config(
                 ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc), field="$.voice")) from None
+        except VoiceNotServable as exc:
+            raise self.session.reject_config(
+                ProtocolError(ErrorCode.VOICE_REQUIRES_CLONING, str(exc), field="$.voice")) from None
         except UnsupportedOption as exc:
             raise self.session.reject_config(
                 ProtocolError(ErrorCode.UNSUPPORTED_OPTION, str(exc), field=f"$.{exc.field}")) from None
         self.session.accept_config(config)
+        self.resolved = resolved
+        engine = resolved.engine
         s = self.settings
         effective = EffectiveConfig(
-            voice=voice, engine=self.engine.name, response_format=config.response_format,
-            sample_rate=config.sample_rate or self.engine.sample_rate, speed=config.speed, seed=config.seed,
+            voice=resolved.voice, engine=engine.name, response_format=config.response_format,
+            sample_rate=config.sample_rate or engine.sample_rate, speed=config.speed, seed=config.seed,
             stream_audio=config.stream_audio, split_granularity=config.split_granularity,
             eager_first_segment=config.eager_first_segment, frame_ms=config.frame_ms, frame_header=config.frame_header,
         )
@@ -234,14 +247,14 @@ class Connection:
         self.log.info("configured: %s", effective)
 
     def _utterance(self, index: int, first_text_t: float | None) -> Utterance:
-        config = self.session.config
-        assert config is not None  # the session only starts utterances once configured
+        config, resolved = self.session.config, self.resolved
+        assert config is not None and resolved is not None  # utterances start only once configured
+        engine = resolved.engine
         packer = AudioPacker(
-            index, fmt=config.response_format, sample_rate=config.sample_rate or self.engine.sample_rate,
+            index, fmt=config.response_format, sample_rate=config.sample_rate or engine.sample_rate,
             frame_ms=config.frame_ms, frame_header=config.frame_header, stream_audio=config.stream_audio,
         )
-        voice = config.voice_name or self.engine.default_voice
-        return Utterance(index, config, voice, packer, first_text_t)
+        return Utterance(index, config, engine, resolved.voice, resolved.reference, packer, first_text_t)
 
     def _cancel(self, open_index: int | None) -> None:
         victims = list(self.utterances.values())
@@ -302,10 +315,10 @@ class Connection:
             utterance_index=u.index, sentence_index=seg.sentence_index, sentence_text=seg.text,
             format=config.response_format, sample_rate=packer.sample_rate, start_sample=start))
         req = SynthesisRequest(text=seg.text, voice=u.voice, speed=config.speed, seed=config.seed,
-                               options=config.engine_options())
+                               options=config.engine_options(), reference=u.reference)
         failure: EngineError | None = None
         try:
-            async with contextlib.aclosing(self.engine.synthesize(req)) as chunks:
+            async with contextlib.aclosing(u.engine.synthesize(req)) as chunks:
                 t = time.perf_counter()
                 async for chunk in chunks:
                     seg.synthesis_s += time.perf_counter() - t

@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 import msgspec
 
 _PREFIX = "VOXGATE_"
+
+#: OpenAI's and vllm-omni's voice names, which some clients insist on, spoken by the default voice.
+DEFAULT_VOICE_ALIASES: dict[str, str] = {
+    name: "" for name in (
+        "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+        "marin", "cedar", "vivian",
+    )
+}
+
+
+def _default_voices_dir(env: Mapping[str, str]) -> str:
+    cache = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".cache")
+    return str(Path(cache) / "voxgate" / "voices")
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,10 +42,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Audio waiting for a client that does not read: a minute of speech, then it is closed.
     max_buffered_audio_s: float = 60.0
     log_level: str = "info"
+    voices_dir: str = ""
+    # A cap keeps one key from filling the disk; 1000 clips of 30 s are about 2.6 GB at 22 kHz.
+    max_voices: int = 1000
+    api_keys: tuple[str, ...] = ()
+    api_keys_file: str = ""
+    allowed_origins: tuple[str, ...] = ()
+    # name -> voice; "" means the engine's default voice.
+    voice_aliases: dict[str, str] = msgspec.field(default_factory=lambda: dict(DEFAULT_VOICE_ALIASES))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
-        """Build settings from ``VOXGATE_*`` variables, then apply explicit overrides (CLI flags)."""
+        """Build settings from ``VOXGATE_*`` variables, then apply explicit overrides (CLI flags).
+
+        List settings take comma-separated values; ``VOXGATE_VOICE_ALIASES`` is a JSON object merged
+        over the default alias table.
+        """
         env = os.environ if environ is None else environ
         raw: dict[str, object] = {}
         for name in cls.__struct_fields__:
@@ -39,4 +65,25 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             if value is not None:
                 raw[name] = value
         raw.update({k: v for k, v in overrides.items() if v is not None})
+        for name in ("api_keys", "allowed_origins"):
+            if isinstance(raw.get(name), str):
+                raw[name] = [v.strip() for v in str(raw[name]).split(",") if v.strip()]
+        if isinstance(raw.get("voice_aliases"), str):
+            raw["voice_aliases"] = {**DEFAULT_VOICE_ALIASES, **msgspec.json.decode(str(raw["voice_aliases"]))}
+        if not raw.get("voices_dir"):
+            raw["voices_dir"] = _default_voices_dir(env)
         return msgspec.convert(raw, cls, strict=False)
+
+    def resolved_voices_dir(self) -> Path:
+        """``voices_dir``, or the default under the user's cache folder when it is empty."""
+        return Path(self.voices_dir or _default_voices_dir(os.environ))
+
+    def all_api_keys(self) -> tuple[str, ...]:
+        """Keys from ``api_keys`` plus those in ``api_keys_file`` (one a line, ``#`` comments)."""
+        keys = list(self.api_keys)
+        if self.api_keys_file:
+            for line in Path(self.api_keys_file).read_text(encoding="utf-8").splitlines():
+                line = line.split("#", 1)[0].strip()
+                if line:
+                    keys.append(line)
+        return tuple(keys)

@@ -6,6 +6,7 @@ import logging
 
 from starlette.websockets import WebSocket, WebSocketState
 
+from gateway.auth import SUBPROTOCOL
 from gateway.connection import Connection
 from protocol.errors import CloseCode
 
@@ -14,8 +15,11 @@ logger = logging.getLogger(__name__)
 
 async def speech_stream(websocket: WebSocket) -> None:
     """Accept the socket and drive one session; any unexpected failure closes it with 1011."""
-    await websocket.accept()
-    connection = Connection(websocket, websocket.state.engine, websocket.state.settings)
+    # Browsers that pass the API key as a subprotocol also offer "voxgate", which we must echo.
+    offered = websocket.scope.get("subprotocols") or []
+    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    state = websocket.state
+    connection = Connection(websocket, state.catalog, state.settings, owner=getattr(state, "owner", ""))
     try:
         await connection.run()
     except Exception:

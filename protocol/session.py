@@ -41,6 +41,8 @@ _decode_client = msgspec.json.Decoder(ClientMessage).decode
 _decode_any = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 _PATH = re.compile(r"at `(\$[^`]*)`")
+# msgspec names an unknown or missing top-level field without a path; client messages are flat.
+_FIELD = re.compile(r"(?:unknown|missing required) field `([^`]*)`")
 
 
 class State(enum.Enum):
@@ -158,7 +160,7 @@ class Session:
                 if open_index is not None:
                     self._next_utterance()
                 events.append(UtteranceCancelled(open_index))
-            case SessionClose():
+            case SessionClose():  # pragma: no branch - the _TRANSITIONS check lets only these five through
                 if self.state is State.SPEAKING:
                     events.extend(self._end_utterance())
                 events.append(CloseRequested())
@@ -228,15 +230,23 @@ class Session:
         return msg
 
     def _classify(self, data: str, exc: msgspec.ValidationError) -> ProtocolError:
-        raw = _decode_any(data)
+        try:
+            raw = _decode_any(data)
+        except msgspec.DecodeError as err:
+            # The typed decoder stops at the first schema error, before it reaches malformed JSON after it.
+            return self._error(
+                ErrorCode.INVALID_JSON, f"invalid JSON: {err}", close_code=CloseCode.INVALID_DATA
+            )
         if not isinstance(raw, dict):
             return self._error(ErrorCode.NOT_AN_OBJECT, "messages must be JSON objects", close_code=CloseCode.INVALID_DATA)
         kind = raw.get("type")
         if not isinstance(kind, str) or kind not in CLIENT_TYPES:
             return self._error(ErrorCode.UNKNOWN_TYPE, f"unknown message type: {kind!r}", field="$.type")
+        name = _FIELD.search(str(exc))
         match = _PATH.search(str(exc))
+        field = f"$.{name[1]}" if name else match[1] if match else None
         code = ErrorCode.INVALID_MESSAGE
-        return self._error(code, f"invalid {kind}: {exc}", close_code=CloseCode.INVALID_DATA, field=match[1] if match else None)
+        return self._error(code, f"invalid {kind}: {exc}", close_code=CloseCode.INVALID_DATA, field=field)
 
     def _illegal(self, msg: ClientMessage) -> ProtocolError:
         kind = msg.__struct_config__.tag
