@@ -26,7 +26,8 @@ class FakeEngine:
         sample_rate: native rate of the tone.
         chunk_s: audio per yielded chunk.
         delay_s: sleep before each chunk.
-        fail_on: text that makes synthesis raise ``EngineError`` after one chunk.
+        fail_on: text that makes synthesis raise ``EngineError`` ...
+        fail_after_chunks: ... after this many chunks (0: before any audio).
         supported: options it honours (others are refused by name).
         clones: whether it accepts uploaded voices (it then speaks them as a 330 Hz tone).
         name: registry name, so that tests can configure two fake engines.
@@ -41,6 +42,7 @@ class FakeEngine:
         chunk_s: float = 0.25,
         delay_s: float = 0.0,
         fail_on: str | None = None,
+        fail_after_chunks: int = 1,
         supported: frozenset[str] = frozenset({"speed", "seed", "language"}),
         clones: bool = False,
         name: str = "fake",
@@ -51,6 +53,7 @@ class FakeEngine:
         self.chunk_s = chunk_s
         self.delay_s = delay_s
         self.fail_on = fail_on
+        self.fail_after_chunks = fail_after_chunks
         self.supported = supported
         self.gate: asyncio.Event | None = None
         self.requests: list[SynthesisRequest] = []
@@ -80,14 +83,15 @@ class FakeEngine:
         pitch = 330.0 if req.reference is not None else 220.0
         tone = (0.5 * np.sin(2 * np.pi * pitch * t)).astype(np.float32)
         try:
-            for i in range(0, total, step):
+            failing = self.fail_on is not None and self.fail_on in req.text
+            for n, i in enumerate(range(0, total, step)):
+                if failing and n == self.fail_after_chunks:
+                    raise EngineError(f"fake failure on {self.fail_on!r}")
                 if self.gate is not None:
                     await self.gate.wait()
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
                 yield AudioChunk(tone[i : i + step], self.sample_rate)
-                if self.fail_on is not None and self.fail_on in req.text:
-                    raise EngineError(f"fake failure on {self.fail_on!r}")
             self.finished += 1
         finally:
             self.closed += 1

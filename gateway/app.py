@@ -16,9 +16,10 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from engine import ENGINES, TTSEngine
-from gateway import voices
+from gateway import speech, voices
 from gateway.auth import AuthMiddleware
 from gateway.catalog import Catalog
+from gateway.http import RequestIdMiddleware
 from gateway.settings import Settings
 from gateway.store import VoiceStore
 from gateway.ws import speech_stream
@@ -90,8 +91,12 @@ def create_app(
         Route("/readyz", readyz),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream),
         *voices.routes,
+        *speech.routes,
     ]
     if WEB_DIR.is_dir():
         routes.append(Mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web"))
-    middleware = [Middleware(AuthMiddleware, keys=settings.all_api_keys(), allowed_origins=settings.allowed_origins)]
+    middleware = [
+        Middleware(RequestIdMiddleware),
+        Middleware(AuthMiddleware, keys=settings.all_api_keys(), allowed_origins=settings.allowed_origins),
+    ]
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)

@@ -80,14 +80,8 @@ class SessionConfig(_Client, tag="session.config"):
         return self.voice if self.voice is not None else self.speaker
 
     def engine_options(self) -> dict[str, object]:
-        """The options an engine must honour or refuse: every one set away from its neutral value."""
-        neutral: dict[str, object] = {"speed": 1.0, "word_timestamps": False}
-        out: dict[str, object] = {}
-        for name in ENGINE_OPTION_FIELDS:
-            value = getattr(self, name)
-            if value is not None and value != neutral.get(name):
-                out[name] = value
-        return out
+        """The options an engine must honour or refuse (see ``engine_options``)."""
+        return engine_options(self)
 
 
 #: Fields of ``session.config`` that reach the engine and that it must be able to honour.
@@ -96,6 +90,22 @@ ENGINE_OPTION_FIELDS: tuple[str, ...] = (
     "x_vector_only_mode", "speaker_embedding", "max_new_tokens", "initial_codec_chunk_frames",
     "non_streaming_mode", "word_timestamps",
 )
+
+
+_NEUTRAL: dict[str, object] = {"speed": 1.0, "word_timestamps": False}
+
+
+def engine_options(msg: msgspec.Struct) -> dict[str, object]:
+    """The ``ENGINE_OPTION_FIELDS`` of a request that are set away from their neutral value.
+
+    These reach the engine, which must honour each one or refuse it by name.
+    """
+    out: dict[str, object] = {}
+    for name in ENGINE_OPTION_FIELDS:
+        value = getattr(msg, name, None)
+        if value is not None and value != _NEUTRAL.get(name):
+            out[name] = value
+    return out
 
 
 class InputText(_Client, tag="input.text"):

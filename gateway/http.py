@@ -1,0 +1,59 @@
+"""HTTP helpers shared by the REST routes: OpenAI-style error bodies, bounded bodies, request ids."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class BodyTooLarge(Exception):
+    """The request body is over the route's limit."""
+
+
+def api_error(status: int, message: str, *, param: str | None = None, code: str | None = None,
+              kind: str | None = None) -> JSONResponse:
+    """An error in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
+    kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """Read the body, refusing it as soon as it passes ``limit`` bytes (it is never buffered whole)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"body of {declared} bytes is over the {limit} byte limit")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"body is over the {limit} byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class RequestIdMiddleware:
+    """Gives every HTTP response an ``x-request-id``: the caller's, when it sent a sane one, else a new one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers", [])).get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if _SAFE_ID.match(given) else f"req_{uuid.uuid4().hex}"
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

@@ -1,0 +1,73 @@
+"""Schema of the OpenAI-compatible ``POST /v1/audio/speech`` body, with vllm-omni's extra fields.
+
+OpenAI's fields come first; vllm-omni's follow. Unknown fields are refused by name (OpenAI answers
+"Unrecognized request argument" too), so a typo never silently changes what is spoken.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from protocol.messages import Embedding, SampleRate, Seed, Speed, TaskType, engine_options
+
+MAX_INPUT_CHARS = 4096  # OpenAI's limit for this route
+SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
+#: Formats this gateway can produce; ``aac`` is in OpenAI's list but has no encoder here.
+PRODUCIBLE_FORMATS: frozenset[str] = frozenset({"wav", "pcm", "flac", "mp3", "opus"})
+#: Output rate when the request names none: voice-agent frameworks hard-code OpenAI's 24 kHz.
+DEFAULT_SAMPLE_RATE = 24000
+
+
+class VoiceId(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``voice`` given as an object, as newer OpenAI clients may send it."""
+
+    id: str
+
+
+class SpeechRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The body of ``POST /v1/audio/speech``."""
+
+    input: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_INPUT_CHARS)]
+    model: str | None = None
+    voice: str | VoiceId | None = None
+    response_format: SpeechFormat = "mp3"
+    speed: Speed = 1.0
+    instructions: str | None = None
+    stream_format: Literal["audio", "sse"] = "audio"
+    # vllm-omni's additions
+    stream: bool | None = None
+    sample_rate: SampleRate | None = None
+    seed: Seed | None = None
+    language: str | None = None
+    task_type: TaskType | None = None
+    ref_audio: str | None = None
+    ref_text: str | None = None
+    x_vector_only_mode: bool | None = None
+    speaker_embedding: Embedding | None = None
+    max_new_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    initial_codec_chunk_frames: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    non_streaming_mode: bool | None = None
+
+    @property
+    def voice_name(self) -> str | None:
+        """The voice as a plain name, whichever form it came in."""
+        return self.voice.id if isinstance(self.voice, VoiceId) else self.voice
+
+    def engine_options(self) -> dict[str, object]:
+        """Options the engine must honour or refuse (see ``protocol.messages.engine_options``)."""
+        return engine_options(self)
+
+
+_decode = msgspec.json.Decoder(SpeechRequest).decode
+
+
+def decode_speech_request(body: bytes) -> SpeechRequest:
+    """Decode and validate a request body.
+
+    Raises:
+        msgspec.DecodeError: the body is not JSON.
+        msgspec.ValidationError: a field is missing, unknown, of the wrong type or out of range.
+    """
+    return _decode(body)

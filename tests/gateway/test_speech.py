@@ -1,0 +1,130 @@
+"""``POST /v1/audio/speech`` on a real uvicorn server with the FakeEngine."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+
+from engine.fake import SECONDS_PER_CHAR, FakeEngine
+from tests.conftest import serve_engine
+
+TEXT = "Hello there. How are you today? Fine, thanks."
+
+
+def post(address: str, **body: object) -> httpx.Response:
+    return httpx.post(f"http://{address}/v1/audio/speech", json=body, timeout=30)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "flac"])
+def test_container_formats_decode_to_the_whole_text(fmt: str) -> None:
+    with serve_engine(FakeEngine()) as address:
+        response = post(address, input=TEXT, voice="alloy", response_format=fmt)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-request-id"]
+    data, rate = soundfile.read(io.BytesIO(response.content), dtype="float32")
+    assert rate == 24000
+    spoken = len(TEXT.replace(" ", "")) + TEXT.count(" ") - 2  # segment cuts drop the spaces between sentences
+    assert abs(len(data) / rate - spoken * SECONDS_PER_CHAR) < 0.15
+
+
+def test_pcm_is_headerless_s16le_at_24k_by_default_and_follows_sample_rate() -> None:
+    with serve_engine(FakeEngine()) as address:
+        default = post(address, input="One two three.", response_format="pcm")
+        telephony = post(address, input="One two three.", response_format="pcm", sample_rate=8000)
+    assert default.headers["content-type"] == "audio/pcm"
+    assert len(default.content) == pytest.approx(len("One two three.") * SECONDS_PER_CHAR * 24000 * 2, rel=0.01)
+    assert len(telephony.content) == pytest.approx(len(default.content) / 3, rel=0.01)
+    samples = np.frombuffer(default.content, "<i2") / 32768.0
+    peak = np.argmax(np.abs(np.fft.rfft(samples))) * 24000 / len(samples)
+    assert abs(peak - 220) < 5
+
+
+def test_sse_stream_format() -> None:
+    with serve_engine(FakeEngine()) as address:
+        response = post(address, input=TEXT, response_format="pcm", stream_format="sse")
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"} and events[-1]["type"] == "speech.audio.done"
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert events[-1]["usage"]["output_audio_ms"] == pytest.approx(len(audio) / 2 / 24, abs=1)
+
+
+def test_voice_forms_and_aliases() -> None:
+    with serve_engine(FakeEngine()) as address:
+        for voice in ["alloy", "cedar", "vivian", {"id": "nova"}, "tone", None]:
+            body: dict[str, object] = {"input": "Hi.", "response_format": "pcm"}
+            if voice is not None:
+                body["voice"] = voice
+            assert post(address, **body).status_code == 200, voice
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "code"),
+    [
+        ({"input": ""}, 400, "input", "invalid_value"),
+        ({"input": "x" * 4097}, 400, "input", "invalid_value"),
+        ({"input": "hi", "response_format": "aac"}, 400, "response_format", "unsupported_format"),
+        ({"input": "hi", "response_format": "ogg"}, 400, "response_format", "invalid_value"),
+        ({"input": "hi", "speed": 9}, 400, "speed", "invalid_value"),
+        ({"input": "hi", "voice": "nobody"}, 400, "voice", "voice_not_found"),
+        ({"input": "hi", "instructions": "whisper"}, 400, "instructions", "unsupported_option"),
+        ({"input": "hi", "task_type": "VoiceDesign"}, 400, "task_type", "unsupported_option"),
+        ({"input": "hi", "bogus": 1}, 400, "bogus", "invalid_value"),
+        ({"input": "hi", "response_format": "opus", "sample_rate": 22050}, 400, "sample_rate", "unsupported_rate"),
+        ({"input": " \n "}, 400, "input", "empty_input"),
+    ],
+)
+def test_client_errors_are_4xx_in_openai_shape(body: dict[str, object], status: int, param: str, code: str) -> None:
+    with serve_engine(FakeEngine()) as address:
+        response = post(address, **body)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["param"] == param and error["code"] == code and error["type"] == "invalid_request_error"
+    assert response.headers["x-request-id"]
+
+
+def test_invalid_json_and_oversized_body() -> None:
+    with serve_engine(FakeEngine()) as address:
+        bad = httpx.post(f"http://{address}/v1/audio/speech", content=b"{nope", timeout=30)
+        big = httpx.post(f"http://{address}/v1/audio/speech", content=b"x" * (17 * 1024 * 1024), timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+    assert big.status_code == 413
+
+
+def test_model_may_name_an_engine_and_is_otherwise_ignored() -> None:
+    engines = [FakeEngine(name="first", sample_rate=16000), FakeEngine(name="second", sample_rate=8000)]
+    with serve_engine(engines) as address:  # type: ignore[arg-type]
+        default = post(address, input="Hi.", model="tts-1", response_format="pcm")
+        second = post(address, input="Hi.", model="second", response_format="pcm")
+    assert default.headers["x-voxgate-engine"] == "first" and second.headers["x-voxgate-engine"] == "second"
+
+
+def test_engine_failure_before_first_audio_is_a_server_error() -> None:
+    with serve_engine(FakeEngine(fail_on="boom", fail_after_chunks=0)) as address:
+        response = post(address, input="boom", response_format="pcm")
+    assert response.status_code == 502 and response.json()["error"]["code"] == "engine_error"
+
+
+def test_engine_failure_after_first_audio_ends_the_stream() -> None:
+    text = "This is fine. Then boom here."
+    with serve_engine(FakeEngine(fail_on="boom", chunk_s=0.1)) as address:
+        response = post(address, input=text, response_format="pcm")
+        sse = post(address, input=text, response_format="pcm", stream_format="sse")
+    # The status went out with the first audio; the body is the audio made before the failure.
+    assert response.status_code == 200
+    assert 0 < len(response.content) < len(text) * SECONDS_PER_CHAR * 24000 * 2 * 0.8
+    events = [json.loads(line[6:]) for line in sse.text.splitlines() if line.startswith("data: ")]
+    assert events[0]["type"] == "speech.audio.delta" and events[-1]["type"] == "speech.audio.error"
+
+
+def test_request_id_is_echoed() -> None:
+    with serve_engine(FakeEngine()) as address:
+        response = httpx.post(f"http://{address}/v1/audio/speech", json={"input": "Hi.", "response_format": "pcm"},
+                              headers={"x-request-id": "abc-123"})
+    assert response.headers["x-request-id"] == "abc-123"

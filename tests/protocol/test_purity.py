@@ -1,0 +1,82 @@
+"""``protocol/`` stays sans-I/O: no module in it imports an event loop, a server, a socket or the shells."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PROTOCOL_DIR = Path(__file__).resolve().parents[2] / "protocol"
+# Event loops, servers, sockets and threads belong to the gateway shell; engine and gateway sit above
+# the protocol and must never be imported by it (that would also make an import cycle).
+FORBIDDEN = frozenset(
+    {"asyncio", "anyio", "starlette", "uvicorn", "websockets", "engine", "gateway", "socket", "threading"}
+)
+MODULES = sorted(PROTOCOL_DIR.glob("*.py"))
+
+
+def forbidden_imports(source: str) -> list[str]:
+    """Return the forbidden modules imported anywhere in ``source`` (functions and ``TYPE_CHECKING`` too)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
+            names = [node.module]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name | ast.Attribute)
+            and (node.func.id if isinstance(node.func, ast.Name) else node.func.attr)
+            in ("__import__", "import_module")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            names = [node.args[0].value]
+        found.extend(name for name in names if name.split(".")[0] in FORBIDDEN)
+    return found
+
+
+def test_protocol_modules_are_found() -> None:
+    names = {path.name for path in MODULES}
+    assert {"__init__.py", "errors.py", "frames.py", "audio.py", "messages.py", "session.py"} <= names
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
+def test_module_imports_no_io(path: Path) -> None:
+    assert forbidden_imports(path.read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import asyncio", ["asyncio"]),
+        ("import os, socket", ["socket"]),
+        ("import starlette.websockets as ws", ["starlette.websockets"]),
+        ("from gateway.app import create_app", ["gateway.app"]),
+        ("from engine import ENGINES", ["engine"]),
+        ("def f():\n    import threading\n", ["threading"]),
+        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import anyio\n", ["anyio"]),
+        ("import importlib\nimportlib.import_module('uvicorn')", ["uvicorn"]),
+        ("__import__('websockets')", ["websockets"]),
+    ],
+)
+def test_checker_catches_forbidden_imports(source: str, expected: list[str]) -> None:
+    assert forbidden_imports(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import msgspec, numpy, soxr, struct",
+        "from protocol.errors import ProtocolError",
+        "from . import errors",
+        "from .engine import x",  # relative: inside protocol/, not the top-level engine package
+        "import asyncio_compat",  # only whole module names count
+        "import importlib\nimportlib.import_module(name)",
+    ],
+)
+def test_checker_allows_pure_imports(source: str) -> None:
+    assert forbidden_imports(source) == []
