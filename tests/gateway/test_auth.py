@@ -1,0 +1,81 @@
+"""API keys and the WebSocket Origin allowlist, on a real uvicorn server."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from engine.fake import FakeEngine
+from tests.conftest import recv, send, serve_engine
+
+URL = "/v1/audio/speech/stream"
+
+
+def test_rest_routes_need_a_key_when_keys_are_set() -> None:
+    with serve_engine(FakeEngine(), api_keys=("key-a", "key-b")) as address:
+        base = f"http://{address}"
+        assert httpx.get(f"{base}/healthz").status_code == 200
+        assert httpx.get(f"{base}/readyz").status_code == 200
+        missing = httpx.post(f"{base}/v1/audio/speech", json={"input": "hi", "response_format": "pcm"})
+        wrong = httpx.post(f"{base}/v1/audio/speech", json={"input": "hi"}, headers={"Authorization": "Bearer nope"})
+        good = httpx.post(f"{base}/v1/audio/speech", json={"input": "hi", "response_format": "pcm"},
+                          headers={"Authorization": "Bearer key-b"})
+        voices = httpx.get(f"{base}/v1/audio/voices")
+    assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
+    assert missing.headers["x-request-id"]
+    assert wrong.status_code == 401 and voices.status_code == 401
+    assert good.status_code == 200 and good.content
+
+
+def test_websocket_is_refused_before_accept_without_a_key() -> None:
+    with serve_engine(FakeEngine(), api_keys=("secret",)) as address:
+        with pytest.raises(InvalidStatus) as refused:
+            connect(f"ws://{address}{URL}")
+        assert refused.value.response.status_code == 403
+        with pytest.raises(InvalidStatus):
+            connect(f"ws://{address}{URL}?api_key=wrong")
+        # The three ways a client can present the key.
+        for kwargs in ({"additional_headers": {"Authorization": "Bearer secret"}},
+                       {"subprotocols": ["voxgate", "voxgate.key.secret"]}):
+            with connect(f"ws://{address}{URL}", **kwargs) as ws:  # type: ignore[arg-type]
+                send(ws, type="session.config")
+                assert recv(ws)["type"] == "session.ready"  # type: ignore[index]
+                if "subprotocols" in kwargs:
+                    assert ws.subprotocol == "voxgate"
+        with connect(f"ws://{address}{URL}?api_key=secret") as ws:
+            send(ws, type="session.config")
+            assert recv(ws)["type"] == "session.ready"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("origin", "allowed"),
+    [
+        (None, True),  # not a browser
+        ("http://localhost:3000", True),
+        ("http://127.0.0.1:8080", True),
+        ("https://evil.example", False),
+        ("https://app.example", True),  # listed in allowed_origins below
+    ],
+)
+def test_websocket_origin_allowlist(origin: str | None, allowed: bool) -> None:
+    with serve_engine(FakeEngine(), allowed_origins=("https://app.example",)) as address:
+        url = f"ws://{address}{URL}"
+        if allowed:
+            with connect(url, origin=origin) as ws:  # type: ignore[arg-type]
+                send(ws, type="session.config")
+                assert recv(ws)["type"] == "session.ready"  # type: ignore[index]
+        else:
+            with pytest.raises(InvalidStatus) as refused:
+                connect(url, origin=origin)  # type: ignore[arg-type]
+            assert refused.value.response.status_code == 403
+
+
+def test_same_origin_is_allowed() -> None:
+    with serve_engine(FakeEngine()) as address:
+        host = address.replace("127.0.0.1", "gateway.internal")
+        with connect(f"ws://{address}{URL}", origin=f"http://{host}",  # type: ignore[arg-type]
+                     additional_headers={"Host": host}) as ws:
+            send(ws, type="session.config")
+            assert recv(ws)["type"] == "session.ready"  # type: ignore[index]
