@@ -87,3 +87,19 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 if line:
                     keys.append(line)
         return tuple(keys)
+
+
+class ClientSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Settings of the command-line client (``voxgate say`` / ``voxgate voices``)."""
+
+    url: str = "http://127.0.0.1:8000"
+    api_key: str = ""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> ClientSettings:
+        """``VOXGATE_URL`` and ``VOXGATE_API_KEY``, then explicit overrides (CLI flags)."""
+        env = os.environ if environ is None else environ
+        raw: dict[str, object] = {name: env[_PREFIX + name.upper()] for name in cls.__struct_fields__
+                                  if _PREFIX + name.upper() in env}
+        raw.update({k: v for k, v in overrides.items() if v is not None})
+        return msgspec.convert(raw, cls, strict=False)
