@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from engine.base import AudioChunk, EngineError, SynthesisRequest, TTSEngine, UnknownVoice, UnsupportedOption, Voice
+from engine.base import (
+    AudioChunk,
+    EngineError,
+    SynthesisRequest,
+    TTSEngine,
+    UnknownVoice,
+    UnsupportedOption,
+    Voice,
+)
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -23,9 +31,30 @@ def _fake(settings: Settings) -> TTSEngine:
     return FakeEngine()
 
 
+def _remote(settings: Settings) -> TTSEngine:
+    from engine.remote import RemoteEngine
+
+    return RemoteEngine(
+        list(settings.upstreams),
+        model=settings.upstream_model,
+        connect_timeout_s=settings.upstream_connect_timeout_s,
+        read_timeout_s=settings.upstream_read_timeout_s,
+        health_interval_s=settings.upstream_health_interval_s,
+        breaker_failures=settings.upstream_breaker_failures,
+        breaker_cooldown_s=settings.upstream_breaker_cooldown_s,
+    )
+
+
 #: Engines by the name used in ``--engine``; heavy imports happen only in the chosen factory.
-ENGINES: dict[str, Callable[[Settings], TTSEngine]] = {"piper": _piper, "fake": _fake}
+ENGINES: dict[str, Callable[[Settings], TTSEngine]] = {"piper": _piper, "remote": _remote, "fake": _fake}
 
 __all__ = [
-    "ENGINES", "AudioChunk", "EngineError", "SynthesisRequest", "TTSEngine", "UnknownVoice", "UnsupportedOption", "Voice",
+    "ENGINES",
+    "AudioChunk",
+    "EngineError",
+    "SynthesisRequest",
+    "TTSEngine",
+    "UnknownVoice",
+    "UnsupportedOption",
+    "Voice",
 ]

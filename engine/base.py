@@ -7,7 +7,7 @@ or a disconnect closes the iterator and the engine stops working for nobody.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 import msgspec
@@ -41,7 +41,9 @@ class UnknownVoice(EngineError):
     def __init__(self, voice: str, engine: str, available: list[str]) -> None:
         self.voice = voice
         self.engine = engine
-        super().__init__(f"voice {voice!r} is not available on engine {engine!r}; available: {', '.join(available)}")
+        super().__init__(
+            f"voice {voice!r} is not available on engine {engine!r}; available: {', '.join(available)}"
+        )
 
 
 class Voice(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,7 +122,7 @@ class TTSEngine(Protocol):
         """
         ...
 
-    def synthesize(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+    def synthesize(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
         """Stream the audio of one segment. Closing the iterator must stop the work."""
         ...
 

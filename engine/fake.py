@@ -9,7 +9,7 @@ or a disconnect stopped the work.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import numpy as np
 
@@ -74,7 +74,7 @@ class FakeEngine:
             if field not in self.supported:
                 raise UnsupportedOption(field, self.name)
 
-    async def synthesize(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+    async def synthesize(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
         self.requests.append(req)
         self.started += 1
         total = int(len(req.text) * SECONDS_PER_CHAR / req.speed * self.sample_rate)

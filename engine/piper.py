@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 VOICE_NAME = "joe"
-_VOICE_ALIASES = frozenset({VOICE_NAME, "en_US-joe-medium"})
 # Piper's joe voice is US English only; these spellings of "English or automatic" are accepted.
 _LANGUAGES = frozenset({"en", "en-us", "en_us", "english", "auto"})
 # Options Piper can honour; everything else in a request is refused by name.
@@ -84,11 +83,18 @@ class PiperEngine:
         return voice
 
     async def voices(self) -> list[Voice]:
-        return [Voice(name=VOICE_NAME, engine=self.name, language="en-US", sample_rate=self.sample_rate,
-                      description="US English male (Piper en_US-joe-medium)")]
+        return [
+            Voice(
+                name=VOICE_NAME,
+                engine=self.name,
+                language="en-US",
+                sample_rate=self.sample_rate,
+                description="US English male (Piper en_US-joe-medium)",
+            )
+        ]
 
     def check(self, voice: str, options: dict[str, object]) -> None:
-        if voice not in _VOICE_ALIASES:
+        if voice != VOICE_NAME:
             raise UnknownVoice(voice, self.name, [VOICE_NAME])
         for field in options:
             if field not in _SUPPORTED:
@@ -97,7 +103,7 @@ class PiperEngine:
         if isinstance(language, str) and language.lower() not in _LANGUAGES:
             raise UnsupportedOption("language", self.name, f"it speaks US English only, not {language!r}")
 
-    async def synthesize(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+    async def synthesize(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
         voice = self._voice
         if voice is None:
             raise EngineError("the piper engine is not started")
@@ -150,7 +156,9 @@ class PiperEngine:
                 return
             if not phonemes:
                 continue
-            audio = np.asarray(voice.phoneme_ids_to_audio(voice.phonemes_to_ids(phonemes), config), dtype=np.float32)
+            audio = np.asarray(
+                voice.phoneme_ids_to_audio(voice.phonemes_to_ids(phonemes), config), dtype=np.float32
+            )
             peak = float(np.max(np.abs(audio))) if audio.size else 0.0
             audio = audio * (_VOLUME / peak) if peak > 1e-8 else np.zeros_like(audio)
             deliver(AudioChunk(audio.astype(np.float32), self.sample_rate))

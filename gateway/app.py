@@ -51,8 +51,9 @@ async def readyz(request: Request) -> JSONResponse:
         except Exception as exc:  # a probe: any failure means "not ready", with the reason shown
             report[name] = f"error: {exc}"
     ready = all(v == "ready" for v in report.values())
-    return JSONResponse({"status": "ready" if ready else "unavailable", "engines": report},
-                        status_code=200 if ready else 503)
+    return JSONResponse(
+        {"status": "ready" if ready else "unavailable", "engines": report}, status_code=200 if ready else 503
+    )
 
 
 def engine_names(settings: Settings) -> list[str]:
@@ -88,6 +89,7 @@ def create_app(
 
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
+        Route("/health", healthz),  # the path vllm-omni serves, so a gateway can be another's upstream
         Route("/readyz", readyz),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream),
         *voices.routes,

@@ -46,7 +46,7 @@ def presented_key(scope: Scope) -> str | None:
         return auth[7:].strip()
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     if query.get("api_key"):
-        return query["api_key"][0]
+        return str(query["api_key"][0])
     for proto in scope.get("subprotocols", []) or []:
         if proto.startswith(KEY_SUBPROTOCOL_PREFIX):
             return str(proto[len(KEY_SUBPROTOCOL_PREFIX) :])
@@ -54,7 +54,7 @@ def presented_key(scope: Scope) -> str | None:
 
 
 def origin_allowed(scope: Scope, allowed: frozenset[str]) -> bool:
-    """Whether a WebSocket's Origin may connect: no Origin (not a browser), same origin, localhost or listed."""
+    """Whether a WebSocket may connect: no Origin (not a browser), same origin, localhost or listed."""
     headers = _headers(scope)
     origin = headers.get("origin")
     if origin is None or "*" in allowed or origin in allowed:
@@ -69,7 +69,9 @@ def origin_allowed(scope: Scope, allowed: frozenset[str]) -> bool:
 class AuthMiddleware:
     """Checks keys and origins, then records ``owner`` in the request state."""
 
-    def __init__(self, app: ASGIApp, *, keys: Iterable[str] = (), allowed_origins: Iterable[str] = ()) -> None:
+    def __init__(
+        self, app: ASGIApp, *, keys: Iterable[str] = (), allowed_origins: Iterable[str] = ()
+    ) -> None:
         self.app = app
         self.keys = {owner_of(k): k for k in keys if k}
         self.allowed_origins = frozenset(allowed_origins)
@@ -103,11 +105,23 @@ class AuthMiddleware:
                 await send({"type": "websocket.close", "code": 1008, "reason": "forbidden"})
                 return
         elif owner is None and not self._public(scope["path"]):
-            body = json.dumps({"error": {
-                "message": "missing or invalid API key: send Authorization: Bearer <key>",
-                "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}).encode()
-            await send({"type": "http.response.start", "status": 401, "headers": [
-                (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+            body = json.dumps(
+                {
+                    "error": {
+                        "message": "missing or invalid API key: send Authorization: Bearer <key>",
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": "invalid_api_key",
+                    }
+                }
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
             return
         scope.setdefault("state", {})["owner"] = owner if owner is not None else ""

@@ -38,8 +38,13 @@ class Resolved:
 class Catalog:
     """The configured engines, the first being the default, plus aliases and the voice store."""
 
-    def __init__(self, engines: list[TTSEngine], *, aliases: dict[str, str] | None = None,
-                 store: VoiceStore | None = None) -> None:
+    def __init__(
+        self,
+        engines: list[TTSEngine],
+        *,
+        aliases: dict[str, str] | None = None,
+        store: VoiceStore | None = None,
+    ) -> None:
         if not engines:
             raise ValueError("at least one engine is needed")
         self.engines = {e.name: e for e in engines}
@@ -90,15 +95,25 @@ class Catalog:
             engine = chosen or self.default
             names = [v.name for v in self._voices.get(engine.name, [])]
             raise UnknownVoice(voice, engine.name, names)
-        cloners = [chosen] if chosen else [e for e in self.engines.values() if e.clones]
-        engine = next((e for e in cloners if e.clones), None)
-        if engine is None:
+        cloners = [chosen] if chosen else list(self.engines.values())
+        cloner = next((e for e in cloners if e.clones), None)
+        if cloner is None:
             blocked = chosen.name if chosen else self.default.name
-            raise VoiceNotServable(voice, blocked, (
-                f"voice {voice!r} is an uploaded voice and engine {blocked!r} cannot clone voices; "
-                "serve it with a cloning engine, e.g. --engine remote in front of vllm-omni serving a "
-                "Qwen3-TTS Base model"))
+            raise VoiceNotServable(
+                voice,
+                blocked,
+                (
+                    f"voice {voice!r} is an uploaded voice and engine {blocked!r} cannot clone voices; "
+                    "serve it with a cloning engine, e.g. --engine remote in front of vllm-omni serving a "
+                    "Qwen3-TTS Base model"
+                ),
+            )
         info = data.info
-        reference = VoiceReference(name=voice, audio=data.audio, sample_rate=info.sample_rate,
-                                   ref_text=info.ref_text, embedding=data.embedding)
-        return Resolved(engine, voice, reference)
+        reference = VoiceReference(
+            name=voice,
+            audio=data.audio,
+            sample_rate=info.sample_rate,
+            ref_text=info.ref_text,
+            embedding=data.embedding,
+        )
+        return Resolved(cloner, voice, reference)

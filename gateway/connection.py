@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from engine.base import EngineError, SynthesisRequest, TTSEngine, UnknownVoice, UnsupportedOption, VoiceReference
+from engine.base import (
+    EngineError,
+    SynthesisRequest,
+    TTSEngine,
+    UnknownVoice,
+    UnsupportedOption,
+    VoiceReference,
+)
 from gateway.catalog import Catalog, Resolved, VoiceNotServable
 from gateway.outbox import Item, Outbox, Payload, SlowConsumer
 from gateway.settings import Settings
@@ -90,6 +97,7 @@ class Segment:
     ready_t: float
     first_sent_t: float | None = None
     synthesis_s: float = 0.0
+    counted: int = 0  # utterance samples already accounted in the outbox
     error: bool = False
 
     def sent(self) -> None:
@@ -163,10 +171,11 @@ class Connection:
             self.last_activity = time.monotonic()
             events: list[Event] = []
             try:
-                if message.get("text") is not None:
-                    events = self.session.receive_text(message["text"])
+                text, data = message.get("text"), message.get("bytes")
+                if isinstance(text, str):
+                    events = self.session.receive_text(text)
                 else:
-                    events = self.session.receive_bytes(message.get("bytes") or b"")
+                    events = self.session.receive_bytes(data if isinstance(data, bytes) else b"")
                 for event in events:
                     await self._handle(event)
             except ProtocolError as err:
@@ -183,17 +192,29 @@ class Connection:
             limit = s.idle_timeout_s if configured else s.config_timeout_s
             wait = limit - (time.monotonic() - self.last_activity) if configured else limit
             try:
-                return dict(await asyncio.wait_for(self.ws.receive(), max(wait, 0.01)))
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the task group's cancel.
+                async with asyncio.timeout(max(wait, 0.01)):
+                    return dict(await self.ws.receive())
             except TimeoutError:
                 if not configured:
-                    raise _Stop(ProtocolError(
-                        ErrorCode.CONFIG_TIMEOUT, f"no session.config within {limit:g} s",
-                        close_code=CloseCode.TIMEOUT, fatal=True)) from None
+                    raise _Stop(
+                        ProtocolError(
+                            ErrorCode.CONFIG_TIMEOUT,
+                            f"no session.config within {limit:g} s",
+                            close_code=CloseCode.TIMEOUT,
+                            fatal=True,
+                        )
+                    ) from None
                 if self._busy() or time.monotonic() - self.last_activity < limit:
                     continue
-                raise _Stop(ProtocolError(
-                    ErrorCode.IDLE_TIMEOUT, f"no message and no audio for {limit:g} s",
-                    close_code=CloseCode.TIMEOUT, fatal=True)) from None
+                raise _Stop(
+                    ProtocolError(
+                        ErrorCode.IDLE_TIMEOUT,
+                        f"no message and no audio for {limit:g} s",
+                        close_code=CloseCode.TIMEOUT,
+                        fatal=True,
+                    )
+                ) from None
 
     def _busy(self) -> bool:
         return bool(len(self.outbox) or self.jobs.qsize() or self.current is not None)
@@ -216,6 +237,7 @@ class Connection:
                 self.jobs.put_nowait(_Close())
 
     async def _configure(self, config: SessionConfig) -> None:
+        voice_field = "$.speaker" if config.voice is None and config.speaker is not None else "$.voice"
         try:
             resolved = await self.catalog.resolve(self.owner, config.voice_name, config.model)
             if resolved.reference is None:
@@ -224,25 +246,39 @@ class Connection:
                 resolved.engine.check(resolved.engine.default_voice, config.engine_options())
         except UnknownVoice as exc:
             raise self.session.reject_config(
-                ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc), field="$.voice")) from None
+                ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc), field=voice_field)
+            ) from None
         except VoiceNotServable as exc:
             raise self.session.reject_config(
-                ProtocolError(ErrorCode.VOICE_REQUIRES_CLONING, str(exc), field="$.voice")) from None
+                ProtocolError(ErrorCode.VOICE_REQUIRES_CLONING, str(exc), field=voice_field)
+            ) from None
         except UnsupportedOption as exc:
             raise self.session.reject_config(
-                ProtocolError(ErrorCode.UNSUPPORTED_OPTION, str(exc), field=f"$.{exc.field}")) from None
+                ProtocolError(ErrorCode.UNSUPPORTED_OPTION, str(exc), field=f"$.{exc.field}")
+            ) from None
         self.session.accept_config(config)
         self.resolved = resolved
         engine = resolved.engine
         s = self.settings
         effective = EffectiveConfig(
-            voice=resolved.voice, engine=engine.name, response_format=config.response_format,
-            sample_rate=config.sample_rate or engine.sample_rate, speed=config.speed, seed=config.seed,
-            stream_audio=config.stream_audio, split_granularity=config.split_granularity,
-            eager_first_segment=config.eager_first_segment, frame_ms=config.frame_ms, frame_header=config.frame_header,
+            voice=resolved.voice,
+            engine=engine.name,
+            response_format=config.response_format,
+            sample_rate=config.sample_rate or engine.sample_rate,
+            speed=config.speed,
+            seed=config.seed,
+            stream_audio=config.stream_audio,
+            split_granularity=config.split_granularity,
+            eager_first_segment=config.eager_first_segment,
+            frame_ms=config.frame_ms,
+            frame_header=config.frame_header,
         )
-        limits = Limits(max_message_bytes=s.max_message_bytes, max_config_bytes=s.max_config_bytes,
-                        idle_timeout_s=s.idle_timeout_s, max_buffered_audio_s=s.max_buffered_audio_s)
+        limits = Limits(
+            max_message_bytes=s.max_message_bytes,
+            max_config_bytes=s.max_config_bytes,
+            idle_timeout_s=s.idle_timeout_s,
+            max_buffered_audio_s=s.max_buffered_audio_s,
+        )
         self._send(SessionReady(session_id=self.id, config=effective, limits=limits))
         self.log.info("configured: %s", effective)
 
@@ -251,8 +287,12 @@ class Connection:
         assert config is not None and resolved is not None  # utterances start only once configured
         engine = resolved.engine
         packer = AudioPacker(
-            index, fmt=config.response_format, sample_rate=config.sample_rate or engine.sample_rate,
-            frame_ms=config.frame_ms, frame_header=config.frame_header, stream_audio=config.stream_audio,
+            index,
+            fmt=config.response_format,
+            sample_rate=config.sample_rate or engine.sample_rate,
+            frame_ms=config.frame_ms,
+            frame_header=config.frame_header,
+            stream_audio=config.stream_audio,
         )
         return Utterance(index, config, engine, resolved.voice, resolved.reference, packer, first_text_t)
 
@@ -260,15 +300,13 @@ class Connection:
         victims = list(self.utterances.values())
         for utterance in victims:
             utterance.cancelled = True
-        kept = [job for job in self._drain_jobs() if isinstance(job, _Close)]
-        for job in kept:
-            self.jobs.put_nowait(job)
+        self._drain_jobs()  # the reader stops at session.close, so no _Close can be queued here
         if self.current is not None:
             self.current.cancel()
         self.outbox.drop(u.index for u in victims)
         self.utterances.clear()
-        indices = [u.index for u in victims] or [open_index if open_index is not None else max(0, self.session.utterance_index - 1)]
-        for index in indices:
+        indices: list[int | None] = [u.index for u in victims] or [open_index]
+        for index in indices:  # None: nothing was in flight, the cancel is still acknowledged
             self._send(AudioCancelled(utterance_index=index), utterance=None)
         self.log.info("cancelled utterances %s", indices)
 
@@ -280,8 +318,15 @@ class Connection:
 
     def _report(self, err: ProtocolError, utterance: int | None = None) -> None:
         self.log.info("error %s: %s", err.code, err.message)
-        self._send(Error(code=err.code, message=err.message, fatal=err.fatal, field=err.field,
-                         utterance_index=utterance))
+        self._send(
+            Error(
+                code=err.code,
+                message=err.message,
+                fatal=err.fatal,
+                field=err.field,
+                utterance_index=utterance,
+            )
+        )
 
     def _send(self, msg: ServerMessage, *, utterance: int | None = None) -> None:
         self.outbox.put(Item(self.session.send(msg), utterance))
@@ -310,12 +355,26 @@ class Connection:
     async def _speak(self, seg: Segment) -> None:
         u = seg.utterance
         packer, config = u.packer, u.config
-        start = packer.start_segment(seg.sentence_index)
-        self._put(u, AudioStart(
-            utterance_index=u.index, sentence_index=seg.sentence_index, sentence_text=seg.text,
-            format=config.response_format, sample_rate=packer.sample_rate, start_sample=start))
-        req = SynthesisRequest(text=seg.text, voice=u.voice, speed=config.speed, seed=config.seed,
-                               options=config.engine_options(), reference=u.reference)
+        start = seg.counted = packer.start_segment(seg.sentence_index)
+        self._put(
+            u,
+            AudioStart(
+                utterance_index=u.index,
+                sentence_index=seg.sentence_index,
+                sentence_text=seg.text,
+                format=config.response_format,
+                sample_rate=packer.sample_rate,
+                start_sample=start,
+            ),
+        )
+        req = SynthesisRequest(
+            text=seg.text,
+            voice=u.voice,
+            speed=config.speed,
+            seed=config.seed,
+            options=config.engine_options(),
+            reference=u.reference,
+        )
         failure: EngineError | None = None
         try:
             async with contextlib.aclosing(u.engine.synthesize(req)) as chunks:
@@ -333,10 +392,17 @@ class Connection:
 
         def done() -> str:
             ready = seg.first_sent_t - seg.ready_t if seg.first_sent_t is not None else None
-            return self.session.send(AudioDone(
-                utterance_index=u.index, sentence_index=seg.sentence_index, total_bytes=total_bytes,
-                duration_ms=round(samples * 1000.0 / packer.sample_rate, 2), error=seg.error,
-                text_to_first_audio_ms=_ms(ready), synthesis_ms=_ms(seg.synthesis_s) or 0.0))
+            return self.session.send(
+                AudioDone(
+                    utterance_index=u.index,
+                    sentence_index=seg.sentence_index,
+                    total_bytes=total_bytes,
+                    duration_ms=round(samples * 1000.0 / packer.sample_rate, 2),
+                    error=seg.error,
+                    text_to_first_audio_ms=_ms(ready),
+                    synthesis_ms=_ms(seg.synthesis_s) or 0.0,
+                )
+            )
 
         self._put(u, done)
         if failure is not None:
@@ -344,9 +410,11 @@ class Connection:
             self._put(u, Error(code=ErrorCode.ENGINE_ERROR, message=str(failure), utterance_index=u.index))
 
     def _put_frames(self, seg: Segment, frames: list[bytes]) -> None:
+        packer = seg.utterance.packer
+        new_samples, seg.counted = packer.samples_sent - seg.counted, packer.samples_sent
         if not frames or seg.utterance.cancelled:
             return
-        audio_s = seg.utterance.packer.frame_samples / seg.utterance.packer.sample_rate
+        audio_s = new_samples / packer.sample_rate / len(frames)  # a whole segment when not streamed
         for frame in frames:
             self.outbox.put(Item(frame, seg.utterance.index, audio_s, seg.sent))
 
@@ -361,10 +429,15 @@ class Connection:
 
         def done() -> str:
             first = u.first_audio_t - u.first_text_t if u.first_audio_t and u.first_text_t else None
-            return self.session.send(SessionDone(
-                utterance_index=u.index, total_sentences=job.total_sentences, first_text_to_first_audio_ms=_ms(first),
-                audio_ms=round(u.packer.samples_sent * 1000.0 / u.packer.sample_rate, 2),
-                synthesis_ms=_ms(u.synthesis_s) or 0.0))
+            return self.session.send(
+                SessionDone(
+                    utterance_index=u.index,
+                    total_sentences=job.total_sentences,
+                    first_text_to_first_audio_ms=_ms(first),
+                    audio_ms=round(u.packer.samples_sent * 1000.0 / u.packer.sample_rate, 2),
+                    synthesis_ms=_ms(u.synthesis_s) or 0.0,
+                )
+            )
 
         def finished() -> None:
             self.utterances.pop(u.index, None)
@@ -383,22 +456,31 @@ class Connection:
                     raise _Stop()
                 if callable(payload):
                     payload = payload()
-                if isinstance(payload, bytes):
-                    await self.ws.send_bytes(payload)
-                else:
-                    await self.ws.send_text(payload)
+                if item.on_sent is not None:
+                    item.on_sent()  # before the await, so a cancel meanwhile sees the new state
+                # A send blocks only while the client does not read; past the idle timeout it is closed.
+                async with asyncio.timeout(self.settings.idle_timeout_s):
+                    if isinstance(payload, bytes):
+                        await self.ws.send_bytes(payload)
+                    else:
+                        await self.ws.send_text(payload)
             except WebSocketDisconnect:
                 raise _Stop() from None
+            except TimeoutError:
+                raise SlowConsumer(
+                    f"the client read nothing for {self.settings.idle_timeout_s:g} s"
+                ) from None
             self.last_activity = time.monotonic()
-            if item.on_sent is not None:
-                item.on_sent()
 
     async def _abort(self, err: ProtocolError) -> None:
         self.log.info("closing with %d: %s %s", err.close_code, err.code, err.message)
         message = self.session.send(Error(code=err.code, message=err.message, fatal=True, field=err.field))
         with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError):
-            await asyncio.wait_for(self.ws.send_text(message), CLOSE_TIMEOUT_S)
-            await asyncio.wait_for(self.ws.close(err.close_code, err.code), CLOSE_TIMEOUT_S)
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.ws.send_text(message)
+        with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError):
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.ws.close(err.close_code, err.code)
 
 
 def slow_consumer_error(exc: SlowConsumer) -> ProtocolError:

@@ -16,11 +16,14 @@ class BodyTooLarge(Exception):
     """The request body is over the route's limit."""
 
 
-def api_error(status: int, message: str, *, param: str | None = None, code: str | None = None,
-              kind: str | None = None) -> JSONResponse:
+def api_error(
+    status: int, message: str, *, param: str | None = None, code: str | None = None, kind: str | None = None
+) -> JSONResponse:
     """An error in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
     kind = kind or ("invalid_request_error" if status < 500 else "server_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status
+    )
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -38,7 +41,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 class RequestIdMiddleware:
-    """Gives every HTTP response an ``x-request-id``: the caller's, when it sent a sane one, else a new one."""
+    """Gives every HTTP response an ``x-request-id``: the caller's when sane, else a new one."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

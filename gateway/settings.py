@@ -12,9 +12,22 @@ _PREFIX = "VOXGATE_"
 
 #: OpenAI's and vllm-omni's voice names, which some clients insist on, spoken by the default voice.
 DEFAULT_VOICE_ALIASES: dict[str, str] = {
-    name: "" for name in (
-        "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
-        "marin", "cedar", "vivian",
+    name: ""
+    for name in (
+        "alloy",
+        "ash",
+        "ballad",
+        "coral",
+        "echo",
+        "fable",
+        "nova",
+        "onyx",
+        "sage",
+        "shimmer",
+        "verse",
+        "marin",
+        "cedar",
+        "vivian",
     )
 }
 
@@ -48,6 +61,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     api_keys: tuple[str, ...] = ()
     api_keys_file: str = ""
     allowed_origins: tuple[str, ...] = ()
+    # Engine "remote": base URLs of vllm-omni (or any OpenAI-compatible) speech servers.
+    upstreams: tuple[str, ...] = ()
+    upstream_model: str = ""
+    # No first byte within this time fails over to another upstream; no byte for this long mid-stream
+    # is a stall. A TTS server on a warm GPU answers within a few hundred ms.
+    upstream_connect_timeout_s: float = 5.0
+    upstream_read_timeout_s: float = 30.0
+    upstream_health_interval_s: float = 5.0
+    # Consecutive failures that open an upstream's circuit, and how long it then stays out.
+    upstream_breaker_failures: int = 3
+    upstream_breaker_cooldown_s: float = 30.0
     # name -> voice; "" means the engine's default voice.
     voice_aliases: dict[str, str] = msgspec.field(default_factory=lambda: dict(DEFAULT_VOICE_ALIASES))
 
@@ -65,7 +89,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             if value is not None:
                 raw[name] = value
         raw.update({k: v for k, v in overrides.items() if v is not None})
-        for name in ("api_keys", "allowed_origins"):
+        for name in ("api_keys", "allowed_origins", "upstreams"):
             if isinstance(raw.get(name), str):
                 raw[name] = [v.strip() for v in str(raw[name]).split(",") if v.strip()]
         if isinstance(raw.get("voice_aliases"), str):
@@ -99,7 +123,10 @@ class ClientSettings(msgspec.Struct, frozen=True, kw_only=True):
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> ClientSettings:
         """``VOXGATE_URL`` and ``VOXGATE_API_KEY``, then explicit overrides (CLI flags)."""
         env = os.environ if environ is None else environ
-        raw: dict[str, object] = {name: env[_PREFIX + name.upper()] for name in cls.__struct_fields__
-                                  if _PREFIX + name.upper() in env}
+        raw: dict[str, object] = {
+            name: env[_PREFIX + name.upper()]
+            for name in cls.__struct_fields__
+            if _PREFIX + name.upper() in env
+        }
         raw.update({k: v for k, v in overrides.items() if v is not None})
         return msgspec.convert(raw, cls, strict=False)

@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import re
+from dataclasses import dataclass
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -43,12 +44,31 @@ logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # Chunks the producer may run ahead of a slow reader before it waits (backpressure).
 AHEAD_CHUNKS = 32
-MEDIA_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav", "mp3": "audio/mpeg", "opus": "audio/ogg", "flac": "audio/flac"}
+MEDIA_TYPES = {
+    "pcm": "audio/pcm",
+    "wav": "audio/wav",
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "flac": "audio/flac",
+}
 # Rates each compressed container accepts (libsndfile's Opus and MPEG encoders).
-_CODEC_RATES = {"opus": {8000, 12000, 16000, 24000, 48000},
-                "mp3": {8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000}}
+_CODEC_RATES = {
+    "opus": {8000, 12000, 16000, 24000, 48000},
+    "mp3": {8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000},
+}
 _SOUNDFILE = {"mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS"), "flac": ("FLAC", "PCM_16")}
-_END = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """A chunk of segment ``index``; ``chunk`` None marks the segment's end."""
+
+    index: int
+    chunk: AudioChunk | None
+
+
+#: What the producer hands the body: pieces, an engine failure, then None at the very end.
+_Item = _Piece | EngineError | None
 
 
 class _Body:
@@ -56,8 +76,14 @@ class _Body:
 
     def __init__(self, fmt: str, rate: int) -> None:
         self.fmt, self.rate = fmt, rate
-        self.packer = AudioPacker(0, fmt="wav" if fmt == "wav" else "pcm", sample_rate=rate, frame_ms=100,
-                                  frame_header=False, stream_audio=True)
+        self.packer = AudioPacker(
+            0,
+            fmt="wav" if fmt == "wav" else "pcm",
+            sample_rate=rate,
+            frame_ms=100,
+            frame_header=False,
+            stream_audio=True,
+        )
         self._resampler: Resampler | None = None
         self._segment: list[Samples] = []
         self._all: list[Samples] = []
@@ -89,7 +115,9 @@ class _Body:
 
     def finish(self) -> bytes:
         if self.fmt not in ("pcm", "wav"):
-            return _encode(np.concatenate(self._all) if self._all else np.zeros(0, np.float32), self.rate, self.fmt)
+            return _encode(
+                np.concatenate(self._all) if self._all else np.zeros(0, np.float32), self.rate, self.fmt
+            )
         return b""
 
 
@@ -100,35 +128,46 @@ def _encode(audio: Samples, rate: int, fmt: str) -> bytes:
     return out.getvalue()
 
 
-async def _produce(resolved: Resolved, req: SpeechRequest, texts: list[str], queue: asyncio.Queue[object]) -> None:
+async def _produce(
+    resolved: Resolved, req: SpeechRequest, texts: list[str], queue: asyncio.Queue[_Item]
+) -> None:
     """Synthesize the segments in order into ``queue``: (index, chunk), (index, None) at a segment's end."""
     try:
         for index, text in enumerate(texts):
-            request = SynthesisRequest(text=text, voice=resolved.voice, speed=req.speed, seed=req.seed,
-                                       options=req.engine_options(), reference=resolved.reference)
+            request = SynthesisRequest(
+                text=text,
+                voice=resolved.voice,
+                speed=req.speed,
+                seed=req.seed,
+                options=req.engine_options(),
+                reference=resolved.reference,
+            )
             async with contextlib.aclosing(resolved.engine.synthesize(request)) as chunks:
                 async for chunk in chunks:
-                    await queue.put((index, chunk))
-            await queue.put((index, None))
+                    await queue.put(_Piece(index, chunk))
+            await queue.put(_Piece(index, None))
     except EngineError as exc:
         await queue.put(exc)
-    await queue.put(_END)
+    await queue.put(None)
 
 
-async def _stream(body: _Body, first: object, queue: asyncio.Queue[object], producer: asyncio.Task[None],
-                  ) -> AsyncIterator[bytes | EngineError]:
+async def _stream(
+    body: _Body,
+    first: _Item,
+    queue: asyncio.Queue[_Item],
+    producer: asyncio.Task[None],
+) -> AsyncIterator[bytes | EngineError]:
     """Body pieces in order; an EngineError after the first byte is yielded for the caller to report."""
     item, started = first, -1
     try:
-        while item is not _END:
+        while item is not None:
             if isinstance(item, EngineError):
                 yield item
                 break
-            index, chunk = item  # type: ignore[misc]
-            if index != started:
-                body.start_segment(index)
-                started = index
-            data = body.push(chunk) if chunk is not None else body.end_segment()
+            if item.index != started:
+                body.start_segment(item.index)
+                started = item.index
+            data = body.push(item.chunk) if item.chunk is not None else body.end_segment()
             if data:
                 yield data
             item = await queue.get()
@@ -142,7 +181,9 @@ async def _stream(body: _Body, first: object, queue: asyncio.Queue[object], prod
 
 def _param(message: str) -> str | None:
     """The field a msgspec validation message names: "... at `$.speed`" or "unknown field `foo`"."""
-    if (match := re.search(r"at `\$\.([^`]+)`", message)) or (match := re.search(r"field `([^`]+)`", message)):
+    if (match := re.search(r"at `\$\.([^`]+)`", message)) or (
+        match := re.search(r"field `([^`]+)`", message)
+    ):
         return match[1]
     return None
 
@@ -158,12 +199,22 @@ async def create_speech(request: Request) -> Response:
     except msgspec.DecodeError as exc:
         return api_error(400, f"invalid JSON body: {exc}", code="invalid_json")
     if req.response_format not in PRODUCIBLE_FORMATS:
-        return api_error(400, f"response_format {req.response_format!r} cannot be produced here; use one of "
-                         f"{sorted(PRODUCIBLE_FORMATS)}", param="response_format", code="unsupported_format")
+        return api_error(
+            400,
+            f"response_format {req.response_format!r} cannot be produced here; use one of "
+            f"{sorted(PRODUCIBLE_FORMATS)}",
+            param="response_format",
+            code="unsupported_format",
+        )
     rate = req.sample_rate or DEFAULT_SAMPLE_RATE
     if rate not in _CODEC_RATES.get(req.response_format, {rate}):
-        return api_error(400, f"{req.response_format} cannot be encoded at {rate} Hz; use one of "
-                         f"{sorted(_CODEC_RATES[req.response_format])}", param="sample_rate", code="unsupported_rate")
+        return api_error(
+            400,
+            f"{req.response_format} cannot be encoded at {rate} Hz; use one of "
+            f"{sorted(_CODEC_RATES[req.response_format])}",
+            param="sample_rate",
+            code="unsupported_rate",
+        )
     catalog: Catalog = request.state.catalog
     try:
         resolved = await catalog.resolve(request.state.owner, req.voice_name, req.model)
@@ -180,7 +231,7 @@ async def create_speech(request: Request) -> Response:
     texts = segmenter.push(req.input) + segmenter.flush()
     if not texts:
         return api_error(400, "input has no text to speak", param="input", code="empty_input")
-    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=AHEAD_CHUNKS)
+    queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=AHEAD_CHUNKS)
     producer = asyncio.create_task(_produce(resolved, req, texts, queue))
     first = await queue.get()
     if isinstance(first, EngineError):
@@ -190,14 +241,22 @@ async def create_speech(request: Request) -> Response:
     body = _Body(req.response_format, rate)
     headers = {"x-sample-rate": str(rate), "x-voxgate-engine": resolved.engine.name}
     if req.stream_format == "sse":
-        return StreamingResponse(_sse(body, first, queue, producer, len(req.input)),
-                                 media_type="text/event-stream", headers=headers)
-    return StreamingResponse(_audio(body, first, queue, producer), media_type=MEDIA_TYPES[req.response_format],
-                             headers=headers)
+        return StreamingResponse(
+            _sse(body, first, queue, producer, len(req.input)),
+            media_type="text/event-stream",
+            headers=headers,
+        )
+    return StreamingResponse(
+        _audio(body, first, queue, producer), media_type=MEDIA_TYPES[req.response_format], headers=headers
+    )
 
 
-async def _audio(body: _Body, first: object, queue: asyncio.Queue[object], producer: asyncio.Task[None],
-                 ) -> AsyncIterator[bytes]:
+async def _audio(
+    body: _Body,
+    first: _Item,
+    queue: asyncio.Queue[_Item],
+    producer: asyncio.Task[None],
+) -> AsyncIterator[bytes]:
     async for piece in _stream(body, first, queue, producer):
         if isinstance(piece, EngineError):
             # The status is already sent: the body ends early, and the log says why.
@@ -210,11 +269,14 @@ def _event(payload: dict[str, object]) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
 
 
-async def _sse(body: _Body, first: object, queue: asyncio.Queue[object], producer: asyncio.Task[None],
-               characters: int) -> AsyncIterator[bytes]:
+async def _sse(
+    body: _Body, first: _Item, queue: asyncio.Queue[_Item], producer: asyncio.Task[None], characters: int
+) -> AsyncIterator[bytes]:
     async for piece in _stream(body, first, queue, producer):
         if isinstance(piece, EngineError):
-            yield _event({"type": "speech.audio.error", "error": {"message": str(piece), "code": "engine_error"}})
+            yield _event(
+                {"type": "speech.audio.error", "error": {"message": str(piece), "code": "engine_error"}}
+            )
             return
         yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
     usage = {"input_characters": characters, "output_audio_ms": round(body.samples * 1000 / body.rate)}

@@ -1,12 +1,78 @@
-"""Persistent voice store (skeleton: being implemented)."""
+"""Persistent voice store: one safetensors file per voice, safe to share between gateway processes.
+
+Layout: ``<directory>/<owner, or "_public" for the anonymous owner>/<sha256(name)[:32]>.safetensors``,
+so a voice name never becomes a path. Each file holds one float32 tensor, ``audio`` (a mono reference
+clip) or ``embedding``, and the voice's metadata as strings in the safetensors header.
+
+Writes are atomic: a hidden temp file in the same folder is written, fsynced and renamed over the
+final name, then the folder is fsynced, so a crash leaves the old voice or the new one, never a torn
+file. Reads always go to disk, so an upload or a delete made through another process is seen at once;
+parsed headers are cached by (inode, size, mtime, ctime). A file that does not parse is skipped with
+a warning and never raises out of ``list``, ``info`` or ``get``.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
+import safetensors.numpy
+from safetensors import SafetensorError
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "voxgate.voice/1"
+SUFFIX = ".safetensors"
+PUBLIC_DIR = "_public"
+TEMP_SUFFIX = ".tmp"
+LOCK_NAME = ".lock"
+# Long enough for a descriptive name, short enough to fit one line of a voice picker.
+MAX_NAME_CHARS = 64
+# Our headers hold a few short strings; a bigger one is not ours and is not read into memory.
+MAX_HEADER_BYTES = 1 << 20
+# 30 s of audio at 192 kHz is 23 MB as float32; a bigger file is not one we wrote.
+MAX_FILE_BYTES = 64 << 20
+# Far longer than any write takes, so a younger temp file may still belong to a live writer.
+STALE_TEMP_S = 60.0
+# auth.owner_of yields 24 hex digits; anything else must never reach the file system.
+_OWNER_RE = re.compile(r"[0-9a-f]{1,64}")
+_U64 = struct.Struct("<Q")
+
+Kind = Literal["audio", "embedding"]
+
+
+class VoiceError(ValueError):
+    """A voice cannot be stored as asked."""
+
+
+class InvalidVoiceName(VoiceError):
+    """The name is empty, too long, or has characters that cannot appear in a URL path segment."""
+
+
+class VoiceLimitReached(VoiceError):
+    """The owner already has ``limit`` voices; replacing one of them is still allowed."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"voice limit reached: at most {limit} voices per API key; delete one first")
+
+
+class _Unreadable(Exception):
+    """A file in the store that is not a voice we wrote (torn, foreign or hand-edited)."""
 
 
 class VoiceInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -33,15 +99,309 @@ class VoiceData(msgspec.Struct, frozen=True, kw_only=True):
     embedding: npt.NDArray[np.float32] | None = None
 
 
+class _Tensor(msgspec.Struct, frozen=True):
+    dtype: Literal["F32"]
+    shape: tuple[int]
+    data_offsets: tuple[int, int]
+
+
+def check_name(name: str) -> None:
+    """Raise ``InvalidVoiceName`` unless ``name`` can name a voice (and be a URL path segment)."""
+    if not name or len(name) > MAX_NAME_CHARS:
+        raise InvalidVoiceName(f"name must be 1 to {MAX_NAME_CHARS} characters")
+    if name in (".", ".."):
+        raise InvalidVoiceName("name must not be '.' or '..'")
+    if any(c in "/\\" or ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise InvalidVoiceName("name must not contain '/', '\\' or control characters")
+
+
+def _file_name(name: str) -> str:
+    return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:32] + SUFFIX
+
+
+def _folder_name(owner: str) -> str:
+    if owner == "":
+        return PUBLIC_DIR
+    if not _OWNER_RE.fullmatch(owner):
+        raise ValueError("owner ids are lowercase hex strings")
+    return owner
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _parse_header(head: bytes, size: int) -> tuple[dict[str, str], dict[str, _Tensor]]:
+    """Metadata and tensor specs from a file's first bytes; ``size`` is the whole file's length."""
+    if len(head) < _U64.size:
+        raise _Unreadable("shorter than a safetensors header")
+    (length,) = _U64.unpack_from(head)
+    if length > MAX_HEADER_BYTES or _U64.size + length > len(head):
+        raise _Unreadable("header length out of range")
+    try:
+        raw = msgspec.json.decode(head[_U64.size : _U64.size + length], type=dict[str, object])
+        meta = msgspec.convert(raw.pop("__metadata__", None), dict[str, str])
+        tensors = {key: msgspec.convert(spec, _Tensor) for key, spec in raw.items()}
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise _Unreadable(f"bad header: {exc}") from exc
+    end = max((t.data_offsets[1] for t in tensors.values()), default=0)
+    if _U64.size + length + end != size:
+        raise _Unreadable("file size does not match its header (torn or foreign file)")
+    return meta, tensors
+
+
+def _info(
+    meta: dict[str, str], tensors: dict[str, _Tensor], *, size: int, owner: str, file_name: str
+) -> VoiceInfo:
+    """Check that the header describes the voice this file should hold, and summarise it."""
+    try:
+        if meta["format"] != FORMAT:
+            raise _Unreadable(f"format {meta['format']!r} is not {FORMAT!r}")
+        name, kind = meta["name"], meta["kind"]
+        if meta["owner"] != owner or _file_name(name) != file_name:
+            raise _Unreadable("owner or name does not match the file's place")
+        if kind not in ("audio", "embedding") or list(tensors) != [kind]:
+            raise _Unreadable(f"expected one {kind!r} tensor, found {sorted(tensors)}")
+        (count,) = tensors[kind].shape
+        sample_rate = int(meta.get("sample_rate", "0"))
+        if count <= 0 or (kind == "audio" and sample_rate <= 0):
+            raise _Unreadable("empty tensor or missing sample rate")
+        return VoiceInfo(
+            name=name,
+            consent=meta["consent"],
+            created_at=float(meta["created_at"]),
+            kind=kind,
+            sample_rate=sample_rate,
+            duration_s=count / sample_rate if kind == "audio" else 0.0,
+            embedding_dim=count if kind == "embedding" else 0,
+            ref_text=meta.get("ref_text"),
+            speaker_description=meta.get("speaker_description"),
+            mime_type=meta.get("mime_type"),
+            file_size=size,
+        )
+    except (KeyError, ValueError) as exc:
+        raise _Unreadable(f"bad metadata: {exc!r}") from exc
+
+
+def _read_head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        head = f.read(_U64.size)
+        if len(head) == _U64.size:
+            head += f.read(min(_U64.unpack(head)[0], MAX_HEADER_BYTES))
+    return head
+
+
 class VoiceStore:
-    """One safetensors file per voice under ``directory``, partitioned by owner."""
+    """One safetensors file per voice under ``directory``, partitioned by owner.
+
+    All methods do blocking file I/O: call them from a worker thread (``run_in_threadpool``).
+    Creating a store creates ``directory`` and removes temp files left by crashed writers.
+    """
 
     def __init__(self, directory: Path, *, max_voices: int = 1000) -> None:
         self.directory = directory
         self.max_voices = max_voices
+        self._cache: dict[Path, tuple[tuple[int, int, int, int], VoiceInfo | None]] = {}
+        self._cache_lock = threading.Lock()
+        directory.mkdir(parents=True, exist_ok=True)
+        self.remove_stale_temp_files()
 
     def get(self, owner: str, name: str) -> VoiceData | None:
-        return None
+        """The voice with its payload, or None when absent or unreadable."""
+        path = self._path(owner, name)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > MAX_FILE_BYTES:
+                    raise _Unreadable(f"{size} bytes is larger than any voice")
+                data = f.read()
+            meta, tensors = _parse_header(data, len(data))
+            info = _info(meta, tensors, size=len(data), owner=owner, file_name=path.name)
+            arrays = safetensors.numpy.load(data)
+        except FileNotFoundError:
+            return None
+        except (_Unreadable, SafetensorError, OSError) as exc:
+            logger.warning("skipping unreadable voice file %s: %s", path, exc)
+            return None
+        payload = arrays[info.kind]
+        if info.kind == "audio":
+            return VoiceData(info=info, audio=payload)
+        return VoiceData(info=info, embedding=payload)
+
+    def info(self, owner: str, name: str) -> VoiceInfo | None:
+        """The voice's metadata, or None when absent or unreadable."""
+        path = self._path(owner, name)
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return None
+        return self._cached_info(path, stat, owner)
 
     def list(self, owner: str) -> list[VoiceInfo]:
-        return []
+        """The owner's readable voices, sorted by name."""
+        folder = self.directory / _folder_name(owner)
+        infos: list[VoiceInfo] = []
+        seen: set[Path] = set()
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            entries = []
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.name.endswith(SUFFIX):
+                continue
+            path = Path(entry.path)
+            seen.add(path)
+            try:
+                stat = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # deleted by another process since the scan
+                continue
+            info = self._cached_info(path, stat, owner)
+            if info is not None:
+                infos.append(info)
+        with self._cache_lock:
+            for path in [p for p in self._cache if p.parent == folder and p not in seen]:
+                del self._cache[path]
+        return sorted(infos, key=lambda info: info.name)
+
+    def save(
+        self,
+        owner: str,
+        name: str,
+        *,
+        audio: npt.NDArray[np.float32] | None = None,
+        sample_rate: int = 0,
+        embedding: npt.NDArray[np.float32] | None = None,
+        consent: str,
+        ref_text: str | None = None,
+        speaker_description: str | None = None,
+        mime_type: str | None = None,
+    ) -> VoiceInfo:
+        """Store a voice atomically, replacing one of the same name.
+
+        Raises:
+            InvalidVoiceName: see ``check_name``.
+            VoiceLimitReached: the owner has ``max_voices`` voices and ``name`` is not one of them.
+            ValueError: not exactly one of ``audio`` and ``embedding``, an empty one, or no sample rate.
+        """
+        check_name(name)
+        if (audio is None) == (embedding is None):
+            raise ValueError("give exactly one of audio and embedding")
+        kind: Kind = "audio" if audio is not None else "embedding"
+        tensor = np.ascontiguousarray(audio if audio is not None else embedding, dtype=np.float32)
+        if tensor.ndim != 1 or tensor.size == 0:
+            raise ValueError(f"{kind} must be a non-empty 1-D array")
+        if kind == "audio" and sample_rate <= 0:
+            raise ValueError("audio needs a positive sample rate")
+        meta = {
+            "format": FORMAT,
+            "name": name,
+            "owner": owner,
+            "kind": kind,
+            "consent": consent,
+            "created_at": repr(time.time()),
+            "sample_rate": str(sample_rate if kind == "audio" else 0),
+        }
+        optional = {"ref_text": ref_text, "speaker_description": speaker_description, "mime_type": mime_type}
+        meta.update({key: value for key, value in optional.items() if value is not None})
+        payload = safetensors.numpy.save({kind: tensor}, meta)
+        folder = self._folder(owner, create=True)
+        path = folder / _file_name(name)
+        with self._locked(folder):
+            replacing = path.exists()
+            if not replacing and self._count(folder) >= self.max_voices:
+                raise VoiceLimitReached(self.max_voices)
+            self._write_atomic(path, payload)
+        if replacing:
+            logger.info("voice %r of owner %r replaced", name, owner or PUBLIC_DIR)
+        meta_out, tensors = _parse_header(payload, len(payload))
+        return _info(meta_out, tensors, size=len(payload), owner=owner, file_name=path.name)
+
+    def delete(self, owner: str, name: str) -> bool:
+        """Remove a voice; False when there was none."""
+        path = self._path(owner, name)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        _fsync_dir(path.parent)
+        with self._cache_lock:
+            self._cache.pop(path, None)
+        return True
+
+    def remove_stale_temp_files(self) -> int:
+        """Delete temp files that crashed writers left over a minute ago; returns how many."""
+        removed = 0
+        cutoff = time.time() - STALE_TEMP_S
+        for folder in self.directory.iterdir():
+            if not folder.is_dir() or folder.is_symlink():
+                continue
+            for path in folder.glob(f".*{TEMP_SUFFIX}"):
+                with contextlib.suppress(FileNotFoundError):
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
+                        removed += 1
+        if removed:
+            logger.info("removed %d stale temp files from %s", removed, self.directory)
+        return removed
+
+    def _folder(self, owner: str, *, create: bool = False) -> Path:
+        folder = self.directory / _folder_name(owner)
+        if create and not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
+            _fsync_dir(self.directory)
+        return folder
+
+    def _path(self, owner: str, name: str) -> Path:
+        return self._folder(owner) / _file_name(name)
+
+    def _cached_info(self, path: Path, stat: os.stat_result, owner: str) -> VoiceInfo | None:
+        key = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        with self._cache_lock:
+            hit = self._cache.get(path)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        info: VoiceInfo | None = None
+        try:
+            meta, tensors = _parse_header(_read_head(path), stat.st_size)
+            info = _info(meta, tensors, size=stat.st_size, owner=owner, file_name=path.name)
+        except FileNotFoundError:
+            return None
+        except (_Unreadable, OSError) as exc:
+            logger.warning("skipping unreadable voice file %s: %s", path, exc)
+        with self._cache_lock:
+            self._cache[path] = (key, info)
+        return info
+
+    @staticmethod
+    def _count(folder: Path) -> int:
+        return sum(1 for e in os.scandir(folder) if not e.name.startswith(".") and e.name.endswith(SUFFIX))
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _locked(folder: Path) -> Iterator[None]:
+        """Serialise the count-then-write of saves across threads and processes sharing the folder."""
+        fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _write_atomic(path: Path, payload: bytes) -> None:
+        fd, temp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=TEMP_SUFFIX, dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
+        _fsync_dir(path.parent)

@@ -45,9 +45,13 @@ def wav_header(sample_rate: int, data_bytes: int | None = None, *, channels: int
         data_size = data_bytes
         riff_size = 36 + data_bytes
     return (
-        b"RIFF" + struct.pack("<I", riff_size) + b"WAVE"
-        + b"fmt " + struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block_align, block_align, 16)
-        + b"data" + struct.pack("<I", data_size)
+        b"RIFF"
+        + struct.pack("<I", riff_size)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block_align, block_align, 16)
+        + b"data"
+        + struct.pack("<I", data_size)
     )
 
 
@@ -110,7 +114,9 @@ class Resampler:
         self.in_rate = in_rate
         self.out_rate = out_rate
         self._stream = (
-            None if in_rate == out_rate else soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
+            None
+            if in_rate == out_rate
+            else soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
         )
 
     def process(self, samples: Samples, *, last: bool = False) -> Samples:

@@ -54,7 +54,9 @@ class FrameHeader(msgspec.Struct, frozen=True):
 
     def serialize(self) -> bytes:
         """Return the 24 header bytes; call ``check`` first for untrusted values."""
-        return _HEADER.pack(MAGIC, self.utterance_index, self.sentence_index, self.frame_index, self.start_sample)
+        return _HEADER.pack(
+            MAGIC, self.utterance_index, self.sentence_index, self.frame_index, self.start_sample
+        )
 
     @classmethod
     def parse(cls, data: bytes | bytearray | memoryview) -> Self:
@@ -65,7 +67,8 @@ class FrameHeader(msgspec.Struct, frozen=True):
         """
         if len(data) < HEADER_BYTES:
             raise ProtocolError(
-                ErrorCode.INVALID_MESSAGE, f"frame of {len(data)} bytes is shorter than its header",
+                ErrorCode.INVALID_MESSAGE,
+                f"frame of {len(data)} bytes is shorter than its header",
                 close_code=CloseCode.INVALID_DATA,
             )
         magic, utterance, sentence, frame, start = _HEADER.unpack_from(data)

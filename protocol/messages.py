@@ -14,7 +14,7 @@ Message flow (``docs/protocol.md`` is the full contract)::
     input.cancel (barge-in) ────────────────▶
                    ◀───────────────────────── audio.cancelled  (no audio of it after this)
     session.config (again, between utterances)
-    session.close ──────────────────────────▶ (finishes the utterance, then closes 1000)
+    session.close ──────────────────────────▶ (all queued audio goes out, then close 1000)
                    ◀───────────────────────── error            (any time; fatal ones close)
 
 Client messages are frozen and forbid unknown fields, so a typo fails loudly with its path.
@@ -43,11 +43,13 @@ class _Client(msgspec.Struct, tag_field="type", frozen=True, kw_only=True, forbi
     """Base of every client-to-server message."""
 
 
-class SessionConfig(_Client, tag="session.config"):
+class SessionConfig(_Client, tag="session.config", frozen=True):
     """Configures the session; first message, may be sent again between utterances.
 
-    The fields from ``model`` down are vllm-omni's; an engine that cannot honour one that is set
-    answers ``unsupported_option`` naming the field and the engine.
+    Field names follow vllm-omni's ``StreamingSpeechSessionConfig``; ``f32``/``mulaw`` formats,
+    ``eager_first_segment``, ``frame_ms`` and ``frame_header`` are voxgate's own. An engine that
+    cannot honour an option that is set answers ``unsupported_option`` naming the field and the
+    engine. Each config replaces the previous one whole: omitted fields take their defaults.
     """
 
     voice: str | None = None
@@ -86,13 +88,30 @@ class SessionConfig(_Client, tag="session.config"):
 
 #: Fields of ``session.config`` that reach the engine and that it must be able to honour.
 ENGINE_OPTION_FIELDS: tuple[str, ...] = (
-    "speed", "seed", "language", "instructions", "task_type", "ref_audio", "ref_text",
-    "x_vector_only_mode", "speaker_embedding", "max_new_tokens", "initial_codec_chunk_frames",
-    "non_streaming_mode", "word_timestamps",
+    "speed",
+    "seed",
+    "language",
+    "instructions",
+    "task_type",
+    "ref_audio",
+    "ref_text",
+    "x_vector_only_mode",
+    "speaker_embedding",
+    "max_new_tokens",
+    "initial_codec_chunk_frames",
+    "non_streaming_mode",
+    "word_timestamps",
 )
 
 
-_NEUTRAL: dict[str, object] = {"speed": 1.0, "word_timestamps": False}
+# Values that ask nothing of an engine: sending them explicitly is the same as leaving them out.
+_NEUTRAL: dict[str, object] = {
+    "speed": 1.0,
+    "word_timestamps": False,
+    "x_vector_only_mode": False,
+    "non_streaming_mode": False,
+    "instructions": "",
+}
 
 
 def engine_options(msg: msgspec.Struct) -> dict[str, object]:
@@ -108,21 +127,21 @@ def engine_options(msg: msgspec.Struct) -> dict[str, object]:
     return out
 
 
-class InputText(_Client, tag="input.text"):
+class InputText(_Client, tag="input.text", frozen=True):
     """Appends text to the current utterance (starts one if none is open)."""
 
     text: str
 
 
-class InputDone(_Client, tag="input.done"):
+class InputDone(_Client, tag="input.done", frozen=True):
     """Flush: synthesize everything buffered and end the utterance; the socket stays open."""
 
 
-class InputCancel(_Client, tag="input.cancel"):
+class InputCancel(_Client, tag="input.cancel", frozen=True):
     """Barge-in: drop buffered text, abort synthesis and discard queued audio."""
 
 
-class SessionClose(_Client, tag="session.close"):
+class SessionClose(_Client, tag="session.close", frozen=True):
     """Finish the current utterance as ``input.done`` would, then close with 1000."""
 
 
@@ -205,9 +224,12 @@ class SessionDone(_Server, tag="session.done"):
 
 
 class AudioCancelled(_Server, tag="audio.cancelled"):
-    """Confirms ``input.cancel``; no binary frame of this utterance follows it."""
+    """Confirms ``input.cancel``; no binary frame of this utterance follows it.
 
-    utterance_index: int = 0
+    One per utterance that was in flight; ``utterance_index`` is None when nothing was.
+    """
+
+    utterance_index: int | None = None
 
 
 class Error(_Server, tag="error"):

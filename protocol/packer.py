@@ -106,7 +106,9 @@ class AudioPacker:
                 payload = wav_header(self.sample_rate) + payload
         header = b""
         if self.frame_header:
-            header = FrameHeader(self.utterance_index, self._sentence_index, self._frame_index, self.samples_sent).serialize()
+            header = FrameHeader(
+                self.utterance_index, self._sentence_index, self._frame_index, self.samples_sent
+            ).serialize()
         self._frame_index += 1
         self.samples_sent += len(samples)
         self.segment_samples += len(samples)

@@ -118,7 +118,9 @@ class Session:
         max_message_bytes: largest accepted message of any other type.
     """
 
-    def __init__(self, *, max_config_bytes: int = MAX_CONFIG_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self, *, max_config_bytes: int = MAX_CONFIG_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES
+    ) -> None:
         self.state = State.AWAITING_CONFIG
         self.config: SessionConfig | None = None
         self.max_config_bytes = max_config_bytes
@@ -169,7 +171,9 @@ class Session:
 
     def receive_bytes(self, data: bytes) -> list[Event]:
         """Take one binary WebSocket message: clients send no binary data, so it is always refused."""
-        raise self._error(ErrorCode.BINARY_NOT_ACCEPTED, "binary messages are not accepted; send JSON text frames")
+        raise self._error(
+            ErrorCode.BINARY_NOT_ACCEPTED, "binary messages are not accepted; send JSON text frames"
+        )
 
     def accept_config(self, config: SessionConfig) -> None:
         """Adopt a config once the gateway has checked it against the engine (after ``ConfigAccepted``)."""
@@ -213,7 +217,8 @@ class Session:
         size = len(data) if data.isascii() else len(data.encode())
         if size > self.max_config_bytes:
             raise self._error(
-                ErrorCode.MESSAGE_TOO_LARGE, f"message of {size} bytes exceeds {self.max_config_bytes}",
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"message of {size} bytes exceeds {self.max_config_bytes}",
                 close_code=CloseCode.MESSAGE_TOO_BIG,
             )
         try:
@@ -221,10 +226,13 @@ class Session:
         except msgspec.ValidationError as exc:
             raise self._classify(data, exc) from None
         except msgspec.DecodeError as exc:
-            raise self._error(ErrorCode.INVALID_JSON, f"invalid JSON: {exc}", close_code=CloseCode.INVALID_DATA) from None
+            raise self._error(
+                ErrorCode.INVALID_JSON, f"invalid JSON: {exc}", close_code=CloseCode.INVALID_DATA
+            ) from None
         if not isinstance(msg, SessionConfig) and size > self.max_message_bytes:
             raise self._error(
-                ErrorCode.MESSAGE_TOO_LARGE, f"{type(msg).__name__} message of {size} bytes exceeds {self.max_message_bytes}",
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"{msg.__struct_config__.tag} message of {size} bytes exceeds {self.max_message_bytes}",
                 close_code=CloseCode.MESSAGE_TOO_BIG,
             )
         return msg
@@ -238,7 +246,9 @@ class Session:
                 ErrorCode.INVALID_JSON, f"invalid JSON: {err}", close_code=CloseCode.INVALID_DATA
             )
         if not isinstance(raw, dict):
-            return self._error(ErrorCode.NOT_AN_OBJECT, "messages must be JSON objects", close_code=CloseCode.INVALID_DATA)
+            return self._error(
+                ErrorCode.NOT_AN_OBJECT, "messages must be JSON objects", close_code=CloseCode.INVALID_DATA
+            )
         kind = raw.get("type")
         if not isinstance(kind, str) or kind not in CLIENT_TYPES:
             return self._error(ErrorCode.UNKNOWN_TYPE, f"unknown message type: {kind!r}", field="$.type")
@@ -257,6 +267,11 @@ class Session:
         return self._error(ErrorCode.INVALID_STATE, f"{kind} after session.close")
 
     def _error(
-        self, code: ErrorCode, message: str, *, close_code: CloseCode = CloseCode.POLICY_VIOLATION, field: str | None = None
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        close_code: CloseCode = CloseCode.POLICY_VIOLATION,
+        field: str | None = None,
     ) -> ProtocolError:
         return ProtocolError(code, message, close_code=close_code, fatal=not self.configured, field=field)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import socket
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,10 +51,15 @@ def serve(app: Starlette) -> Iterator[str]:
 
 
 @contextmanager
-def serve_engine(tts: TTSEngine | None = None, **settings: object) -> Iterator[str]:
-    """Serve a gateway app with the engine ``tts`` (or, when None, the one named in settings)."""
-    with serve(create_app(Settings(**settings), engine=tts)) as address:  # type: ignore[arg-type]
-        yield address
+def serve_engine(tts: TTSEngine | Sequence[TTSEngine] | None = None, **settings: object) -> Iterator[str]:
+    """Serve a gateway app with the engine(s) ``tts`` (or, when None, those named in settings).
+
+    Voices go to a fresh temporary folder unless ``voices_dir`` is given, never to the user's cache.
+    """
+    with tempfile.TemporaryDirectory(prefix="voxgate-voices-") as voices_dir:
+        settings.setdefault("voices_dir", voices_dir)
+        with serve(create_app(Settings(**settings), engine=tts)) as address:  # type: ignore[arg-type]
+            yield address
 
 
 @dataclass

@@ -19,9 +19,14 @@ def test_rest_routes_need_a_key_when_keys_are_set() -> None:
         assert httpx.get(f"{base}/healthz").status_code == 200
         assert httpx.get(f"{base}/readyz").status_code == 200
         missing = httpx.post(f"{base}/v1/audio/speech", json={"input": "hi", "response_format": "pcm"})
-        wrong = httpx.post(f"{base}/v1/audio/speech", json={"input": "hi"}, headers={"Authorization": "Bearer nope"})
-        good = httpx.post(f"{base}/v1/audio/speech", json={"input": "hi", "response_format": "pcm"},
-                          headers={"Authorization": "Bearer key-b"})
+        wrong = httpx.post(
+            f"{base}/v1/audio/speech", json={"input": "hi"}, headers={"Authorization": "Bearer nope"}
+        )
+        good = httpx.post(
+            f"{base}/v1/audio/speech",
+            json={"input": "hi", "response_format": "pcm"},
+            headers={"Authorization": "Bearer key-b"},
+        )
         voices = httpx.get(f"{base}/v1/audio/voices")
     assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
     assert missing.headers["x-request-id"]
@@ -37,8 +42,10 @@ def test_websocket_is_refused_before_accept_without_a_key() -> None:
         with pytest.raises(InvalidStatus):
             connect(f"ws://{address}{URL}?api_key=wrong")
         # The three ways a client can present the key.
-        for kwargs in ({"additional_headers": {"Authorization": "Bearer secret"}},
-                       {"subprotocols": ["voxgate", "voxgate.key.secret"]}):
+        for kwargs in (
+            {"additional_headers": {"Authorization": "Bearer secret"}},
+            {"subprotocols": ["voxgate", "voxgate.key.secret"]},
+        ):
             with connect(f"ws://{address}{URL}", **kwargs) as ws:  # type: ignore[arg-type]
                 send(ws, type="session.config")
                 assert recv(ws)["type"] == "session.ready"  # type: ignore[index]
@@ -75,7 +82,10 @@ def test_websocket_origin_allowlist(origin: str | None, allowed: bool) -> None:
 def test_same_origin_is_allowed() -> None:
     with serve_engine(FakeEngine()) as address:
         host = address.replace("127.0.0.1", "gateway.internal")
-        with connect(f"ws://{address}{URL}", origin=f"http://{host}",  # type: ignore[arg-type]
-                     additional_headers={"Host": host}) as ws:
+        with connect(
+            f"ws://{address}{URL}",
+            origin=f"http://{host}",  # type: ignore[arg-type]
+            additional_headers={"Host": host},
+        ) as ws:
             send(ws, type="session.config")
             assert recv(ws)["type"] == "session.ready"  # type: ignore[index]

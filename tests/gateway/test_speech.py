@@ -29,7 +29,9 @@ def test_container_formats_decode_to_the_whole_text(fmt: str) -> None:
     assert response.headers["x-request-id"]
     data, rate = soundfile.read(io.BytesIO(response.content), dtype="float32")
     assert rate == 24000
-    spoken = len(TEXT.replace(" ", "")) + TEXT.count(" ") - 2  # segment cuts drop the spaces between sentences
+    spoken = (
+        len(TEXT.replace(" ", "")) + TEXT.count(" ") - 2
+    )  # segment cuts drop the spaces between sentences
     assert abs(len(data) / rate - spoken * SECONDS_PER_CHAR) < 0.15
 
 
@@ -38,7 +40,9 @@ def test_pcm_is_headerless_s16le_at_24k_by_default_and_follows_sample_rate() -> 
         default = post(address, input="One two three.", response_format="pcm")
         telephony = post(address, input="One two three.", response_format="pcm", sample_rate=8000)
     assert default.headers["content-type"] == "audio/pcm"
-    assert len(default.content) == pytest.approx(len("One two three.") * SECONDS_PER_CHAR * 24000 * 2, rel=0.01)
+    assert len(default.content) == pytest.approx(
+        len("One two three.") * SECONDS_PER_CHAR * 24000 * 2, rel=0.01
+    )
     assert len(telephony.content) == pytest.approx(len(default.content) / 3, rel=0.01)
     samples = np.frombuffer(default.content, "<i2") / 32768.0
     peak = np.argmax(np.abs(np.fft.rfft(samples))) * 24000 / len(samples)
@@ -50,7 +54,9 @@ def test_sse_stream_format() -> None:
         response = post(address, input=TEXT, response_format="pcm", stream_format="sse")
     assert response.headers["content-type"].startswith("text/event-stream")
     events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
-    assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"} and events[-1]["type"] == "speech.audio.done"
+    assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"} and events[-1][
+        "type"
+    ] == "speech.audio.done"
     audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
     assert events[-1]["usage"]["output_audio_ms"] == pytest.approx(len(audio) / 2 / 24, abs=1)
 
@@ -76,11 +82,18 @@ def test_voice_forms_and_aliases() -> None:
         ({"input": "hi", "instructions": "whisper"}, 400, "instructions", "unsupported_option"),
         ({"input": "hi", "task_type": "VoiceDesign"}, 400, "task_type", "unsupported_option"),
         ({"input": "hi", "bogus": 1}, 400, "bogus", "invalid_value"),
-        ({"input": "hi", "response_format": "opus", "sample_rate": 22050}, 400, "sample_rate", "unsupported_rate"),
+        (
+            {"input": "hi", "response_format": "opus", "sample_rate": 22050},
+            400,
+            "sample_rate",
+            "unsupported_rate",
+        ),
         ({"input": " \n "}, 400, "input", "empty_input"),
     ],
 )
-def test_client_errors_are_4xx_in_openai_shape(body: dict[str, object], status: int, param: str, code: str) -> None:
+def test_client_errors_are_4xx_in_openai_shape(
+    body: dict[str, object], status: int, param: str, code: str
+) -> None:
     with serve_engine(FakeEngine()) as address:
         response = post(address, **body)
     assert response.status_code == status
@@ -125,6 +138,9 @@ def test_engine_failure_after_first_audio_ends_the_stream() -> None:
 
 def test_request_id_is_echoed() -> None:
     with serve_engine(FakeEngine()) as address:
-        response = httpx.post(f"http://{address}/v1/audio/speech", json={"input": "Hi.", "response_format": "pcm"},
-                              headers={"x-request-id": "abc-123"})
+        response = httpx.post(
+            f"http://{address}/v1/audio/speech",
+            json={"input": "Hi.", "response_format": "pcm"},
+            headers={"x-request-id": "abc-123"},
+        )
     assert response.headers["x-request-id"] == "abc-123"

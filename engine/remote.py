@@ -1,0 +1,227 @@
+"""Engine ``remote``: streams speech from vllm-omni (or any OpenAI-compatible) speech servers.
+
+Each segment is one ``POST /v1/audio/speech`` with ``stream: true`` and ``response_format: "pcm"``
+over a pooled HTTP client. Upstreams are chosen by least outstanding requests; a failure before the
+first audio byte fails over to the next upstream, a failure after it is an ``EngineError`` for that
+segment. Closing the iterator (cancel, disconnect) closes the HTTP response at once, and vllm-omni
+aborts a request whose client went away. Uploaded voices travel inline: ``ref_audio`` as a data URL
+of the stored clip plus ``ref_text``, so upstreams need no voice store of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from collections.abc import AsyncGenerator
+
+import httpx
+import numpy as np
+
+from engine.base import AudioChunk, EngineError, SynthesisRequest, UnknownVoice, UnsupportedOption, Voice, VoiceReference
+from engine.upstreams import Upstream, UpstreamPool
+from protocol.audio import encode, wav_header
+
+logger = logging.getLogger(__name__)
+
+# vllm-omni's default voice and output rate for Qwen3-TTS; both are re-learned from the upstream.
+DEFAULT_VOICE = "vivian"
+DEFAULT_SAMPLE_RATE = 24000
+# Options the HTTP route forwards as they are; word timestamps need the WebSocket JSON path upstream.
+_FORWARDED = frozenset({
+    "speed", "seed", "language", "instructions", "task_type", "ref_audio", "ref_text", "x_vector_only_mode",
+    "speaker_embedding", "max_new_tokens", "initial_codec_chunk_frames", "non_streaming_mode",
+})
+_AUDIO_TYPES = ("audio/", "application/octet-stream")
+
+
+class _UpstreamFailed(Exception):
+    """This upstream could not start the stream; another may."""
+
+
+class RemoteEngine:
+    """Speech from upstream servers.
+
+    Args:
+        urls: upstream base URLs (``http://vllm:8091``).
+        model: the ``model`` sent upstream (empty: let the upstream choose).
+        connect_timeout_s: TCP connect and pool wait limit.
+        read_timeout_s: longest wait for the next bytes (headers, first audio, or mid-stream).
+        health_interval_s: period of the ``/health`` checks.
+        breaker_failures / breaker_cooldown_s: the per-upstream circuit breaker.
+    """
+
+    name = "remote"
+    clones = True
+
+    def __init__(self, urls: list[str], *, model: str = "", connect_timeout_s: float = 5.0,
+                 read_timeout_s: float = 30.0, health_interval_s: float = 5.0, breaker_failures: int = 3,
+                 breaker_cooldown_s: float = 30.0) -> None:
+        self.pool = UpstreamPool(urls, breaker_failures=breaker_failures, breaker_cooldown_s=breaker_cooldown_s)
+        self.model = model
+        self.sample_rate = DEFAULT_SAMPLE_RATE
+        self.default_voice = DEFAULT_VOICE
+        self.health_interval_s = health_interval_s
+        self._timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s,
+                                      pool=connect_timeout_s)
+        self._client: httpx.AsyncClient | None = None
+        self._voices: list[Voice] = []
+        self._learned = False
+        self._health: asyncio.Task[None] | None = None
+        self._ref_cache: dict[tuple[str, int, int], str] = {}
+
+    async def start(self) -> None:
+        self._client = httpx.AsyncClient(timeout=self._timeout, limits=httpx.Limits(max_keepalive_connections=64))
+        await self._check_health()
+        await self._learn()
+        self._health = asyncio.create_task(self._health_loop())
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            await self._check_health()
+            if not self._learned:
+                await self._learn()
+
+    async def _check_health(self) -> None:
+        client = self._http()
+
+        async def probe(upstream: Upstream) -> None:
+            try:
+                response = await client.get(f"{upstream.url}/health", timeout=self._timeout.connect)
+                upstream.healthy = response.status_code == 200
+                if not upstream.healthy:
+                    upstream.last_error = f"health check answered {response.status_code}"
+            except httpx.HTTPError as exc:
+                upstream.healthy = False
+                upstream.last_error = f"health check failed: {exc!r}"
+
+        await asyncio.gather(*(probe(u) for u in self.pool.upstreams))
+
+    async def _learn(self) -> None:
+        """Learn voices and the output rate from the first upstream that answers."""
+        client = self._http()
+        for upstream in self.pool.candidates():
+            try:
+                listed = await client.get(f"{upstream.url}/v1/audio/voices")
+                listed.raise_for_status()
+                probe = await client.post(f"{upstream.url}/v1/audio/speech", json=self._body("Hi.", None, {}, "wav"))
+                probe.raise_for_status()
+            except httpx.HTTPError as exc:
+                logger.warning("could not learn from upstream %s: %r", upstream.url, exc)
+                continue
+            names = [v if isinstance(v, str) else v.get("name", "") for v in listed.json().get("voices", [])]
+            if probe.content[:4] == b"RIFF" and len(probe.content) >= 28:
+                self.sample_rate = int.from_bytes(probe.content[24:28], "little")
+            self._voices = [Voice(name=n, engine=self.name, sample_rate=self.sample_rate) for n in names if n]
+            if self._voices and DEFAULT_VOICE not in names:
+                self.default_voice = self._voices[0].name
+            self._learned = True
+            logger.info("upstream %s: %d voices at %d Hz", upstream.url, len(self._voices), self.sample_rate)
+            return
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise EngineError("the remote engine is not started")
+        return self._client
+
+    async def voices(self) -> list[Voice]:
+        return list(self._voices)
+
+    def check(self, voice: str, options: dict[str, object]) -> None:
+        if self._voices and voice not in {v.name for v in self._voices}:
+            raise UnknownVoice(voice, self.name, [v.name for v in self._voices])
+        for field in options:
+            if field not in _FORWARDED:
+                raise UnsupportedOption(field, self.name, "the HTTP speech route carries no word timestamps")
+
+    def _body(self, text: str, voice: str | None, options: dict[str, object], fmt: str = "pcm",
+              reference: VoiceReference | None = None) -> dict[str, object]:
+        body: dict[str, object] = {"input": text, "response_format": fmt, "stream": fmt == "pcm"}
+        if self.model:
+            body["model"] = self.model
+        if voice is not None and reference is None:
+            body["voice"] = voice
+        body.update({k: v for k, v in options.items() if k in _FORWARDED})
+        if reference is not None:
+            body.setdefault("task_type", "Base")  # vllm-omni clones with the Base task
+            if reference.audio is not None:
+                body["ref_audio"] = self._data_url(reference)
+                if reference.ref_text:
+                    body["ref_text"] = reference.ref_text
+            elif reference.embedding is not None:
+                body["speaker_embedding"] = [float(x) for x in reference.embedding]
+        return body
+
+    def _data_url(self, ref: VoiceReference) -> str:
+        assert ref.audio is not None
+        key = (ref.name, len(ref.audio), ref.sample_rate)
+        if key not in self._ref_cache:
+            pcm = encode(ref.audio, "pcm")
+            wav = wav_header(ref.sample_rate, len(pcm)) + pcm
+            if len(self._ref_cache) > 64:  # a handful of voices are in use at a time
+                self._ref_cache.clear()
+            self._ref_cache[key] = "data:audio/wav;base64," + base64.b64encode(wav).decode()
+        return self._ref_cache[key]
+
+    async def synthesize(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
+        client = self._http()
+        body = self._body(req.text, req.voice, {**req.options, **({"seed": req.seed} if req.seed is not None else {})},
+                          reference=req.reference)
+        candidates = self.pool.candidates()
+        if not candidates:
+            raise EngineError(f"engine 'remote' is unavailable: {self.pool.describe()}")
+        for upstream in candidates:
+            with self.pool.lease(upstream):
+                try:
+                    async with contextlib.aclosing(self._stream(client, upstream, body)) as chunks:
+                        async for chunk in chunks:
+                            yield chunk
+                except _UpstreamFailed as exc:
+                    self.pool.failure(upstream, str(exc))
+                    logger.warning("upstream %s failed before audio, trying the next: %s", upstream.url, exc)
+                    continue
+                self.pool.success(upstream)
+                return
+        raise EngineError(f"no upstream could serve the request: {self.pool.describe()}")
+
+    async def _stream(self, client: httpx.AsyncClient, upstream: Upstream, body: dict[str, object],
+                      ) -> AsyncGenerator[AudioChunk, None]:
+        started = False
+        try:
+            async with client.stream("POST", f"{upstream.url}/v1/audio/speech", json=body) as response:
+                if response.status_code >= 500:
+                    raise _UpstreamFailed(f"status {response.status_code}: {(await response.aread())[:200]!r}")
+                if response.status_code != 200:
+                    detail = (await response.aread())[:500].decode(errors="replace")
+                    raise EngineError(f"upstream {upstream.url} refused the request ({response.status_code}): {detail}")
+                kind = response.headers.get("content-type", "")
+                if not kind.startswith(_AUDIO_TYPES):
+                    raise _UpstreamFailed(f"answered {kind or 'no content type'} instead of audio")
+                rate = int(response.headers.get("x-sample-rate") or self.sample_rate)
+                carry = b""
+                async for raw in response.aiter_bytes():
+                    data = carry + raw
+                    usable = len(data) - len(data) % 2
+                    carry = data[usable:]
+                    if usable:
+                        started = True
+                        samples = (np.frombuffer(data[:usable], dtype="<i2") / 32768.0).astype(np.float32)
+                        yield AudioChunk(samples, rate)
+        except httpx.HTTPError as exc:
+            if started:
+                raise EngineError(f"upstream {upstream.url} failed mid-stream: {exc!r}") from exc
+            raise _UpstreamFailed(repr(exc)) from exc
+
+    async def ready(self) -> bool:
+        return self._client is not None and bool(self.pool.candidates())
+
+    async def aclose(self) -> None:
+        if self._health is not None:
+            self._health.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
