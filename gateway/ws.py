@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
-from starlette.websockets import WebSocket, WebSocketState
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.auth import SUBPROTOCOL
-from gateway.connection import Connection
-from protocol.errors import CloseCode
+from gateway.connection import CLOSE_TIMEOUT_S, Connection
+from protocol.errors import CloseCode, ErrorCode
+from protocol.messages import Error
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +28,8 @@ async def speech_stream(websocket: WebSocket) -> None:
     except Exception:
         logger.exception("session %s failed", connection.id)
         if websocket.application_state is not WebSocketState.DISCONNECTED:
-            try:
-                await websocket.close(CloseCode.INTERNAL_ERROR, "internal_error")
-            except RuntimeError:
-                pass  # the socket went away while we were closing it
+            error = Error(code=ErrorCode.INTERNAL_ERROR, message="internal error; see the server log", fatal=True)
+            with contextlib.suppress(RuntimeError, WebSocketDisconnect, TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await websocket.send_text(connection.session.send(error))
+                    await websocket.close(CloseCode.INTERNAL_ERROR, "internal_error")

@@ -23,7 +23,6 @@ class CloseCode(enum.IntEnum):
     POLICY_VIOLATION = 1008
     MESSAGE_TOO_BIG = 1009
     INTERNAL_ERROR = 1011
-    TRY_AGAIN_LATER = 1013
     #: The client stopped reading and too much audio waited to be sent.
     SLOW_CONSUMER = 4001
     #: No session.config in time, or no message and no audio for the idle timeout.
