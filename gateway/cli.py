@@ -1,46 +1,222 @@
-"""The ``voxgate`` command line."""
+"""The ``voxgate`` command line: ``serve`` runs the gateway, ``say`` and ``voices`` talk to a running one.
+
+Argument parsing and dispatch only; the client work lives in ``gateway.client``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
+from collections.abc import Callable
 
 from engine import ENGINES
-from gateway.settings import Settings
+from gateway.settings import ClientSettings, Settings
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every ``voxgate`` subcommand."""
     parser = argparse.ArgumentParser(prog="voxgate", description="Real-time streaming TTS gateway")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
-    serve.add_argument("--engine", choices=sorted(ENGINES), help="TTS engine (default piper)")
+    serve.add_argument(
+        "--engine",
+        type=_engines,
+        help=f"TTS engine(s), comma-separated, first is the default: {', '.join(sorted(ENGINES))}",
+    )
+    serve.add_argument(
+        "--upstream",
+        dest="upstreams",
+        action="append",
+        help="speech server URL for --engine remote (repeatable)",
+    )
+    serve.add_argument("--upstream-model", help="model name sent to the upstreams")
+    serve.add_argument(
+        "--voices-dir", help="where uploaded voices are stored (default under ~/.cache/voxgate)"
+    )
+    serve.add_argument("--max-voices", type=int, help="uploaded voices allowed per API key (default 1000)")
+    serve.add_argument("--api-keys-file", help="file of API keys, one a line (also VOXGATE_API_KEYS)")
+    serve.add_argument(
+        "--allowed-origin",
+        dest="allowed_origins",
+        action="append",
+        help="extra browser origin allowed to open WebSockets (repeatable)",
+    )
     serve.add_argument("--piper-threads", type=int, help="ONNX Runtime threads per Piper inference")
     serve.add_argument("--piper-workers", type=int, help="Piper inferences that may run at once")
     serve.add_argument("--config-timeout-s", type=float, help="seconds to wait for session.config")
-    serve.add_argument("--idle-timeout-s", type=float, help="seconds without messages or audio before closing")
-    serve.add_argument("--max-buffered-audio-s", type=float, help="audio a client may leave unread before closing")
+    serve.add_argument(
+        "--idle-timeout-s", type=float, help="seconds without messages or audio before closing"
+    )
+    serve.add_argument(
+        "--max-buffered-audio-s", type=float, help="audio a client may leave unread before closing"
+    )
     serve.add_argument("--log-level", help="debug, info, warning, error")
+    _add_client_commands(commands)
     return parser
+
+
+def _engines(text: str) -> str:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ENGINES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown engine(s) {unknown or text!r}; choose from {sorted(ENGINES)}"
+        )
+    return ",".join(names)
+
+
+def _ranged(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not within {low:g} to {high:g}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def _output(text: str) -> str:
+    from gateway.client import output_problem
+
+    if problem := output_problem(text):
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    gateway = argparse.ArgumentParser(add_help=False)
+    gateway.add_argument("--url", help="the gateway (default $VOXGATE_URL or http://127.0.0.1:8000)")
+    gateway.add_argument(
+        "--api-key", help="API key, sent as Authorization: Bearer (default $VOXGATE_API_KEY)"
+    )
+
+    say = commands.add_parser(
+        "say",
+        parents=[gateway],
+        help="speak text with a running gateway",
+        description="Stream text to a running gateway and write the speech as it arrives.",
+    )
+    say.add_argument(
+        "text", nargs="?", default="-", help="what to say; omitted or - reads stdin as it is written"
+    )
+    say.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=_output,
+        help="a .wav/.flac/.ogg file, a .pcm/.raw file, or - for raw s16le PCM on stdout",
+    )
+    say.add_argument("--voice", help="voice name (default: the gateway's default voice)")
+    say.add_argument(
+        "--sample-rate", type=_ranged(int, 8000, 48000), help="Hz, 8000 to 48000 (default: the engine's)"
+    )
+    say.add_argument("--speed", type=_ranged(float, 0.25, 4.0), help="0.25 to 4.0 (default 1.0)")
+    say.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
+
+    voices = commands.add_parser("voices", help="list, upload and delete voices of a running gateway")
+    actions = voices.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", parents=[gateway], help="built-in and uploaded voices")
+    listing.add_argument("--json", action="store_true", help="print the gateway's JSON answer")
+    upload = actions.add_parser(
+        "upload",
+        parents=[gateway],
+        help="upload a voice to clone",
+        usage="voxgate voices upload NAME (FILE | --embedding FILE.json) --consent TEXT "
+        "[--ref-text TEXT] [--description TEXT]",
+    )
+    upload.add_argument("name", help="the new voice's name")
+    source = upload.add_mutually_exclusive_group(required=True)
+    source.add_argument("file", nargs="?", help="reference clip: wav, flac, ogg or mp3, 1 to 30 s")
+    source.add_argument(
+        "--embedding", metavar="FILE.json", help="a speaker embedding: a JSON list of numbers"
+    )
+    upload.add_argument("--consent", required=True, help="record of the speaker's consent")
+    upload.add_argument("--ref-text", help="transcript of the reference clip")
+    upload.add_argument("--description", help="a description of the speaker")
+    delete = actions.add_parser("delete", parents=[gateway], help="delete an uploaded voice")
+    delete.add_argument("name")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``voxgate`` console script."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "serve":
-        import uvicorn
+        _serve(args)
+        return 0
+    from gateway import client
 
-        from gateway.app import create_app
-
-        fields = {k: v for k, v in vars(args).items() if k != "command"}
-        settings = Settings.from_env(**fields)
-        logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-        # uvicorn's own frame limit sits above ours, so an oversized message gets our error, not a bare 1009.
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
-                    ws_max_size=settings.max_config_bytes + 1024 * 1024)
+    settings = ClientSettings.from_env(url=args.url, api_key=args.api_key)
+    try:
+        _run_client(args, settings)
+    except client.ClientError as exc:
+        print(f"voxgate: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (``| head``): stop quietly, and keep Python's exit flush quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
+
+
+def _serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    fields = {k: v for k, v in vars(args).items() if k != "command"}
+    settings = Settings.from_env(**fields)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    # uvicorn's own frame limit sits above ours, so an oversized message gets our error, not a bare 1009.
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        ws_max_size=settings.max_config_bytes + 1024 * 1024,
+    )
+
+
+def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:
+    from gateway import client
+
+    match args.command, getattr(args, "action", None):
+        case "say", _:
+            options = client.SayOptions(voice=args.voice, sample_rate=args.sample_rate, speed=args.speed)
+            texts = client.stdin_texts() if args.text == "-" else [args.text]
+            result = client.say(
+                settings, texts, args.output, options, stdout=sys.stdout.buffer, stderr=sys.stderr
+            )
+            if not args.quiet:
+                print(result.summary(), file=sys.stderr)
+        case "voices", "list":
+            voices, raw = client.list_voices(settings)
+            print(json.dumps(json.loads(raw), indent=2) if args.json else client.voice_table(voices))
+        case "voices", "upload":
+            voice = client.upload_voice(
+                settings,
+                args.name,
+                consent=args.consent,
+                audio=args.file,
+                embedding=args.embedding,
+                ref_text=args.ref_text,
+                description=args.description,
+            )
+            print(f"uploaded voice {voice.name!r}: {voice.details()}")
+        case "voices", "delete":
+            print(client.delete_voice(settings, args.name))
 
 
 if __name__ == "__main__":

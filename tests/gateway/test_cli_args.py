@@ -1,0 +1,184 @@
+"""Argument parsing of every ``voxgate`` subcommand (no server), and the client's URL rules."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from gateway.cli import build_parser
+from gateway.client import ClientError, http_url, output_problem, ws_url
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
+
+
+def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Parse ``argv`` expecting argparse's usage error; returns its stderr."""
+    with pytest.raises(SystemExit) as exc:
+        parse(*argv)
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    return captured.err
+
+
+def test_a_subcommand_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "required" in refused(capsys)
+
+
+def test_serve_flags_are_unchanged() -> None:
+    args = parse(
+        "serve", "--host", "0.0.0.0", "--port", "9000", "--engine", "fake", "--piper-threads", "2",
+        "--piper-workers", "3", "--config-timeout-s", "5", "--idle-timeout-s", "30",
+        "--max-buffered-audio-s", "20", "--log-level", "debug",
+    )  # fmt: skip
+    assert vars(args) == {
+        "command": "serve", "host": "0.0.0.0", "port": 9000, "engine": "fake", "piper_threads": 2,
+        "piper_workers": 3, "config_timeout_s": 5.0, "idle_timeout_s": 30.0, "max_buffered_audio_s": 20.0,
+        "log_level": "debug",
+    }  # fmt: skip
+
+
+def test_serve_defaults_leave_everything_to_settings() -> None:
+    args = parse("serve")
+    assert {k: v for k, v in vars(args).items() if k != "command"} == dict.fromkeys(
+        ("host", "port", "engine", "piper_threads", "piper_workers", "config_timeout_s", "idle_timeout_s",
+         "max_buffered_audio_s", "log_level")
+    )  # fmt: skip
+
+
+def test_say_with_every_option() -> None:
+    args = parse(
+        "say", "Hello there.", "-o", "out.wav", "--url", "https://tts.example", "--api-key", "k",
+        "--voice", "joe", "--sample-rate", "16000", "--speed", "1.25", "-q",
+    )  # fmt: skip
+    assert (args.command, args.text, args.output, args.url, args.api_key) == (
+        "say", "Hello there.", "out.wav", "https://tts.example", "k"
+    )  # fmt: skip
+    assert (args.voice, args.sample_rate, args.speed, args.quiet) == ("joe", 16000, 1.25, True)
+
+
+def test_say_defaults_read_stdin_and_leave_the_rest_to_the_gateway() -> None:
+    args = parse("say", "--output", "-")
+    assert (args.text, args.output, args.quiet) == ("-", "-", False)
+    assert (args.url, args.api_key, args.voice, args.sample_rate, args.speed) == (None,) * 5
+
+
+@pytest.mark.parametrize("output", ["out.wav", "OUT.WAV", "out.flac", "out.ogg", "out.pcm", "out.raw", "-"])
+def test_say_accepts_known_outputs(output: str) -> None:
+    assert parse("say", "hi", "-o", output).output == output
+
+
+def test_say_needs_an_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "-o/--output" in refused(capsys, "say", "hi")
+
+
+@pytest.mark.parametrize("output", ["out.mp4", "out", "out.txt"])
+def test_say_refuses_an_output_of_unknown_format(capsys: pytest.CaptureFixture[str], output: str) -> None:
+    err = refused(capsys, "say", "hi", "-o", output)
+    assert "voxgate say: error: argument -o/--output: cannot tell the format" in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--sample-rate", "7999"), ("--sample-rate", "48001"), ("--sample-rate", "16k"),
+     ("--sample-rate", "16000.5"), ("--speed", "0.2"), ("--speed", "4.5"), ("--speed", "fast")],
+)  # fmt: skip
+def test_say_refuses_out_of_range_numbers(capsys: pytest.CaptureFixture[str], flag: str, value: str) -> None:
+    assert f"argument {flag}" in refused(capsys, "say", "hi", "-o", "-", flag, value)
+
+
+def test_say_range_bounds_are_inclusive() -> None:
+    args = parse("say", "hi", "-o", "-", "--sample-rate", "8000", "--speed", "4")
+    assert (args.sample_rate, args.speed) == (8000, 4.0)
+
+
+def test_voices_needs_an_action(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "required" in refused(capsys, "voices")
+
+
+def test_voices_list() -> None:
+    args = parse("voices", "list")
+    assert (args.command, args.action, args.json) == ("voices", "list", False)
+    assert (args.url, args.api_key) == (None, None)
+    args = parse("voices", "list", "--json", "--url", "http://h:1", "--api-key", "k")
+    assert (args.json, args.url, args.api_key) == (True, "http://h:1", "k")
+
+
+def test_voices_upload_audio_file() -> None:
+    args = parse(
+        "voices", "upload", "anna", "anna.wav", "--consent", "recorded 2024-05-01",
+        "--ref-text", "Hello.", "--description", "warm alto",
+    )  # fmt: skip
+    assert (args.action, args.name, args.file, args.embedding) == ("upload", "anna", "anna.wav", None)
+    assert (args.consent, args.ref_text, args.description) == ("recorded 2024-05-01", "Hello.", "warm alto")
+
+
+def test_voices_upload_embedding() -> None:
+    args = parse("voices", "upload", "anna", "--embedding", "anna.json", "--consent", "yes")
+    assert (args.name, args.file, args.embedding, args.consent) == ("anna", None, "anna.json", "yes")
+    assert (args.ref_text, args.description) == (None, None)
+
+
+def test_voices_upload_needs_consent(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--consent" in refused(capsys, "voices", "upload", "anna", "anna.wav")
+
+
+def test_voices_upload_needs_exactly_one_source(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "one of the arguments file --embedding is required" in refused(
+        capsys, "voices", "upload", "anna", "--consent", "yes"
+    )
+    assert "not allowed with" in refused(
+        capsys, "voices", "upload", "anna", "anna.wav", "--embedding", "a.json", "--consent", "yes"
+    )
+
+
+def test_voices_delete() -> None:
+    args = parse("voices", "delete", "anna", "--url", "http://h:1")
+    assert (args.action, args.name, args.url) == ("delete", "anna", "http://h:1")
+
+
+def test_voices_delete_needs_a_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "name" in refused(capsys, "voices", "delete")
+
+
+@pytest.mark.parametrize(
+    ("base", "expected"),
+    [
+        ("http://127.0.0.1:8000", "ws://127.0.0.1:8000/v1/audio/speech/stream"),
+        ("https://tts.example/", "wss://tts.example/v1/audio/speech/stream"),
+        ("https://tts.example/voxgate/", "wss://tts.example/voxgate/v1/audio/speech/stream"),
+        ("ws://h:1", "ws://h:1/v1/audio/speech/stream"),
+        ("wss://h", "wss://h/v1/audio/speech/stream"),
+    ],
+)
+def test_ws_url(base: str, expected: str) -> None:
+    assert ws_url(base) == expected
+
+
+@pytest.mark.parametrize(
+    ("base", "expected"),
+    [
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8000/v1/audio/voices"),
+        ("https://tts.example/voxgate/", "https://tts.example/voxgate/v1/audio/voices"),
+        ("wss://h", "https://h/v1/audio/voices"),
+    ],
+)
+def test_http_url(base: str, expected: str) -> None:
+    assert http_url(base, "/v1/audio/voices") == expected
+
+
+@pytest.mark.parametrize("base", ["ftp://h", "127.0.0.1:8000", "http://"])
+def test_bad_gateway_urls_are_reported(base: str) -> None:
+    with pytest.raises(ClientError, match="invalid gateway URL"):
+        ws_url(base)
+    with pytest.raises(ClientError, match="invalid gateway URL"):
+        http_url(base, "/v1/audio/voices")
+
+
+def test_output_problem() -> None:
+    assert output_problem("-") is None
+    assert output_problem("x.wav") is None
+    assert output_problem("x.mp4") is not None
