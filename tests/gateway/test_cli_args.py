@@ -8,6 +8,7 @@ import pytest
 
 from gateway.cli import build_parser
 from gateway.client import ClientError, http_url, output_problem, ws_url
+from gateway.settings import Settings
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -28,25 +29,38 @@ def test_a_subcommand_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     assert "required" in refused(capsys)
 
 
-def test_serve_flags_are_unchanged() -> None:
+def test_serve_flags_map_onto_settings() -> None:
     args = parse(
-        "serve", "--host", "0.0.0.0", "--port", "9000", "--engine", "fake", "--piper-threads", "2",
+        "serve", "--host", "0.0.0.0", "--port", "9000", "--engine", "fake, piper", "--piper-threads", "2",
         "--piper-workers", "3", "--config-timeout-s", "5", "--idle-timeout-s", "30",
-        "--max-buffered-audio-s", "20", "--log-level", "debug",
+        "--max-buffered-audio-s", "20", "--log-level", "debug", "--upstream", "http://a:8091",
+        "--upstream", "http://b:8091", "--upstream-model", "m", "--voices-dir", "/v", "--max-voices", "7",
+        "--api-keys-file", "/k", "--allowed-origin", "https://app.example",
     )  # fmt: skip
-    assert vars(args) == {
-        "command": "serve", "host": "0.0.0.0", "port": 9000, "engine": "fake", "piper_threads": 2,
+    fields = {k: v for k, v in vars(args).items() if k != "command"}
+    assert fields == {
+        "host": "0.0.0.0", "port": 9000, "engine": "fake,piper", "piper_threads": 2,
         "piper_workers": 3, "config_timeout_s": 5.0, "idle_timeout_s": 30.0, "max_buffered_audio_s": 20.0,
-        "log_level": "debug",
+        "log_level": "debug", "upstreams": ["http://a:8091", "http://b:8091"], "upstream_model": "m",
+        "voices_dir": "/v", "max_voices": 7, "api_keys_file": "/k", "allowed_origins": ["https://app.example"],
     }  # fmt: skip
+    settings = Settings.from_env({}, **fields)
+    assert settings.upstreams == ("http://a:8091", "http://b:8091") and settings.max_voices == 7
+    assert set(fields) <= set(Settings.__struct_fields__)
 
 
 def test_serve_defaults_leave_everything_to_settings() -> None:
     args = parse("serve")
-    assert {k: v for k, v in vars(args).items() if k != "command"} == dict.fromkeys(
-        ("host", "port", "engine", "piper_threads", "piper_workers", "config_timeout_s", "idle_timeout_s",
-         "max_buffered_audio_s", "log_level")
-    )  # fmt: skip
+    assert all(v is None for k, v in vars(args).items() if k != "command")
+    assert Settings.from_env(
+        {}, **{k: v for k, v in vars(args).items() if k != "command"}
+    ) == Settings.from_env({})
+
+
+def test_serve_refuses_an_unknown_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse("serve", "--engine", "piper,bogus")
+    assert exit_.value.code == 2 and "bogus" in capsys.readouterr().err
 
 
 def test_say_with_every_option() -> None:
