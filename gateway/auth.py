@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
+import re
 from collections.abc import Iterable
 from urllib.parse import parse_qs, urlsplit
 
@@ -27,6 +29,20 @@ PUBLIC_PREFIXES = ("/static/", "/web/")
 SUBPROTOCOL = "voxgate"
 KEY_SUBPROTOCOL_PREFIX = "voxgate.key."
 _LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
+
+
+_KEY_IN_URL = re.compile(r"(api_key=)[^&\s\"']+")
+
+
+class RedactKeys(logging.Filter):
+    """Hides ``api_key=...`` in log records (uvicorn logs request paths with their query string)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_KEY_IN_URL.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
+        if isinstance(record.msg, str):
+            record.msg = _KEY_IN_URL.sub(r"\1***", record.msg)
+        return True
 
 
 def owner_of(key: str) -> str:

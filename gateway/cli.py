@@ -179,6 +179,10 @@ def _serve(args: argparse.Namespace) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    from gateway.auth import RedactKeys
+
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logging.getLogger(name).addFilter(RedactKeys())
     # uvicorn's own frame limit sits above ours, so an oversized message gets our error, not a bare 1009.
     uvicorn.run(
         create_app(settings),

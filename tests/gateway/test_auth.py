@@ -89,3 +89,14 @@ def test_same_origin_is_allowed() -> None:
         ) as ws:
             send(ws, type="session.config")
             assert recv(ws)["type"] == "session.ready"  # type: ignore[index]
+
+
+def test_api_keys_in_urls_are_redacted_from_logs() -> None:
+    import logging
+
+    from gateway.auth import RedactKeys
+
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s"',
+                               ("127.0.0.1", "GET", "/v1/audio/speech/stream?api_key=s3cret&x=1"), None)
+    assert RedactKeys().filter(record)
+    assert "s3cret" not in record.getMessage() and "api_key=***&x=1" in record.getMessage()
