@@ -45,8 +45,23 @@ def _remote(settings: Settings) -> TTSEngine:
     )
 
 
+def _vllm_omni(settings: Settings) -> TTSEngine:
+    from engine.vllm_omni import VllmOmniEngine
+
+    return VllmOmniEngine(
+        model=settings.vllm_model,
+        deploy_config=settings.vllm_deploy_config,
+        stage_init_timeout_s=settings.vllm_stage_init_timeout_s,
+    )
+
+
 #: Engines by the name used in ``--engine``; heavy imports happen only in the chosen factory.
-ENGINES: dict[str, Callable[[Settings], TTSEngine]] = {"piper": _piper, "remote": _remote, "fake": _fake}
+ENGINES: dict[str, Callable[[Settings], TTSEngine]] = {
+    "piper": _piper,
+    "remote": _remote,
+    "vllm-omni": _vllm_omni,
+    "fake": _fake,
+}
 
 __all__ = [
     "ENGINES",

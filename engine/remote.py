@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import logging
 from collections.abc import AsyncGenerator
 
@@ -34,6 +35,15 @@ _FORWARDED = frozenset({
     "speaker_embedding", "max_new_tokens", "initial_codec_chunk_frames", "non_streaming_mode",
 })
 _AUDIO_TYPES = ("audio/", "application/octet-stream")
+
+
+def _voice_names(payload: object) -> list[str]:
+    """Names from ``{"voices": [...]}``: plain names (vllm-omni) or objects with a ``name``."""
+    listed = payload.get("voices") if isinstance(payload, dict) else None
+    if not isinstance(listed, list):
+        raise ValueError(f"no voice list in {str(payload)[:100]!r}")
+    return [v if isinstance(v, str) else str(v.get("name", "")) if isinstance(v, dict) else ""
+            for v in listed]
 
 
 class _UpstreamFailed(Exception):
@@ -69,7 +79,7 @@ class RemoteEngine:
         self._voices: list[Voice] = []
         self._learned = False
         self._health: asyncio.Task[None] | None = None
-        self._ref_cache: dict[tuple[str, int, int], str] = {}
+        self._ref_cache: dict[tuple[bytes, int], str] = {}
 
     async def start(self) -> None:
         self._client = httpx.AsyncClient(timeout=self._timeout, limits=httpx.Limits(max_keepalive_connections=64))
@@ -106,12 +116,12 @@ class RemoteEngine:
             try:
                 listed = await client.get(f"{upstream.url}/v1/audio/voices")
                 listed.raise_for_status()
+                names = _voice_names(listed.json())
                 probe = await client.post(f"{upstream.url}/v1/audio/speech", json=self._body("Hi.", None, {}, "wav"))
                 probe.raise_for_status()
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, ValueError) as exc:  # ValueError: a voice list that is not one
                 logger.warning("could not learn from upstream %s: %r", upstream.url, exc)
                 continue
-            names = [v if isinstance(v, str) else v.get("name", "") for v in listed.json().get("voices", [])]
             if probe.content[:4] == b"RIFF" and len(probe.content) >= 28:
                 self.sample_rate = int.from_bytes(probe.content[24:28], "little")
             self._voices = [Voice(name=n, engine=self.name, sample_rate=self.sample_rate) for n in names if n]
@@ -156,9 +166,11 @@ class RemoteEngine:
 
     def _data_url(self, ref: VoiceReference) -> str:
         assert ref.audio is not None
-        key = (ref.name, len(ref.audio), ref.sample_rate)
+        # Keyed by content, not name: a voice may be replaced, and each API key has its own namespace.
+        audio = np.ascontiguousarray(ref.audio, dtype=np.float32)
+        key = (hashlib.blake2b(audio.tobytes(), digest_size=16).digest(), ref.sample_rate)
         if key not in self._ref_cache:
-            pcm = encode(ref.audio, "pcm")
+            pcm = encode(audio, "pcm")
             wav = wav_header(ref.sample_rate, len(pcm)) + pcm
             if len(self._ref_cache) > 64:  # a handful of voices are in use at a time
                 self._ref_cache.clear()

@@ -51,17 +51,14 @@ class Catalog:
         self.default = engines[0]
         self.aliases = aliases or {}
         self.store = store
-        self._voices: dict[str, list[Voice]] = {}
 
     async def start(self) -> None:
-        """Start every engine and learn its voices."""
+        """Start every engine."""
         await asyncio.gather(*(e.start() for e in self.engines.values()))
-        await self.refresh()
 
-    async def refresh(self) -> None:
-        """Re-read each engine's built-in voices."""
-        for name, engine in self.engines.items():
-            self._voices[name] = await engine.voices()
+    async def _engine_voices(self) -> dict[str, list[Voice]]:
+        # Asked each time, not cached: a remote engine learns its voices when an upstream comes up.
+        return {name: await engine.voices() for name, engine in self.engines.items()}
 
     async def aclose(self) -> None:
         for engine in self.engines.values():
@@ -69,7 +66,7 @@ class Catalog:
 
     async def builtin_voices(self) -> list[Voice]:
         """Built-in voices of every configured engine."""
-        return [v for voices in self._voices.values() for v in voices]
+        return [v for voices in (await self._engine_voices()).values() for v in voices]
 
     def cloning_engines(self) -> list[str]:
         """Names of the engines that can speak uploaded voices."""
@@ -83,17 +80,18 @@ class Catalog:
             VoiceNotServable: the voice is an uploaded one and the chosen engine cannot clone.
         """
         chosen = self.engines.get(model) if model else None
+        known = await self._engine_voices()
         if voice is None or voice in self.aliases:
             target = self.aliases.get(voice, "") if voice is not None else ""
             engine = chosen or self.default
             return Resolved(engine, target or engine.default_voice)
         for engine in [chosen] if chosen else list(self.engines.values()):
-            if any(v.name == voice for v in self._voices.get(engine.name, [])):
+            if any(v.name == voice for v in known.get(engine.name, [])):
                 return Resolved(engine, voice)
         data = await asyncio.to_thread(self.store.get, owner, voice) if self.store else None
         if data is None:
             engine = chosen or self.default
-            names = [v.name for v in self._voices.get(engine.name, [])]
+            names = [v.name for v in known.get(engine.name, [])]
             raise UnknownVoice(voice, engine.name, names)
         cloners = [chosen] if chosen else list(self.engines.values())
         cloner = next((e for e in cloners if e.clones), None)

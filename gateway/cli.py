@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="speech server URL for --engine remote (repeatable)",
     )
     serve.add_argument("--upstream-model", help="model name sent to the upstreams")
+    serve.add_argument("--vllm-model", help="checkpoint for --engine vllm-omni (in-process, GPU)")
+    serve.add_argument("--vllm-deploy-config", help="vllm-omni deploy YAML for --engine vllm-omni")
     serve.add_argument(
         "--voices-dir", help="where uploaded voices are stored (default under ~/.cache/voxgate)"
     )

@@ -72,6 +72,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Consecutive failures that open an upstream's circuit, and how long it then stays out.
     upstream_breaker_failures: int = 3
     upstream_breaker_cooldown_s: float = 30.0
+    # Engine "vllm-omni": the Qwen3-TTS checkpoint that AsyncOmni loads in this process, vllm-omni's
+    # deploy YAML (a name under vllm_omni/deploy/ or a path), and how long each stage may take to start
+    # (a cold start of the 0.6B model, weights plus CUDA graphs, took ~2.5 min; vllm-omni's default is 300 s).
+    vllm_model: str = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
+    vllm_deploy_config: str = "qwen3_tts.yaml"
+    vllm_stage_init_timeout_s: float = 300.0
     # name -> voice; "" means the engine's default voice.
     voice_aliases: dict[str, str] = msgspec.field(default_factory=lambda: dict(DEFAULT_VOICE_ALIASES))
 

@@ -175,8 +175,9 @@ async def _stream(
             yield tail
     finally:
         producer.cancel()  # a client that goes away stops the engine work too
-        with contextlib.suppress(asyncio.CancelledError):
-            await producer
+        # asyncio.wait, not ``await producer``: the surrounding scope is being cancelled, and anyio's
+        # repeated cancels would otherwise interrupt the producer's own cleanup (closing the upstream).
+        await asyncio.wait([producer])
 
 
 def _param(message: str) -> str | None:

@@ -1,0 +1,538 @@
+"""In-process vllm-omni: Qwen3-TTS served by ``vllm_omni.AsyncOmni`` inside the gateway (the ``vllm`` extra).
+
+One segment, in vllm-omni 0.30.0's names:
+
+- ``synthesize()`` submits at once: a task calls ``AsyncOmni.generate`` before the caller reads, so a
+  caller may open segment k+1 while reading segment k and vLLM batches both (as it batches sessions).
+- The prompt is what vllm-omni's Qwen3-TTS serving adapter builds: placeholder token ids, whose length
+  comes from vllm-omni's ``Qwen3TTSPromptEmbedsBuilder``, plus ``additional_information``, from which the
+  talker rebuilds its embeddings. The adapter class needs vllm-omni's whole HTTP serving object, so
+  ``build_info`` fills ``additional_information`` and ``_VllmOmniTools`` wraps the helpers that stand alone.
+- Audio arrives as ``OmniRequestOutput.multimodal_output["audio"]``, one tensor per step (DELTA, the
+  streaming default) or a growing list (CUMULATIVE); ``AudioReader`` reads both.
+- Closing the stream (cancel, disconnect) calls ``AsyncOmni.abort(request_id)``.
+
+Checkpoints differ in data (``PROFILES``). vllm-omni and torch are imported only in ``start()``, so the
+module imports without the extra; tests pass stand-ins as ``omni_factory`` and ``tools_factory``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import hashlib
+import logging
+import math
+import re
+import uuid
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from engine.base import AudioChunk, EngineError, SynthesisRequest, UnknownVoice, UnsupportedOption, Voice
+
+if TYPE_CHECKING:
+    from engine.base import VoiceReference
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
+# A name under vllm_omni/deploy/ or a path; this one streams talker -> code2wav in chunks (async_chunk).
+DEFAULT_DEPLOY_CONFIG = "qwen3_tts.yaml"
+# vllm-omni's own default; a cold start of the 0.6B model (weights, CUDA graphs) took ~2.5 min (REFERENCE D).
+DEFAULT_STAGE_INIT_TIMEOUT_S = 300.0
+# vllm-omni's serving adapter sends this budget when a request sets none.
+DEFAULT_MAX_NEW_TOKENS = 2048
+# vllm-omni bounds Base generation, which can loop without EOS, by text length: 12 codec frames per text
+# token and at least 192. Without its tokenizer, ~4 characters a token gives 3 frames a character.
+MIN_CODEC_FRAMES = 192
+# The languages vllm-omni assumes when the model config lists none (its DEFAULT_TTS_LANGUAGES).
+DEFAULT_LANGUAGES = frozenset({"Auto", "Chinese", "English", "Japanese", "Korean", "German", "French",
+                               "Russian", "Portuguese", "Spanish", "Italian"})
+# Qwen3-TTS names languages in English; clients often send codes ("en", "en-US").
+_LANGUAGE_CODES = {"auto": "Auto", "zh": "Chinese", "en": "English", "ja": "Japanese", "ko": "Korean",
+                   "de": "German", "fr": "French", "ru": "Russian", "pt": "Portuguese", "es": "Spanish",
+                   "it": "Italian"}
+_OPTIONS = frozenset({"seed", "language", "instructions", "task_type", "max_new_tokens",
+                      "initial_codec_chunk_frames", "non_streaming_mode"})
+_CLONING = frozenset({"ref_text", "x_vector_only_mode", "speaker_embedding"})
+_REFUSALS = {
+    "speed": "Qwen3-TTS has no speaking-rate control; leave speed at 1.0",
+    "word_timestamps": "they need vllm-omni's forced-aligner stage, which this engine does not load",
+    "ref_audio": "upload the voice (POST /v1/audio/voices) and name it; a Qwen3-TTS Base model clones it",
+    **{field: "only a Qwen3-TTS Base model clones voices" for field in _CLONING},
+}
+
+TaskType = Literal["CustomVoice", "Base", "VoiceDesign"]
+
+
+class Profile(msgspec.Struct, frozen=True, kw_only=True):
+    """What differs between Qwen3-TTS checkpoints.
+
+    Each runs one ``task_type`` (vllm-omni refuses the others), honours ``options`` and ``requires`` some,
+    may clone uploaded voices, and may need a ``non_streaming_mode`` or a frame budget per character
+    (``codec_frames_per_char``) when a request sets none. ``default_voice`` is, for CustomVoice, the voice
+    until the config's speakers are read (then the first, as in vllm-omni); for Base and VoiceDesign, the
+    name of "the uploaded voice" and of "the voice the instructions describe".
+    """
+
+    task_type: TaskType
+    default_voice: str
+    clones: bool = False
+    options: frozenset[str] = _OPTIONS
+    requires: tuple[str, ...] = ()
+    non_streaming_mode: bool | None = None
+    codec_frames_per_char: float | None = None
+    sample_rate: int = 24000
+
+
+#: By the task the checkpoint runs: the ``-CustomVoice`` / ``-Base`` / ``-VoiceDesign`` suffix of its name,
+#: confirmed by ``tts_model_type`` in its config once loaded.
+PROFILES: dict[str, Profile] = {
+    "CustomVoice": Profile(task_type="CustomVoice", default_voice="vivian"),
+    "Base": Profile(task_type="Base", default_voice="reference", clones=True, options=_OPTIONS | _CLONING,
+                    codec_frames_per_char=3.0),
+    "VoiceDesign": Profile(task_type="VoiceDesign", default_voice="designed", requires=("instructions",),
+                           non_streaming_mode=True),
+}
+
+
+def variant_of(name: str) -> str | None:
+    """The ``PROFILES`` key for a model id, a path or a ``tts_model_type`` value; None if it names none."""
+    last = name.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1].rsplit("-", 1)[-1]
+    key = re.sub(r"[^a-z]", "", last.lower())
+    return next((v for v in PROFILES if v.lower() == key), None)
+
+
+def qwen_language(value: str) -> str:
+    """The Qwen3-TTS name of a language given by name (``english``) or code (``en``, ``en-US``)."""
+    text = value.strip()
+    return _LANGUAGE_CODES.get(text.lower().replace("_", "-").split("-")[0], text.title())
+
+
+class OmniClient(Protocol):
+    """The part of ``vllm_omni.AsyncOmni`` (0.30.0) this engine uses."""
+
+    def generate(
+        self, prompt: Any, sampling_params: Any = None, request_id: str = "", *,
+        sampling_params_list: Sequence[Any] | None = None, output_modalities: list[str] | None = None,
+    ) -> AsyncGenerator[Any, None]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class Qwen3Tools(Protocol):
+    """What the engine takes from vllm-omni besides ``AsyncOmni``: Qwen3-TTS helpers and model facts."""
+
+    variant: str | None  # the PROFILES key the checkpoint's config declares
+    speakers: list[str]  # built-in speakers in config order; vllm-omni's default is the first
+    languages: frozenset[str] | None
+    codec_frame_rate: float | None  # codec frames per second of audio (12.5 for the "12Hz" tokenizer)
+
+    def prompt(self, info: dict[str, list[Any]], task_type: str, cache_salt: str) -> dict[str, Any]:
+        """The engine prompt: placeholder ids of the right length plus ``additional_information``."""
+        ...
+
+    def stream_params(self) -> list[Any]:
+        """Per-stage sampling params: fresh copies of the deploy defaults, with streaming (DELTA) output."""
+        ...
+
+
+def build_info(
+    text: str, *, profile: Profile, speaker: str, language: str, options: Mapping[str, object],
+    reference: VoiceReference | None, codec_frame_rate: float | None,
+) -> dict[str, list[Any]]:
+    """vllm-omni's Qwen3-TTS ``additional_information`` for one request (every value a one-item list).
+
+    Raises:
+        EngineError: a Base request without a voice to clone, or in-context cloning without a transcript.
+    """
+    instruct, budget = options.get("instructions"), options.get("max_new_tokens")
+    info: dict[str, list[Any]] = {
+        "text": [text], "task_type": [profile.task_type], "language": [language],
+        "instruct": [instruct if isinstance(instruct, str) else ""],
+        "max_new_tokens": [budget if isinstance(budget, int) else DEFAULT_MAX_NEW_TOKENS],
+    }
+    if profile.task_type == "CustomVoice":
+        info["speaker"] = [speaker]
+    if "initial_codec_chunk_frames" in options:
+        info["initial_codec_chunk_frames"] = [options["initial_codec_chunk_frames"]]
+    non_streaming = options.get("non_streaming_mode", profile.non_streaming_mode)
+    if non_streaming is not None:
+        info["non_streaming_mode"] = [bool(non_streaming)]
+    if profile.task_type == "Base":
+        info.update(_clone_info(options, reference, codec_frame_rate))
+    return info
+
+
+def _clone_info(
+    options: Mapping[str, object], reference: VoiceReference | None, codec_frame_rate: float | None
+) -> dict[str, list[Any]]:
+    embedding = options.get("speaker_embedding")
+    if embedding is None and reference is not None:
+        embedding = reference.embedding
+    if isinstance(embedding, list | tuple | np.ndarray):
+        # Plain floats: the talker rebuilds the tensor on its side of vllm-omni's IPC boundary.
+        return {"voice_clone_prompt": [{"ref_spk_embedding": [float(x) for x in embedding]}],
+                "x_vector_only_mode": [True]}
+    if reference is None or reference.audio is None:
+        raise EngineError("a Qwen3-TTS Base model speaks only uploaded voices; name one in voice")
+    ref_text = options.get("ref_text", reference.ref_text)
+    x_vector_only = bool(options.get("x_vector_only_mode", not ref_text))
+    audio = [reference.audio.astype(np.float32).tolist(), reference.sample_rate]
+    info: dict[str, list[Any]] = {"ref_audio": [audio], "x_vector_only_mode": [x_vector_only]}
+    if isinstance(ref_text, str) and ref_text.strip():
+        info["ref_text"] = [ref_text]
+    elif not x_vector_only:
+        raise EngineError(f"voice {reference.name!r} has no transcript (ref_text) for in-context cloning")
+    if not x_vector_only and codec_frame_rate and reference.sample_rate > 0:
+        info["ref_code_length"] = [math.ceil(len(reference.audio) / reference.sample_rate * codec_frame_rate)]
+    return info
+
+
+def cache_salt(info: Mapping[str, list[Any]], reference: VoiceReference | None) -> str:
+    """A digest of the conditioning: the placeholder ids look alike, and vLLM's prefix cache must not."""
+    digest = hashlib.sha256()
+    for key in sorted(info):
+        if key != "ref_audio":
+            digest.update(f"{key}={info[key]!r}\0".encode())
+    if reference is not None and reference.audio is not None:
+        digest.update(f"{reference.name}:{reference.sample_rate}\0".encode() + reference.audio.tobytes())
+    return digest.hexdigest()[:32]
+
+
+def with_request_params(params: Sequence[Any], *, seed: int | None, max_tokens: int | None) -> list[Any]:
+    """Stage-0 params with the request's seed and budget, set the way vllm-omni's speech server sets them.
+
+    The other stages keep the deploy defaults; the shared default objects are never changed.
+    """
+    out = list(params)
+    if not out or (seed is None and max_tokens is None):
+        return out
+    first = copy.deepcopy(out[0])
+    if seed is not None:
+        first.seed = seed
+        # The code predictor samples too; vllm-omni seeds it from this key.
+        first.extra_args = {**(first.extra_args or {}), "tts_local_seed": seed}
+    if max_tokens is not None:
+        first.max_tokens = max_tokens
+        first.min_tokens = min(int(first.min_tokens or 0), max_tokens)
+    out[0] = first
+    return out
+
+
+def to_samples(item: Any) -> npt.NDArray[np.float32]:
+    """``tensor.float().cpu().numpy().squeeze()`` for a tensor, arrays as they are; mono only."""
+    value = item
+    for method in ("float", "detach", "cpu", "numpy"):  # float() first: bfloat16 has no numpy dtype
+        if hasattr(value, method):
+            value = getattr(value, method)()
+    samples = np.squeeze(np.asarray(value, dtype=np.float32))
+    if samples.ndim > 1:
+        raise EngineError(f"expected mono audio, got an array of shape {samples.shape}")
+    return samples.reshape(-1)
+
+
+class AudioReader:
+    """Turns one request's ``OmniRequestOutput``s into ``AudioChunk``s.
+
+    It reads what vllm-omni's speech server reads: ``multimodal_output["audio"]`` as one tensor per output
+    (DELTA) or a growing list (CUMULATIVE: new items only), ``"sr"`` as a tensor or a list (its last item).
+    Outputs without audio (other stages, the end marker) are skipped.
+    """
+
+    def __init__(self, default_rate: int) -> None:
+        self._default_rate = default_rate
+        self._rate: int | None = None
+        self._seen = 0
+
+    def read(self, output: Any) -> list[AudioChunk]:
+        """The new audio in ``output``; EngineError for an output error or a rate change mid-stream."""
+        if error := getattr(output, "error", None):
+            raise EngineError(f"vllm-omni: {error}")
+        mm = getattr(output, "multimodal_output", None)
+        key = next((k for k in ("audio", "model_outputs") if mm and k in mm), None)
+        if mm is None or key is None:
+            return []
+        audio = mm[key]
+        if isinstance(audio, list):
+            new, self._seen = audio[self._seen :], len(audio)
+        else:
+            # Counted as vllm-omni counts it: a cumulative stream's first output is one tensor, not a list.
+            new, self._seen = ([], self._seen) if audio is None else ([audio], self._seen + 1)
+        samples = [s for s in (to_samples(item) for item in new) if s.size]
+        if not samples:
+            return []
+        rate = self._sample_rate(mm.get("sr"))
+        return [AudioChunk(s, rate) for s in samples]
+
+    def _sample_rate(self, raw: Any) -> int:
+        if isinstance(raw, list):
+            raw = raw[-1] if raw else None
+        if raw is None:
+            rate = self._rate or self._default_rate
+        else:
+            rate = int(raw.item() if hasattr(raw, "item") else raw)
+        if self._rate is not None and rate != self._rate:
+            raise EngineError(f"the sample rate changed mid-stream from {self._rate} Hz to {rate} Hz")
+        self._rate = rate
+        return rate
+
+
+class _VllmOmniTools:
+    """vllm-omni's own Qwen3-TTS helpers, bound to a started ``AsyncOmni`` (imports torch and vllm)."""
+
+    def __init__(self, omni: Any) -> None:
+        from transformers import AutoTokenizer
+        from vllm.inputs import tokens_input
+        from vllm_omni.entrypoints.openai.tts_adapters import capabilities
+        from vllm_omni.entrypoints.utils import coerce_param_message_types
+        from vllm_omni.model_executor.models.qwen3_tts import prompt_embeds_builder
+
+        config = omni.model_config
+        talker = config.hf_config.talker_config
+        self._omni = omni
+        builder = prompt_embeds_builder.Qwen3TTSPromptEmbedsBuilder
+        self._estimate = builder.estimate_prompt_len_from_additional_information
+        self._tokens_input = tokens_input
+        self._coerce = coerce_param_message_types
+        # The tokenizer vllm-omni's serving adapter loads to size prompts, loaded the same way.
+        self._tokenizer = AutoTokenizer.from_pretrained(config.model, trust_remote_code=True,
+                                                        padding_side="left")
+        self._language_ids = _field(talker, "codec_language_id")
+        self._dialects = _field(talker, "spk_is_dialect")
+        # With async_chunk off Qwen3-TTS has no incremental audio, and vllm-omni keeps FINAL_ONLY output.
+        self._streaming = bool(getattr(omni, "async_chunk", True))
+        self.speakers: list[str] = capabilities.load_supported_speakers(omni)
+        self.codec_frame_rate: float | None = capabilities.load_codec_frame_rate(omni)
+        self.languages: frozenset[str] | None = None
+        if isinstance(self._language_ids, Mapping):
+            self.languages = frozenset(str(k).title() for k in self._language_ids) | {"Auto"}
+        self.variant = variant_of(str(getattr(config.hf_config, "tts_model_type", "") or ""))
+
+    def prompt(self, info: dict[str, list[Any]], task_type: str, cache_salt: str) -> dict[str, Any]:
+        length = self._estimate(
+            info, task_type=task_type, codec_language_id=self._language_ids, spk_is_dialect=self._dialects,
+            tokenize_prompt=lambda text: self._tokenizer(text, padding=False)["input_ids"],
+        )
+        prompt: dict[str, Any] = self._tokens_input(prompt_token_ids=[1] * length, cache_salt=cache_salt)
+        prompt["additional_information"] = info
+        return prompt
+
+    def stream_params(self) -> list[Any]:
+        return list(self._coerce(list(self._omni.default_sampling_params_list), self._streaming))
+
+
+def _field(config: Any, name: str) -> Any:
+    return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+
+
+class _Stream(AsyncGenerator[AudioChunk, None]):
+    """One request in flight. Generation starts when the stream is made, not when it is first read."""
+
+    def __init__(self, engine: VllmOmniEngine, req: SynthesisRequest) -> None:
+        self.request_id = f"voxgate-{uuid.uuid4().hex}"
+        self._engine = engine
+        self._queue: asyncio.Queue[AudioChunk | EngineError | None] = asyncio.Queue()
+        self._submitted = self._finished = self._closed = False
+        engine._streams.add(self)
+        self._task = asyncio.get_running_loop().create_task(self._pump(req), name=self.request_id)
+
+    async def asend(self, value: None) -> AudioChunk:
+        if self._closed:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is None:
+            self._closed = True
+            raise StopAsyncIteration
+        if isinstance(item, EngineError):
+            self._closed = True
+            raise item
+        return item
+
+    async def athrow(
+        self, typ: type[BaseException] | BaseException, val: object = None, tb: TracebackType | None = None, /
+    ) -> AudioChunk:
+        await self.aclose()
+        raise typ if isinstance(typ, BaseException) else typ()
+
+    async def aclose(self) -> None:
+        """Abort the request if it is still generating, and end the task that reads it."""
+        self._closed = True
+        self._engine._streams.discard(self)
+        if self._task.done():
+            return
+        if self._submitted and not self._finished:
+            await self._engine._abort(self.request_id)
+        self._task.cancel()
+        await asyncio.wait([self._task])
+
+    async def _pump(self, req: SynthesisRequest) -> None:
+        try:
+            omni, prompt, params = self._engine._prepare(req)
+            reader = AudioReader(self._engine.sample_rate)
+            self._submitted = True
+            outputs = omni.generate(prompt, request_id=self.request_id, sampling_params_list=params,
+                                    output_modalities=["audio"])
+            async with contextlib.aclosing(outputs):
+                async for output in outputs:
+                    for chunk in reader.read(output):
+                        self._queue.put_nowait(chunk)
+            self._queue.put_nowait(None)
+        except EngineError as exc:
+            self._queue.put_nowait(exc)
+        # The library boundary: vllm-omni raises ValueError, RuntimeError, EngineDeadError and more.
+        except Exception as exc:
+            logger.warning("vllm-omni request %s failed: %r", self.request_id, exc)
+            self._queue.put_nowait(EngineError(f"vllm-omni failed: {exc}"))
+        finally:
+            self._finished = True
+            self._engine._streams.discard(self)
+
+
+class VllmOmniEngine:
+    """Qwen3-TTS on vllm-omni's ``AsyncOmni``, in this process.
+
+    Args:
+        model: Hugging Face id or local path of a Qwen3-TTS checkpoint.
+        deploy_config: vllm-omni deploy YAML (a name under ``vllm_omni/deploy/`` or a path).
+        stage_init_timeout_s: how long each stage may take to start.
+        omni_factory: builds the ``AsyncOmni`` (tests pass a stand-in); default: the real one.
+        tools_factory: binds vllm-omni's prompt helpers to it (tests pass a stand-in); default: the real ones.
+    """
+
+    name = "vllm-omni"
+
+    def __init__(
+        self,
+        *,
+        model: str = DEFAULT_MODEL,
+        deploy_config: str = DEFAULT_DEPLOY_CONFIG,
+        stage_init_timeout_s: float = DEFAULT_STAGE_INIT_TIMEOUT_S,
+        omni_factory: Callable[[], OmniClient] | None = None,
+        tools_factory: Callable[[OmniClient], Qwen3Tools] | None = None,
+    ) -> None:
+        self.model = model
+        self.deploy_config = deploy_config
+        self.stage_init_timeout_s = stage_init_timeout_s
+        self._omni_factory = omni_factory or self._build_omni
+        self._tools_factory: Callable[[OmniClient], Qwen3Tools] = tools_factory or _VllmOmniTools
+        self._use_profile(PROFILES[variant_of(model) or "CustomVoice"])
+        self._omni: OmniClient | None = None
+        self._tools: Qwen3Tools | None = None
+        self._speakers: list[str] = []
+        self._languages = DEFAULT_LANGUAGES
+        self._streams: set[_Stream] = set()
+
+    def _use_profile(self, profile: Profile) -> None:
+        self.profile = profile
+        self.sample_rate = profile.sample_rate
+        self.default_voice = profile.default_voice
+        self.clones = profile.clones
+
+    def _build_omni(self) -> OmniClient:
+        try:
+            from vllm_omni import AsyncOmni
+        except ImportError as exc:
+            raise EngineError("engine 'vllm-omni' needs the vllm extra (pip install 'voxgate[vllm]') "
+                              "and an NVIDIA GPU") from exc
+        # vllm-omni 0.30.0 refuses stage_configs_path; deploy_config replaced it.
+        omni: OmniClient = AsyncOmni(model=self.model, deploy_config=self.deploy_config,
+                                     stage_init_timeout=int(self.stage_init_timeout_s), log_stats=False)
+        return omni
+
+    async def start(self) -> None:
+        # AsyncOmni starts its stage processes in its constructor and blocks until they are up (minutes).
+        # vllm-omni's own server builds it the same way, on the event loop before it serves; nothing is
+        # served here either until the lifespan's start-up returns.
+        omni = self._omni_factory()
+        try:
+            tools = self._tools_factory(omni)
+            if tools.variant is not None:
+                self._use_profile(PROFILES[tools.variant])
+            self._speakers = [s.lower() for s in tools.speakers]
+            self._languages = tools.languages or DEFAULT_LANGUAGES
+            if self.profile.task_type == "CustomVoice":
+                if not self._speakers:
+                    raise EngineError(f"{self.model} is a CustomVoice model whose config lists no speakers")
+                self.default_voice = self._speakers[0]
+        except BaseException:
+            omni.shutdown()  # its stage processes hold the GPU
+            raise
+        self._omni, self._tools = omni, tools
+        logger.info("vllm-omni %s: %s task, voices %s", self.model, self.profile.task_type, self._speakers)
+
+    async def voices(self) -> list[Voice]:
+        if self.profile.task_type != "CustomVoice":
+            return []
+        return [Voice(name=s, engine=self.name, sample_rate=self.sample_rate, description="Qwen3-TTS speaker")
+                for s in self._speakers]
+
+    def check(self, voice: str, options: dict[str, object]) -> None:
+        profile = self.profile
+        if profile.task_type == "CustomVoice":
+            if voice.lower() not in self._speakers:
+                raise UnknownVoice(voice, self.name, self._speakers)
+        elif voice != self.default_voice:
+            raise UnknownVoice(voice, self.name, [self.default_voice])
+        for field in options:
+            if field not in profile.options:
+                raise UnsupportedOption(field, self.name, _REFUSALS.get(field, ""))
+        for field in profile.requires:
+            if not options.get(field):
+                raise UnsupportedOption(field, self.name, f"a {profile.task_type} model needs it set")
+        task = options.get("task_type")
+        if task is not None and task != profile.task_type:
+            raise UnsupportedOption("task_type", self.name, f"the model runs only {profile.task_type}")
+        language = options.get("language")
+        if isinstance(language, str) and qwen_language(language) not in self._languages:
+            raise UnsupportedOption("language", self.name, f"it speaks {', '.join(sorted(self._languages))}")
+
+    def synthesize(self, req: SynthesisRequest) -> _Stream:
+        """Submit ``req`` now and return its audio stream; closing the stream aborts the request."""
+        return _Stream(self, req)
+
+    def _prepare(self, req: SynthesisRequest) -> tuple[OmniClient, dict[str, Any], list[Any]]:
+        omni, tools = self._omni, self._tools
+        if omni is None or tools is None:
+            raise EngineError("the vllm-omni engine is not started")
+        profile, options = self.profile, req.options
+        language = options.get("language")
+        info = build_info(req.text, profile=profile, speaker=req.voice.lower(), options=options,
+                          language=qwen_language(language) if isinstance(language, str) else "Auto",
+                          reference=req.reference, codec_frame_rate=tools.codec_frame_rate)
+        prompt = tools.prompt(info, profile.task_type, cache_salt(info, req.reference))
+        params = tools.stream_params()
+        budget = options.get("max_new_tokens")
+        if not isinstance(budget, int) and profile.codec_frames_per_char is not None and params:
+            configured = getattr(params[0], "max_tokens", None) or DEFAULT_MAX_NEW_TOKENS
+            by_length = math.ceil(len(req.text) * profile.codec_frames_per_char)
+            budget = min(configured, max(MIN_CODEC_FRAMES, by_length))
+        budget = budget if isinstance(budget, int) else None
+        return omni, prompt, with_request_params(params, seed=req.seed, max_tokens=budget)
+
+    async def _abort(self, request_id: str) -> None:
+        if self._omni is None:
+            return
+        try:
+            await self._omni.abort(request_id)
+        # Cleanup of a closed stream: a failed abort must not turn a cancel into a session error.
+        except Exception as exc:
+            logger.warning("vllm-omni abort of %s failed: %r", request_id, exc)
+
+    async def ready(self) -> bool:
+        return self._omni is not None and not getattr(self._omni, "errored", False)
+
+    async def aclose(self) -> None:
+        for stream in list(self._streams):
+            await stream.aclose()
+        omni, self._omni, self._tools = self._omni, None, None
+        if omni is not None:
+            omni.shutdown()
