@@ -20,15 +20,9 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from engine.base import (
-    EngineError,
-    SynthesisRequest,
-    TTSEngine,
-    UnknownVoice,
-    UnsupportedOption,
-    VoiceReference,
-)
+from engine.base import EngineError, UnknownVoice, UnsupportedOption
 from gateway.catalog import Catalog, Resolved, VoiceNotServable
+from gateway.jobs import Close, End, Job, JobQueue, Segment, Utterance
 from gateway.outbox import Item, Outbox, Payload, SlowConsumer
 from gateway.settings import Settings
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
@@ -71,56 +65,6 @@ class _Stop(Exception):
         self.error = error
 
 
-@dataclass(slots=True)
-class Utterance:
-    """An utterance in flight, with the config it started under."""
-
-    index: int
-    config: SessionConfig
-    engine: TTSEngine
-    voice: str
-    reference: VoiceReference | None
-    packer: AudioPacker
-    first_text_t: float | None
-    first_audio_t: float | None = None
-    synthesis_s: float = 0.0
-    cancelled: bool = False
-
-
-@dataclass(slots=True)
-class Segment:
-    """A segment to speak, with its timing."""
-
-    utterance: Utterance
-    sentence_index: int
-    text: str
-    ready_t: float
-    first_sent_t: float | None = None
-    synthesis_s: float = 0.0
-    counted: int = 0  # utterance samples already accounted in the outbox
-    error: bool = False
-
-    def sent(self) -> None:
-        if self.first_sent_t is None:
-            self.first_sent_t = time.perf_counter()
-            if self.utterance.first_audio_t is None:
-                self.utterance.first_audio_t = self.first_sent_t
-
-
-@dataclass(slots=True)
-class _End:
-    utterance: Utterance
-    total_sentences: int
-
-
-@dataclass(slots=True)
-class _Close:
-    pass
-
-
-_Job = Segment | _End | _Close
-
-
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 2)
 
@@ -141,7 +85,7 @@ class Connection:
         self.session = Session(max_config_bytes=s.max_config_bytes, max_message_bytes=s.max_message_bytes)
         self.log = logging.LoggerAdapter(logger, {"session": self.id})
         self.outbox = Outbox(s.max_buffered_audio_s)
-        self.jobs: asyncio.Queue[_Job] = asyncio.Queue()
+        self.jobs = JobQueue()
         self.utterances: dict[int, Utterance] = {}
         self.current: asyncio.Task[None] | None = None
         self.resolved: Resolved | None = None
@@ -158,6 +102,8 @@ class Connection:
             stop = group.exceptions[0]  # type: ignore[assignment]
         except* SlowConsumer as group:
             stop = _Stop(slow_consumer_error(group.exceptions[0]))  # type: ignore[arg-type]
+        finally:
+            await self._close_streams(self.jobs.drain())
         if stop is not None and stop.error is not None:
             await self._abort(stop.error)
 
@@ -217,7 +163,7 @@ class Connection:
                 ) from None
 
     def _busy(self) -> bool:
-        return bool(len(self.outbox) or self.jobs.qsize() or self.current is not None)
+        return bool(len(self.outbox) or len(self.jobs) or self.current is not None)
 
     async def _handle(self, event: Event) -> None:
         now = time.perf_counter()
@@ -227,14 +173,14 @@ class Connection:
             case UtteranceStarted(utterance_index=u):
                 self.utterances[u] = self._utterance(u, now)
             case SegmentReady(utterance_index=u, sentence_index=s, text=text):
-                self.jobs.put_nowait(Segment(self.utterances[u], s, text, now))
+                self.jobs.put(Segment(self.utterances[u], s, text, now))
             case UtteranceEnded(utterance_index=u, total_sentences=n):
                 utterance = self.utterances.get(u) or self.utterances.setdefault(u, self._utterance(u, None))
-                self.jobs.put_nowait(_End(utterance, n))
+                self.jobs.put(End(utterance, n))
             case UtteranceCancelled(utterance_index=u):
-                self._cancel(u)
+                await self._cancel(u)
             case CloseRequested():
-                self.jobs.put_nowait(_Close())
+                self.jobs.put(Close())
 
     async def _configure(self, config: SessionConfig) -> None:
         voice_field = "$.speaker" if config.voice is None and config.speaker is not None else "$.voice"
@@ -296,11 +242,11 @@ class Connection:
         )
         return Utterance(index, config, engine, resolved.voice, resolved.reference, packer, first_text_t)
 
-    def _cancel(self, open_index: int | None) -> None:
+    async def _cancel(self, open_index: int | None) -> None:
         victims = list(self.utterances.values())
         for utterance in victims:
             utterance.cancelled = True
-        self._drain_jobs()  # the reader stops at session.close, so no _Close can be queued here
+        dropped = self.jobs.drain()  # the reader stops at session.close, so no Close can be queued here
         if self.current is not None:
             self.current.cancel()
         self.outbox.drop(u.index for u in victims)
@@ -309,12 +255,14 @@ class Connection:
         for index in indices:  # None: nothing was in flight, the cancel is still acknowledged
             self._send(AudioCancelled(utterance_index=index), utterance=None)
         self.log.info("cancelled utterances %s", indices)
+        await self._close_streams(dropped)
 
-    def _drain_jobs(self) -> list[_Job]:
-        jobs = []
-        while not self.jobs.empty():
-            jobs.append(self.jobs.get_nowait())
-        return jobs
+    @staticmethod
+    async def _close_streams(jobs: list[Job]) -> None:
+        """Close engine streams opened ahead for segments that will not be spoken."""
+        for job in jobs:
+            if isinstance(job, Segment) and job.stream is not None:
+                await job.stream.aclose()
 
     def _report(self, err: ProtocolError, utterance: int | None = None) -> None:
         self.log.info("error %s: %s", err.code, err.message)
@@ -337,10 +285,10 @@ class Connection:
         while True:
             job = await self.jobs.get()
             match job:
-                case _Close():
+                case Close():
                     self.outbox.put(Item(None))
                     return
-                case _End(utterance=u) if not u.cancelled:
+                case End(utterance=u) if not u.cancelled:
                     self._queue_done(job)
                 case Segment(utterance=u) if not u.cancelled:
                     self.current = task = asyncio.create_task(self._speak(job))
@@ -367,17 +315,14 @@ class Connection:
                 start_sample=start,
             ),
         )
-        req = SynthesisRequest(
-            text=seg.text,
-            voice=u.voice,
-            speed=config.speed,
-            seed=config.seed,
-            options=config.engine_options(),
-            reference=u.reference,
-        )
         failure: EngineError | None = None
         try:
-            async with contextlib.aclosing(u.engine.synthesize(req)) as chunks:
+            async with contextlib.aclosing(seg.open()) as chunks:
+                # Open the next segment's stream now: an engine that starts work on the call
+                # (vllm-omni) gets it submitted while this one streams, and can batch the two.
+                following = self.jobs.peek()
+                if isinstance(following, Segment) and not following.utterance.cancelled:
+                    following.open()
                 t = time.perf_counter()
                 async for chunk in chunks:
                     seg.synthesis_s += time.perf_counter() - t
@@ -424,7 +369,7 @@ class Connection:
         payload = self.session.send(msg) if not isinstance(msg, str | bytes) and not callable(msg) else msg
         self.outbox.put(Item(payload, u.index))
 
-    def _queue_done(self, job: _End) -> None:
+    def _queue_done(self, job: End) -> None:
         u = job.utterance
 
         def done() -> str:

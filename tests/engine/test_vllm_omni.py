@@ -53,7 +53,7 @@ from engine.vllm_omni import (
     to_samples,
     variant_of,
 )
-from tests.conftest import TIMEOUT_S, recv_until, send, serve_engine, session
+from tests.conftest import TIMEOUT_S, recv, recv_until, send, serve_engine, session
 
 RATE = 24000
 BASE_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-Base"
@@ -613,9 +613,23 @@ def test_a_cancel_through_the_gateway_aborts_the_request() -> None:
         send(ws, type="input.cancel")
         recv_until(ws, "audio.cancelled")
         deadline = time.monotonic() + TIMEOUT_S
-        while not omni.aborted and time.monotonic() < deadline:
+        while len(omni.aborted) < len(omni.calls) and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert omni.aborted == [omni.calls[0].request_id]
+    # The eager first segment and the rest: the second was submitted ahead, and both are aborted.
+    assert len(omni.calls) == 2
+    assert sorted(omni.aborted) == sorted(call.request_id for call in omni.calls)
+
+
+def test_the_next_segment_is_submitted_while_the_first_streams() -> None:
+    omni = FakeOmni(delta_script(chunks=50, size=2400), delay_s=0.02)
+    with serve_engine(make_engine(omni)) as address, session(address, voice="vivian") as ws:
+        send(ws, type="input.text", text="First sentence here. Second sentence follows. Third one.")
+        send(ws, type="input.done")
+        recv_until(ws, "audio.start")
+        assert isinstance(recv(ws), bytes)
+        submitted_during_first = len(omni.calls)
+        recv_until(ws, "session.done")
+    assert submitted_during_first == 2 and len(omni.calls) == 3
 
 
 def test_engine_is_registered_and_needs_the_extra_only_when_started() -> None:

@@ -1,0 +1,301 @@
+"""The browser demo page (web/) in a real headless Chromium against a real gateway with Piper.
+
+The page's counters on ``window.voxgate`` are the probe: frames received, samples the AudioWorklet
+actually played (counted inside the worklet), cancellations, the last error shown.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+
+from tests.conftest import TIMEOUT_S, serve_engine
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path("/usr/bin/chromium")
+if not CHROMIUM.exists():
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
+try:
+    from playwright.sync_api import Browser, Page, sync_playwright
+except ImportError:
+    pytest.skip("the playwright package is missing (pip install playwright)", allow_module_level=True)
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--autoplay-policy=no-user-gesture-required",
+    # A fake microphone (a beeping tone) that needs no permission prompt, for the record button.
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+]
+WAIT_MS = TIMEOUT_S * 1000
+PARAGRAPH = (
+    "The gateway speaks while the text is still arriving. "
+    "Each sentence becomes audio as soon as it is complete. "
+    "This one comes last."
+)
+LONG_PARAGRAPH = " ".join(
+    [
+        "This paragraph is long on purpose, so that there is still plenty left to say when the stop button",
+        "is pressed. The gateway turns every sentence into speech as soon as it is complete, and the page",
+        "plays it through an audio worklet with a small jitter buffer. Nobody should hear the rest of it,",
+        "because stopping cancels the utterance on the server and flushes the buffer in the page at once.",
+        "If you can hear this sentence, the stop button did not work. Neither should you hear this one.",
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    # launch() gives the browser a fresh temporary profile of its own and removes it on close.
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    crashes: list[str] = []
+    page.on("pageerror", lambda exc: crashes.append(str(exc)))
+    yield page
+    context.close()
+    assert crashes == [], f"uncaught errors in the page: {crashes}"
+
+
+def voxgate(page: Page) -> dict[str, Any]:
+    """A snapshot of the page's counters (segments without the holes of a sparse array)."""
+    state: dict[str, Any] = page.evaluate(
+        "({...window.voxgate, segments: window.voxgate.segments.filter(Boolean)})"
+    )
+    return state
+
+
+def open_page(page: Page, address: str) -> None:
+    page.goto(f"http://{address}/")
+    # The built-in voices are listed once the page has called GET /v1/audio/voices.
+    page.wait_for_function("document.querySelectorAll('#voice optgroup option').length > 0", timeout=WAIT_MS)
+
+
+def set_token_rate(page: Page, per_second: int) -> None:
+    page.eval_on_selector(
+        "#token-rate", "(el, v) => { el.value = v; el.dispatchEvent(new Event('input')); }", per_second
+    )
+
+
+def write_wav(path: Path, seconds: float, rate: int = 22050) -> Path:
+    t = np.arange(int(seconds * rate)) / rate
+    rng = np.random.default_rng(7)
+    signal = 0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.standard_normal(t.size)
+    soundfile.write(path, signal.astype(np.float32), rate, subtype="PCM_16")
+    return path
+
+
+def test_page_is_labelled_and_keyboard_usable(page: Page, piper_gateway: str) -> None:
+    open_page(page, piper_gateway)
+    unlabelled = page.evaluate(
+        """[...document.querySelectorAll('input, select, textarea, button')]
+             .filter(el => el.type !== 'hidden' && !el.hidden)
+             .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label')
+                           && !(el.tagName === 'BUTTON' && el.textContent.trim()))
+             .map(el => el.id || el.outerHTML)"""
+    )
+    assert unlabelled == []
+    assert page.locator("[aria-live]").count() >= 2
+    page.keyboard.press("Tab")  # the skip link, then the controls in order
+    assert page.evaluate("document.activeElement.className") == "skip"
+
+
+def test_speaks_a_paragraph_in_llm_mode(page: Page, piper_gateway: str, output_dir: Path) -> None:
+    open_page(page, piper_gateway)
+    page.fill("#text", PARAGRAPH)
+    page.check("input[name=mode][value=llm]")
+    set_token_rate(page, 25)
+    page.click("#speak-btn")
+    page.wait_for_function(
+        "window.voxgate.sessionsDone >= 1 && window.voxgate.secondsPlayed >= 2", timeout=WAIT_MS
+    )
+    page.screenshot(path=output_dir / "web-1280.png", full_page=True)
+
+    state = voxgate(page)
+    assert state["framesReceived"] > 20 and state["bytesReceived"] > 20 * 24
+    assert isinstance(state["ttfaMs"], int) and 0 < state["ttfaMs"] < 10_000
+    assert re.fullmatch(r"\d+", page.inner_text("#ttfa"))
+    segments = state["segments"]
+    assert isinstance(segments, list) and len(segments) >= 3
+    assert " ".join(s["text"] for s in segments) == PARAGRAPH
+    # Text streamed at 25 tokens/s takes about 2 s, and the first sentence is heard before the end.
+    assert segments[0]["firstAudioMs"] < segments[-1]["textReadyMs"]
+    assert page.locator("#timeline-body tr").count() == len(segments)
+    for segment in segments:
+        assert page.locator("#timeline-body tr", has_text=segment["text"]).count() == 1
+    ready = state["ready"]
+    assert isinstance(ready, dict) and ready["config"]["engine"] == "piper"
+    assert page.locator("#session-info").inner_text().count("piper") == 1
+
+    # Every sample that arrived is played, with no gap between segments: the worklet's count
+    # ends at the utterance's audio length (resampling aside, within a few render quanta).
+    page.wait_for_function("window.voxgate.state === 'idle'", timeout=WAIT_MS)
+    state = voxgate(page)
+    audio_s = sum(s["durationMs"] for s in state["segments"]) / 1000
+    assert state["secondsPlayed"] == pytest.approx(audio_s, abs=0.05)
+    assert state["underruns"] == 0
+
+    page.set_viewport_size({"width": 360, "height": 800})
+    page.wait_for_timeout(200)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 360
+    page.screenshot(path=output_dir / "web-360.png", full_page=True)
+
+
+@pytest.mark.parametrize(("fmt", "rate"), [("wav", "native"), ("mulaw", "8000"), ("pcm", "24000")])
+def test_other_formats_and_rates_play_in_full(page: Page, piper_gateway: str, fmt: str, rate: str) -> None:
+    """Rates other than the AudioContext's are resampled in the worklet; every format decodes."""
+    open_page(page, piper_gateway)
+    page.fill("#text", "Hello there. Every format plays.")
+    page.check("input[name=mode][value=whole]")
+    page.select_option("#format", fmt)
+    page.select_option("#sample-rate", rate)
+    page.click("#speak-btn")
+    page.wait_for_function("window.voxgate.sessionsDone >= 1", timeout=WAIT_MS)
+    page.wait_for_function("window.voxgate.state === 'idle'", timeout=WAIT_MS)
+    state = voxgate(page)
+    expected_rate = 22050 if rate == "native" else int(rate)
+    assert state["ready"]["config"]["sample_rate"] == expected_rate
+    assert state["ready"]["config"]["response_format"] == fmt
+    audio_s = sum(s["durationMs"] for s in state["segments"]) / 1000
+    assert state["secondsPlayed"] == pytest.approx(audio_s, abs=0.05)
+    assert 0.5 < state["peak"] < 1.0  # speech normalised to 0.9, not noise from a wrong decoding
+    assert f"played at {state['contextRate']} Hz" in page.inner_text("#session-info")
+
+
+def test_stop_cancels_mid_paragraph(page: Page, piper_gateway: str) -> None:
+    open_page(page, piper_gateway)
+    page.fill("#text", LONG_PARAGRAPH)
+    set_token_rate(page, 30)
+    page.focus("#text")
+    page.keyboard.press("Control+Enter")
+    page.wait_for_function("window.voxgate.secondsPlayed >= 0.5", timeout=WAIT_MS)
+    at_stop = voxgate(page)
+    page.click("#stop-btn")
+    page.wait_for_function(
+        "window.voxgate.cancelled >= 1 && window.voxgate.state === 'idle'", timeout=WAIT_MS
+    )
+    before = voxgate(page)
+    page.wait_for_timeout(1000)
+    after = voxgate(page)
+    assert after["samplesPlayed"] == before["samplesPlayed"]
+    assert after["framesReceived"] == before["framesReceived"]
+    assert after["framesDropped"] == before["framesDropped"]
+    assert after["bufferedMs"] == 0
+    # Silence within a click's round trip, although more audio than that was buffered.
+    assert at_stop["bufferedMs"] > 500
+    assert after["secondsPlayed"] - at_stop["secondsPlayed"] < 0.3
+    assert "cancelled" in page.inner_text("#status")
+
+
+def test_upload_list_and_delete_a_voice(page: Page, piper_gateway: str, tmp_path: Path) -> None:
+    probe = httpx.post(f"http://{piper_gateway}/v1/audio/voices", data={})
+    if probe.status_code in (404, 405):
+        pytest.skip(f"POST /v1/audio/voices is not implemented yet ({probe.status_code})")
+    open_page(page, piper_gateway)
+    name = "web test voice"
+
+    short = write_wav(tmp_path / "short.wav", 0.5)
+    with short.open("rb") as f:
+        expected = httpx.post(
+            f"http://{piper_gateway}/v1/audio/voices",
+            files={"audio_sample": ("short.wav", f, "audio/wav")},
+            data={"name": name, "consent": "yes"},
+        ).json()["error"]["message"]
+    page.set_input_files("#voice-file", short)
+    page.fill("#voice-name", name)
+    page.check("#voice-consent")
+    page.click("#upload-btn")
+    page.wait_for_function("window.voxgate.lastError !== null", timeout=WAIT_MS)
+    assert voxgate(page)["lastError"] == expected
+    assert page.inner_text("#error .error-message") == expected
+
+    page.set_input_files("#voice-file", write_wav(tmp_path / "sample.wav", 2.0))
+    page.fill("#voice-name", name)
+    page.fill("#voice-ref-text", "a hum with some noise")
+    page.check("#voice-consent")
+    page.click("#upload-btn")
+    item = page.locator("#uploaded-list li", has_text=name)
+    item.wait_for(timeout=WAIT_MS)
+    assert page.locator("#voice optgroup[label=Uploaded] option", has_text=name).count() == 1
+    listed = httpx.get(f"http://{piper_gateway}/v1/audio/voices").json()["uploaded_voices"]
+    consent = page.inner_text("#consent-text").strip()
+    assert [(v["name"], v["consent"], v["ref_text"]) for v in listed] == [
+        (name, consent, "a hum with some noise")
+    ]
+
+    page.click(f"button[aria-label='Delete voice {name}']")
+    item.wait_for(state="detached", timeout=WAIT_MS)
+    assert page.locator("#voice optgroup[label=Uploaded]").count() == 0
+    assert httpx.get(f"http://{piper_gateway}/v1/audio/voices").json()["uploaded_voices"] == []
+    assert "Deleted" in page.inner_text("#status")
+
+    # Recorded from the (fake) microphone: WebM/Opus in the browser, uploaded as WAV.
+    page.click("#record-btn")
+    page.wait_for_function("document.querySelector('#record-btn').getAttribute('aria-pressed') === 'true'")
+    page.wait_for_timeout(1500)
+    page.click("#record-btn")
+    page.locator("#record-preview").wait_for(state="visible", timeout=WAIT_MS)
+    page.fill("#voice-name", "microphone")
+    page.check("#voice-consent")
+    page.click("#upload-btn")
+    page.locator("#uploaded-list li", has_text="microphone").wait_for(timeout=WAIT_MS)
+    (recorded,) = httpx.get(f"http://{piper_gateway}/v1/audio/voices").json()["uploaded_voices"]
+    assert recorded["mime_type"] == "audio/wav" and 1.0 <= recorded["duration_s"] < 5.0
+    page.click("button[aria-label='Delete voice microphone']")
+    page.locator("#uploaded-list li").first.wait_for(state="detached", timeout=WAIT_MS)
+
+
+def test_wrong_api_key_shows_the_server_message(page: Page) -> None:
+    with serve_engine(None, engine="piper", api_keys=("k1",)) as address:
+        expected = httpx.get(
+            f"http://{address}/v1/audio/voices", headers={"Authorization": "Bearer wrong"}
+        ).json()["error"]["message"]
+        page.goto(f"http://{address}/")
+        page.wait_for_function("window.voxgate.errors.length === 1", timeout=WAIT_MS)  # no key: 401
+        page.fill("#api-key", "wrong")
+        page.press("#api-key", "Enter")  # applies the key and lists the voices again: 401 again
+        page.wait_for_function("window.voxgate.errors.length === 2", timeout=WAIT_MS)
+        page.fill("#text", "Hello.")
+        page.click("#speak-btn")  # the WebSocket is refused; the page asks a REST route why
+        page.wait_for_function(
+            "window.voxgate.errors.length === 3 && window.voxgate.state === 'idle'", timeout=WAIT_MS
+        )
+        state = voxgate(page)
+        assert state["lastError"] == expected
+        assert page.inner_text("#error .error-message") == expected
+        assert state["state"] == "idle" and state["framesReceived"] == 0
+
+        # The right key (stored in localStorage) opens the WebSocket through the subprotocol.
+        page.fill("#api-key", "k1")
+        page.press("#api-key", "Enter")
+        page.wait_for_function("localStorage.getItem('voxgate.apiKey') === 'k1'")
+        page.reload()
+        assert page.input_value("#api-key") == "k1"
+        page.wait_for_function(
+            "document.querySelectorAll('#voice optgroup option').length > 0", timeout=WAIT_MS
+        )
+        page.check("input[name=mode][value=whole]")
+        page.click("#speak-btn")
+        page.wait_for_function("window.voxgate.sessionsDone >= 1", timeout=WAIT_MS)
+        assert voxgate(page)["framesReceived"] > 0
+        page.close()  # closes the WebSocket before this gateway shuts down
