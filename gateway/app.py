@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TypedDict
@@ -25,7 +26,9 @@ from gateway.store import VoiceStore
 from gateway.ws import speech_stream
 
 logger = logging.getLogger(__name__)
-WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+# The demo page: beside the packages in a checkout, under <prefix>/share/voxgate/web once installed.
+_WEB_DIRS = (Path(__file__).resolve().parent.parent / "web", Path(sys.prefix) / "share" / "voxgate" / "web")
+WEB_DIR = next((d for d in _WEB_DIRS if (d / "index.html").is_file()), _WEB_DIRS[0])
 
 
 class State(TypedDict):

@@ -44,6 +44,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from engine.base import Voice
+from gateway.http import api_error
 from gateway.store import InvalidVoiceName, VoiceInfo, VoiceLimitReached, VoiceStore, check_name
 
 logger = logging.getLogger(__name__)
@@ -89,9 +90,8 @@ class Catalog(Protocol):
 
 
 def error_response(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
-    """An OpenAI-style error body."""
-    error = {"message": message, "type": "invalid_request_error", "param": param, "code": code}
-    return JSONResponse({"error": error}, status_code=status)
+    """An OpenAI-style error body (``gateway.http.api_error``)."""
+    return api_error(status, message, param=param, code=code)
 
 
 @dataclass
@@ -337,6 +337,28 @@ def _voice_json(info: VoiceInfo, engines: list[str]) -> dict[str, object]:
     return {**msgspec.to_builtins(info), "engines": engines, "requires": "cloning"}
 
 
+def _builtin_json(voices: list[Voice]) -> list[dict[str, object]]:
+    """Built-in voices merged by name, each with the engines that speak it; they need nothing more."""
+    merged: dict[str, dict[str, object]] = {}
+    for v in voices:
+        entry = merged.setdefault(
+            v.name,
+            {
+                "name": v.name,
+                "kind": "builtin",
+                "engines": [],
+                "language": v.language,
+                "description": v.description,
+                "sample_rate": v.sample_rate,
+                "requires": None,
+            },
+        )
+        engines = entry["engines"]
+        assert isinstance(engines, list)
+        engines.append(v.engine)
+    return list(merged.values())
+
+
 def _catalog(request: Request) -> Catalog | None:
     catalog: Catalog | None = getattr(request.state, "catalog", None)
     return catalog
@@ -406,11 +428,16 @@ async def list_voices(request: Request) -> JSONResponse:
     """The built-in voices' names and the caller's uploaded voices."""
     store: VoiceStore = request.state.voices
     catalog = _catalog(request)
-    builtin = [voice.name for voice in await catalog.builtin_voices()] if catalog else []
+    builtin = await catalog.builtin_voices() if catalog else []
     engines = catalog.cloning_engines() if catalog else []
     uploaded = await run_in_threadpool(store.list, _owner(request))
+    # ``voices`` stays a list of names, as vllm-omni's clients expect; the details sit beside it.
     return JSONResponse(
-        {"voices": builtin, "uploaded_voices": [_voice_json(info, engines) for info in uploaded]}
+        {
+            "voices": list(dict.fromkeys(v.name for v in builtin)),
+            "voice_details": _builtin_json(builtin),
+            "uploaded_voices": [_voice_json(info, engines) for info in uploaded],
+        }
     )
 
 
@@ -419,9 +446,14 @@ async def voice_details(request: Request) -> JSONResponse:
     store: VoiceStore = request.state.voices
     name: str = request.path_params["name"]
     info = await run_in_threadpool(store.info, _owner(request), name)
-    if info is None:
-        return error_response(404, "voice_not_found", f"voice {name!r} not found", "name")
     catalog = _catalog(request)
+    if info is None:
+        builtin = [
+            d for d in _builtin_json(await catalog.builtin_voices() if catalog else []) if d["name"] == name
+        ]
+        if builtin:
+            return JSONResponse(builtin[0])
+        return error_response(404, "voice_not_found", f"voice {name!r} not found", "name")
     return JSONResponse(_voice_json(info, catalog.cloning_engines() if catalog else []))
 
 
