@@ -73,6 +73,7 @@ class SynthesisRequest(msgspec.Struct, frozen=True, kw_only=True):
     ``options`` holds the wire options set away from their neutral value (see
     ``SessionConfig.engine_options``); the engine has already accepted them through ``check``.
     ``reference`` is set when ``voice`` is an uploaded voice (only for engines that clone).
+    ``priority`` orders queued work in engines that share workers between sessions.
     """
 
     text: str
@@ -81,6 +82,9 @@ class SynthesisRequest(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
     options: dict[str, object] = msgspec.field(default_factory=dict)
     reference: VoiceReference | None = None
+    #: Lower is more urgent: the gateway passes the segment's index in its utterance, so first
+    #: segments (which decide time to first audio) go before later ones when an engine queues work.
+    priority: int = 0
 
 
 class AudioChunk(msgspec.Struct, frozen=True):

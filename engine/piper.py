@@ -17,12 +17,12 @@ import json
 import logging
 import threading
 from collections.abc import AsyncGenerator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.base import AudioChunk, EngineError, SynthesisRequest, UnknownVoice, UnsupportedOption, Voice
+from engine.workers import PriorityWorkers
 
 if TYPE_CHECKING:
     from piper import PiperVoice
@@ -54,14 +54,13 @@ class PiperEngine:
     def __init__(self, *, threads: int = 1, workers: int = 2) -> None:
         self.threads = threads
         self.sample_rate = 22050
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="piper")
+        self._workers = PriorityWorkers(workers, "piper")
         # espeak-ng, which phonemizes, keeps global state: one caller at a time.
         self._phonemize_lock = threading.Lock()
         self._voice: PiperVoice | None = None
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._voice = await loop.run_in_executor(self._executor, self._load)
+        self._voice = await asyncio.wrap_future(self._workers.submit(-1, self._load))
         self.sample_rate = self._voice.config.sample_rate
 
     def _load(self) -> PiperVoice:
@@ -122,7 +121,7 @@ class PiperEngine:
                 deliver(EngineError(f"piper failed: {exc}"))
             deliver(_DONE)
 
-        future = loop.run_in_executor(self._executor, work)
+        future = asyncio.wrap_future(self._workers.submit(req.priority, work))
         try:
             while (item := await queue.get()) is not _DONE:
                 if isinstance(item, EngineError):
@@ -167,5 +166,5 @@ class PiperEngine:
         return self._voice is not None
 
     async def aclose(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._workers.shutdown()
         self._voice = None

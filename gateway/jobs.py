@@ -58,6 +58,7 @@ class Segment:
             seed=u.config.seed,
             options=u.config.engine_options(),
             reference=u.reference,
+            priority=self.sentence_index,
         )
 
     def open(self) -> AsyncGenerator[AudioChunk, None]:
