@@ -157,11 +157,23 @@ def main(argv: list[str] | None = None) -> int:
             audio_s = len(samples) / rate
             transcript = transcribe(samples, rate)
             wer = round(word_error_rate(args.text, transcript), 3)
-            run = Run(args.label, i, round(ttfa_s * 1000.0, 1), round(wall_s, 3), round(audio_s, 3),
-                      round(wall_s / audio_s, 3), rate, wer, transcript)
+            run = Run(
+                args.label,
+                i,
+                round(ttfa_s * 1000.0, 1),
+                round(wall_s, 3),
+                round(audio_s, 3),
+                round(wall_s / audio_s, 3),
+                rate,
+                wer,
+                transcript,
+            )
             runs.append(run)
-            print(f"{run.label:12s} run {i}: TTFA {run.ttfa_ms:7.1f} ms  RTF {run.rtf:5.3f}"
-                  f"  audio {audio_s:5.2f} s  WER {run.wer:.2f}  {transcript!r}", flush=True)
+            print(
+                f"{run.label:12s} run {i}: TTFA {run.ttfa_ms:7.1f} ms  RTF {run.rtf:5.3f}"
+                f"  audio {audio_s:5.2f} s  WER {run.wer:.2f}  {transcript!r}",
+                flush=True,
+            )
             if args.out is not None and i == args.runs:
                 args.out.mkdir(parents=True, exist_ok=True)
                 save_wav(args.out / f"{args.label}.wav", samples, rate)
@@ -171,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     ttfa = statistics.median(r.ttfa_ms for r in runs)
     rtf = statistics.median(r.rtf for r in runs)
     worst = max(r.wer or 0.0 for r in runs)
-    print(f"{args.label:12s} median TTFA {ttfa:.1f} ms, median RTF {rtf:.3f}, worst WER {worst:.2f}",
-          flush=True)
+    print(
+        f"{args.label:12s} median TTFA {ttfa:.1f} ms, median RTF {rtf:.3f}, worst WER {worst:.2f}", flush=True
+    )
     if args.out is not None:
         (args.out / f"{args.label}.json").write_text(json.dumps([asdict(r) for r in runs], indent=2))
     if worst > args.max_wer:

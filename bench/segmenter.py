@@ -27,7 +27,8 @@ def main() -> None:
         seg.push(text)
         seg.flush()
         bulk_s = time.perf_counter() - started
-        print(f"{granularity:9s} tokens: {len(text) / tokens_s / 1e6:5.2f} Mchar/s   one push: {len(text) / bulk_s / 1e6:5.2f} Mchar/s")
+        tokens_rate, bulk_rate = len(text) / tokens_s / 1e6, len(text) / bulk_s / 1e6
+        print(f"{granularity:9s} tokens: {tokens_rate:5.2f} Mchar/s   one push: {bulk_rate:5.2f} Mchar/s")
 
 
 if __name__ == "__main__":

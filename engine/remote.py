@@ -20,7 +20,15 @@ from collections.abc import AsyncGenerator
 import httpx
 import numpy as np
 
-from engine.base import AudioChunk, EngineError, SynthesisRequest, UnknownVoice, UnsupportedOption, Voice, VoiceReference
+from engine.base import (
+    AudioChunk,
+    EngineError,
+    SynthesisRequest,
+    UnknownVoice,
+    UnsupportedOption,
+    Voice,
+    VoiceReference,
+)
 from engine.upstreams import Upstream, UpstreamPool
 from protocol.audio import encode, wav_header
 
@@ -30,10 +38,22 @@ logger = logging.getLogger(__name__)
 DEFAULT_VOICE = "vivian"
 DEFAULT_SAMPLE_RATE = 24000
 # Options the HTTP route forwards as they are; word timestamps need the WebSocket JSON path upstream.
-_FORWARDED = frozenset({
-    "speed", "seed", "language", "instructions", "task_type", "ref_audio", "ref_text", "x_vector_only_mode",
-    "speaker_embedding", "max_new_tokens", "initial_codec_chunk_frames", "non_streaming_mode",
-})
+_FORWARDED = frozenset(
+    {
+        "speed",
+        "seed",
+        "language",
+        "instructions",
+        "task_type",
+        "ref_audio",
+        "ref_text",
+        "x_vector_only_mode",
+        "speaker_embedding",
+        "max_new_tokens",
+        "initial_codec_chunk_frames",
+        "non_streaming_mode",
+    }
+)
 _AUDIO_TYPES = ("audio/", "application/octet-stream")
 
 
@@ -42,8 +62,9 @@ def _voice_names(payload: object) -> list[str]:
     listed = payload.get("voices") if isinstance(payload, dict) else None
     if not isinstance(listed, list):
         raise ValueError(f"no voice list in {str(payload)[:100]!r}")
-    return [v if isinstance(v, str) else str(v.get("name", "")) if isinstance(v, dict) else ""
-            for v in listed]
+    return [
+        v if isinstance(v, str) else str(v.get("name", "")) if isinstance(v, dict) else "" for v in listed
+    ]
 
 
 class _UpstreamFailed(Exception):
@@ -65,16 +86,27 @@ class RemoteEngine:
     name = "remote"
     clones = True
 
-    def __init__(self, urls: list[str], *, model: str = "", connect_timeout_s: float = 5.0,
-                 read_timeout_s: float = 30.0, health_interval_s: float = 5.0, breaker_failures: int = 3,
-                 breaker_cooldown_s: float = 30.0) -> None:
-        self.pool = UpstreamPool(urls, breaker_failures=breaker_failures, breaker_cooldown_s=breaker_cooldown_s)
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        model: str = "",
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 30.0,
+        health_interval_s: float = 5.0,
+        breaker_failures: int = 3,
+        breaker_cooldown_s: float = 30.0,
+    ) -> None:
+        self.pool = UpstreamPool(
+            urls, breaker_failures=breaker_failures, breaker_cooldown_s=breaker_cooldown_s
+        )
         self.model = model
         self.sample_rate = DEFAULT_SAMPLE_RATE
         self.default_voice = DEFAULT_VOICE
         self.health_interval_s = health_interval_s
-        self._timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s,
-                                      pool=connect_timeout_s)
+        self._timeout = httpx.Timeout(
+            connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s
+        )
         self._client: httpx.AsyncClient | None = None
         self._voices: list[Voice] = []
         self._learned = False
@@ -82,7 +114,9 @@ class RemoteEngine:
         self._ref_cache: dict[tuple[bytes, int], str] = {}
 
     async def start(self) -> None:
-        self._client = httpx.AsyncClient(timeout=self._timeout, limits=httpx.Limits(max_keepalive_connections=64))
+        self._client = httpx.AsyncClient(
+            timeout=self._timeout, limits=httpx.Limits(max_keepalive_connections=64)
+        )
         await self._check_health()
         await self._learn()
         self._health = asyncio.create_task(self._health_loop())
@@ -117,7 +151,9 @@ class RemoteEngine:
                 listed = await client.get(f"{upstream.url}/v1/audio/voices")
                 listed.raise_for_status()
                 names = _voice_names(listed.json())
-                probe = await client.post(f"{upstream.url}/v1/audio/speech", json=self._body("Hi.", None, {}, "wav"))
+                probe = await client.post(
+                    f"{upstream.url}/v1/audio/speech", json=self._body("Hi.", None, {}, "wav")
+                )
                 probe.raise_for_status()
             except (httpx.HTTPError, ValueError) as exc:  # ValueError: a voice list that is not one
                 logger.warning("could not learn from upstream %s: %r", upstream.url, exc)
@@ -146,8 +182,14 @@ class RemoteEngine:
             if field not in _FORWARDED:
                 raise UnsupportedOption(field, self.name, "the HTTP speech route carries no word timestamps")
 
-    def _body(self, text: str, voice: str | None, options: dict[str, object], fmt: str = "pcm",
-              reference: VoiceReference | None = None) -> dict[str, object]:
+    def _body(
+        self,
+        text: str,
+        voice: str | None,
+        options: dict[str, object],
+        fmt: str = "pcm",
+        reference: VoiceReference | None = None,
+    ) -> dict[str, object]:
         body: dict[str, object] = {"input": text, "response_format": fmt, "stream": fmt == "pcm"}
         if self.model:
             body["model"] = self.model
@@ -179,8 +221,12 @@ class RemoteEngine:
 
     async def synthesize(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
         client = self._http()
-        body = self._body(req.text, req.voice, {**req.options, **({"seed": req.seed} if req.seed is not None else {})},
-                          reference=req.reference)
+        body = self._body(
+            req.text,
+            req.voice,
+            {**req.options, **({"seed": req.seed} if req.seed is not None else {})},
+            reference=req.reference,
+        )
         candidates = self.pool.candidates()
         if not candidates:
             raise EngineError(f"engine 'remote' is unavailable: {self.pool.describe()}")
@@ -198,16 +244,24 @@ class RemoteEngine:
                 return
         raise EngineError(f"no upstream could serve the request: {self.pool.describe()}")
 
-    async def _stream(self, client: httpx.AsyncClient, upstream: Upstream, body: dict[str, object],
-                      ) -> AsyncGenerator[AudioChunk, None]:
+    async def _stream(
+        self,
+        client: httpx.AsyncClient,
+        upstream: Upstream,
+        body: dict[str, object],
+    ) -> AsyncGenerator[AudioChunk, None]:
         started = False
         try:
             async with client.stream("POST", f"{upstream.url}/v1/audio/speech", json=body) as response:
                 if response.status_code >= 500:
-                    raise _UpstreamFailed(f"status {response.status_code}: {(await response.aread())[:200]!r}")
+                    raise _UpstreamFailed(
+                        f"status {response.status_code}: {(await response.aread())[:200]!r}"
+                    )
                 if response.status_code != 200:
                     detail = (await response.aread())[:500].decode(errors="replace")
-                    raise EngineError(f"upstream {upstream.url} refused the request ({response.status_code}): {detail}")
+                    raise EngineError(
+                        f"upstream {upstream.url} refused the request ({response.status_code}): {detail}"
+                    )
                 kind = response.headers.get("content-type", "")
                 if not kind.startswith(_AUDIO_TYPES):
                     raise _UpstreamFailed(f"answered {kind or 'no content type'} instead of audio")

@@ -38,8 +38,14 @@ class UpstreamPool:
         clock: monotonic seconds (tests pass their own).
     """
 
-    def __init__(self, urls: list[str], *, breaker_failures: int = 3, breaker_cooldown_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        breaker_failures: int = 3,
+        breaker_cooldown_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not urls:
             raise ValueError("the remote engine needs at least one upstream URL")
         self.upstreams = [Upstream(u.rstrip("/")) for u in urls]

@@ -52,14 +52,46 @@ DEFAULT_MAX_NEW_TOKENS = 2048
 # token and at least 192. Without its tokenizer, ~4 characters a token gives 3 frames a character.
 MIN_CODEC_FRAMES = 192
 # The languages vllm-omni assumes when the model config lists none (its DEFAULT_TTS_LANGUAGES).
-DEFAULT_LANGUAGES = frozenset({"Auto", "Chinese", "English", "Japanese", "Korean", "German", "French",
-                               "Russian", "Portuguese", "Spanish", "Italian"})
+DEFAULT_LANGUAGES = frozenset(
+    {
+        "Auto",
+        "Chinese",
+        "English",
+        "Japanese",
+        "Korean",
+        "German",
+        "French",
+        "Russian",
+        "Portuguese",
+        "Spanish",
+        "Italian",
+    }
+)
 # Qwen3-TTS names languages in English; clients often send codes ("en", "en-US").
-_LANGUAGE_CODES = {"auto": "Auto", "zh": "Chinese", "en": "English", "ja": "Japanese", "ko": "Korean",
-                   "de": "German", "fr": "French", "ru": "Russian", "pt": "Portuguese", "es": "Spanish",
-                   "it": "Italian"}
-_OPTIONS = frozenset({"seed", "language", "instructions", "task_type", "max_new_tokens",
-                      "initial_codec_chunk_frames", "non_streaming_mode"})
+_LANGUAGE_CODES = {
+    "auto": "Auto",
+    "zh": "Chinese",
+    "en": "English",
+    "ja": "Japanese",
+    "ko": "Korean",
+    "de": "German",
+    "fr": "French",
+    "ru": "Russian",
+    "pt": "Portuguese",
+    "es": "Spanish",
+    "it": "Italian",
+}
+_OPTIONS = frozenset(
+    {
+        "seed",
+        "language",
+        "instructions",
+        "task_type",
+        "max_new_tokens",
+        "initial_codec_chunk_frames",
+        "non_streaming_mode",
+    }
+)
 _CLONING = frozenset({"ref_text", "x_vector_only_mode", "speaker_embedding"})
 _REFUSALS = {
     "speed": "Qwen3-TTS has no speaking-rate control; leave speed at 1.0",
@@ -95,10 +127,16 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True):
 #: confirmed by ``tts_model_type`` in its config once loaded.
 PROFILES: dict[str, Profile] = {
     "CustomVoice": Profile(task_type="CustomVoice", default_voice="vivian"),
-    "Base": Profile(task_type="Base", default_voice="reference", clones=True, options=_OPTIONS | _CLONING,
-                    codec_frames_per_char=3.0),
-    "VoiceDesign": Profile(task_type="VoiceDesign", default_voice="designed", requires=("instructions",),
-                           non_streaming_mode=True),
+    "Base": Profile(
+        task_type="Base",
+        default_voice="reference",
+        clones=True,
+        options=_OPTIONS | _CLONING,
+        codec_frames_per_char=3.0,
+    ),
+    "VoiceDesign": Profile(
+        task_type="VoiceDesign", default_voice="designed", requires=("instructions",), non_streaming_mode=True
+    ),
 }
 
 
@@ -119,8 +157,13 @@ class OmniClient(Protocol):
     """The part of ``vllm_omni.AsyncOmni`` (0.30.0) this engine uses."""
 
     def generate(
-        self, prompt: Any, sampling_params: Any = None, request_id: str = "", *,
-        sampling_params_list: Sequence[Any] | None = None, output_modalities: list[str] | None = None,
+        self,
+        prompt: Any,
+        sampling_params: Any = None,
+        request_id: str = "",
+        *,
+        sampling_params_list: Sequence[Any] | None = None,
+        output_modalities: list[str] | None = None,
     ) -> AsyncGenerator[Any, None]: ...
 
     async def abort(self, request_id: str) -> None: ...
@@ -146,8 +189,14 @@ class Qwen3Tools(Protocol):
 
 
 def build_info(
-    text: str, *, profile: Profile, speaker: str, language: str, options: Mapping[str, object],
-    reference: VoiceReference | None, codec_frame_rate: float | None,
+    text: str,
+    *,
+    profile: Profile,
+    speaker: str,
+    language: str,
+    options: Mapping[str, object],
+    reference: VoiceReference | None,
+    codec_frame_rate: float | None,
 ) -> dict[str, list[Any]]:
     """vllm-omni's Qwen3-TTS ``additional_information`` for one request (every value a one-item list).
 
@@ -156,7 +205,9 @@ def build_info(
     """
     instruct, budget = options.get("instructions"), options.get("max_new_tokens")
     info: dict[str, list[Any]] = {
-        "text": [text], "task_type": [profile.task_type], "language": [language],
+        "text": [text],
+        "task_type": [profile.task_type],
+        "language": [language],
         "instruct": [instruct if isinstance(instruct, str) else ""],
         "max_new_tokens": [budget if isinstance(budget, int) else DEFAULT_MAX_NEW_TOKENS],
     }
@@ -180,8 +231,10 @@ def _clone_info(
         embedding = reference.embedding
     if isinstance(embedding, list | tuple | np.ndarray):
         # Plain floats: the talker rebuilds the tensor on its side of vllm-omni's IPC boundary.
-        return {"voice_clone_prompt": [{"ref_spk_embedding": [float(x) for x in embedding]}],
-                "x_vector_only_mode": [True]}
+        return {
+            "voice_clone_prompt": [{"ref_spk_embedding": [float(x) for x in embedding]}],
+            "x_vector_only_mode": [True],
+        }
     if reference is None or reference.audio is None:
         raise EngineError("a Qwen3-TTS Base model speaks only uploaded voices; name one in voice")
     ref_text = options.get("ref_text", reference.ref_text)
@@ -304,8 +357,9 @@ class _VllmOmniTools:
         self._tokens_input = tokens_input
         self._coerce = coerce_param_message_types
         # The tokenizer vllm-omni's serving adapter loads to size prompts, loaded the same way.
-        self._tokenizer = AutoTokenizer.from_pretrained(config.model, trust_remote_code=True,
-                                                        padding_side="left")
+        self._tokenizer = AutoTokenizer.from_pretrained(
+            config.model, trust_remote_code=True, padding_side="left"
+        )
         self._language_ids = _field(talker, "codec_language_id")
         self._dialects = _field(talker, "spk_is_dialect")
         # With async_chunk off Qwen3-TTS has no incremental audio, and vllm-omni keeps FINAL_ONLY output.
@@ -319,7 +373,10 @@ class _VllmOmniTools:
 
     def prompt(self, info: dict[str, list[Any]], task_type: str, cache_salt: str) -> dict[str, Any]:
         length = self._estimate(
-            info, task_type=task_type, codec_language_id=self._language_ids, spk_is_dialect=self._dialects,
+            info,
+            task_type=task_type,
+            codec_language_id=self._language_ids,
+            spk_is_dialect=self._dialects,
             tokenize_prompt=lambda text: self._tokenizer(text, padding=False)["input_ids"],
         )
         prompt: dict[str, Any] = self._tokens_input(prompt_token_ids=[1] * length, cache_salt=cache_salt)
@@ -379,8 +436,9 @@ class _Stream(AsyncGenerator[AudioChunk, None]):
             omni, prompt, params = self._engine._prepare(req)
             reader = AudioReader(self._engine.sample_rate)
             self._submitted = True
-            outputs = omni.generate(prompt, request_id=self.request_id, sampling_params_list=params,
-                                    output_modalities=["audio"])
+            outputs = omni.generate(
+                prompt, request_id=self.request_id, sampling_params_list=params, output_modalities=["audio"]
+            )
             async with contextlib.aclosing(outputs):
                 async for output in outputs:
                     for chunk in reader.read(output):
@@ -441,11 +499,16 @@ class VllmOmniEngine:
         try:
             from vllm_omni import AsyncOmni
         except ImportError as exc:
-            raise EngineError("engine 'vllm-omni' needs the vllm extra (pip install 'voxgate[vllm]') "
-                              "and an NVIDIA GPU") from exc
+            raise EngineError(
+                "engine 'vllm-omni' needs the vllm extra (pip install 'voxgate[vllm]') and an NVIDIA GPU"
+            ) from exc
         # vllm-omni 0.30.0 refuses stage_configs_path; deploy_config replaced it.
-        omni: OmniClient = AsyncOmni(model=self.model, deploy_config=self.deploy_config,
-                                     stage_init_timeout=int(self.stage_init_timeout_s), log_stats=False)
+        omni: OmniClient = AsyncOmni(
+            model=self.model,
+            deploy_config=self.deploy_config,
+            stage_init_timeout=int(self.stage_init_timeout_s),
+            log_stats=False,
+        )
         return omni
 
     async def start(self) -> None:
@@ -472,8 +535,10 @@ class VllmOmniEngine:
     async def voices(self) -> list[Voice]:
         if self.profile.task_type != "CustomVoice":
             return []
-        return [Voice(name=s, engine=self.name, sample_rate=self.sample_rate, description="Qwen3-TTS speaker")
-                for s in self._speakers]
+        return [
+            Voice(name=s, engine=self.name, sample_rate=self.sample_rate, description="Qwen3-TTS speaker")
+            for s in self._speakers
+        ]
 
     def check(self, voice: str, options: dict[str, object]) -> None:
         profile = self.profile
@@ -505,9 +570,15 @@ class VllmOmniEngine:
             raise EngineError("the vllm-omni engine is not started")
         profile, options = self.profile, req.options
         language = options.get("language")
-        info = build_info(req.text, profile=profile, speaker=req.voice.lower(), options=options,
-                          language=qwen_language(language) if isinstance(language, str) else "Auto",
-                          reference=req.reference, codec_frame_rate=tools.codec_frame_rate)
+        info = build_info(
+            req.text,
+            profile=profile,
+            speaker=req.voice.lower(),
+            options=options,
+            language=qwen_language(language) if isinstance(language, str) else "Auto",
+            reference=req.reference,
+            codec_frame_rate=tools.codec_frame_rate,
+        )
         prompt = tools.prompt(info, profile.task_type, cache_salt(info, req.reference))
         params = tools.stream_params()
         budget = options.get("max_new_tokens")

@@ -39,7 +39,9 @@ class RedactKeys(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
-            record.args = tuple(_KEY_IN_URL.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
+            record.args = tuple(
+                _KEY_IN_URL.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args
+            )
         if isinstance(record.msg, str):
             record.msg = _KEY_IN_URL.sub(r"\1***", record.msg)
         return True

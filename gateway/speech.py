@@ -20,8 +20,8 @@ import io
 import json
 import logging
 import re
-from dataclasses import dataclass
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import msgspec
 import numpy as np

@@ -28,7 +28,9 @@ async def speech_stream(websocket: WebSocket) -> None:
     except Exception:
         logger.exception("session %s failed", connection.id)
         if websocket.application_state is not WebSocketState.DISCONNECTED:
-            error = Error(code=ErrorCode.INTERNAL_ERROR, message="internal error; see the server log", fatal=True)
+            error = Error(
+                code=ErrorCode.INTERNAL_ERROR, message="internal error; see the server log", fatal=True
+            )
             with contextlib.suppress(RuntimeError, WebSocketDisconnect, TimeoutError):
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
                     await websocket.send_text(connection.session.send(error))

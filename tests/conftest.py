@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -87,7 +88,16 @@ def recv(ws: ClientConnection, timeout: float = TIMEOUT_S) -> dict[str, object] 
     return data if isinstance(data, bytes) else json.loads(data)
 
 
-def recv_until(ws: ClientConnection, kind: str, received: Received | None = None, timeout: float = TIMEOUT_S) -> Received:
+def recv_message(ws: ClientConnection, timeout: float = TIMEOUT_S) -> dict[str, Any]:
+    """Receive one JSON message (fails on a binary frame)."""
+    item = recv(ws, timeout)
+    assert isinstance(item, dict), f"expected a JSON message, got {len(item)} bytes of audio"
+    return item
+
+
+def recv_until(
+    ws: ClientConnection, kind: str, received: Received | None = None, timeout: float = TIMEOUT_S
+) -> Received:
     """Receive until a JSON message of type ``kind`` arrives (included)."""
     received = received or Received()
     deadline = time.monotonic() + timeout

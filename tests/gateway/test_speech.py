@@ -112,7 +112,7 @@ def test_invalid_json_and_oversized_body() -> None:
 
 def test_model_may_name_an_engine_and_is_otherwise_ignored() -> None:
     engines = [FakeEngine(name="first", sample_rate=16000), FakeEngine(name="second", sample_rate=8000)]
-    with serve_engine(engines) as address:  # type: ignore[arg-type]
+    with serve_engine(engines) as address:
         default = post(address, input="Hi.", model="tts-1", response_format="pcm")
         second = post(address, input="Hi.", model="second", response_format="pcm")
     assert default.headers["x-voxgate-engine"] == "first" and second.headers["x-voxgate-engine"] == "second"

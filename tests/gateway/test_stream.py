@@ -17,7 +17,7 @@ from websockets.sync.client import connect
 from engine.fake import SECONDS_PER_CHAR, FakeEngine
 from protocol.audio import decode
 from protocol.frames import HEADER_BYTES, FrameHeader
-from tests.conftest import TIMEOUT_S, Received, recv, recv_until, send, serve_engine, session
+from tests.conftest import TIMEOUT_S, Received, recv, recv_message, recv_until, send, serve_engine, session
 
 URL = "/v1/audio/speech/stream"
 
@@ -55,7 +55,10 @@ def test_session_ready_reports_effective_config_and_limits() -> None:
 
 def test_streamed_tokens_give_segments_in_order_with_headers() -> None:
     engine = FakeEngine()
-    with serve_engine(engine) as address, session(address, frame_header=True, eager_first_segment=False) as ws:
+    with (
+        serve_engine(engine) as address,
+        session(address, frame_header=True, eager_first_segment=False) as ws,
+    ):
         got = speak(ws, "Hel", "lo the", "re.", " How are", " you", " today?")
     starts, dones = got.messages("audio.start"), got.messages("audio.done")
     assert [m["sentence_text"] for m in starts] == ["Hello there.", "How are you today?"]
@@ -80,7 +83,8 @@ def test_streamed_tokens_give_segments_in_order_with_headers() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fmt", "rate", "bytes_per_sample"), [("pcm", 16000, 2), ("f32", 24000, 4), ("mulaw", 8000, 1), ("wav", 22050, 2)]
+    ("fmt", "rate", "bytes_per_sample"),
+    [("pcm", 16000, 2), ("f32", 24000, 4), ("mulaw", 8000, 1), ("wav", 22050, 2)],
 )
 def test_each_format_and_rate(fmt: str, rate: int, bytes_per_sample: int) -> None:
     text = "One two three four five."
@@ -102,9 +106,10 @@ def test_each_format_and_rate(fmt: str, rate: int, bytes_per_sample: int) -> Non
 
 
 def test_stream_audio_false_sends_one_message_per_segment() -> None:
-    with serve_engine(FakeEngine()) as address, session(
-        address, stream_audio=False, response_format="wav", eager_first_segment=False
-    ) as ws:
+    with (
+        serve_engine(FakeEngine()) as address,
+        session(address, stream_audio=False, response_format="wav", eager_first_segment=False) as ws,
+    ):
         got = speak(ws, "First sentence here. Second one.")
     frames = got.frames()
     assert len(frames) == 2 and all(f[:4] == b"RIFF" for f in frames)
@@ -114,7 +119,9 @@ def test_stream_audio_false_sends_one_message_per_segment() -> None:
 def test_cancel_mid_utterance_stops_audio_and_engine() -> None:
     engine = FakeEngine(chunk_s=0.05, delay_s=0.05)  # slow: 1 s of audio takes 1 s to make
     with serve_engine(engine) as address, session(address, frame_header=True) as ws:
-        send(ws, type="input.text", text="This is a long sentence that takes a while to say. And another one.")
+        send(
+            ws, type="input.text", text="This is a long sentence that takes a while to say. And another one."
+        )
         send(ws, type="input.done")
         first = recv(ws)
         assert isinstance(first, dict) and first["type"] == "audio.start"
@@ -161,7 +168,9 @@ def test_disconnect_stops_engine_work() -> None:
         ('{"type": "session.config", "voice": "nobody"}', "unknown_voice", "$.voice"),
     ],
 )
-def test_bad_input_after_config_is_reported_and_session_stays_usable(raw: str | bytes, code: str, field: str | None) -> None:
+def test_bad_input_after_config_is_reported_and_session_stays_usable(
+    raw: str | bytes, code: str, field: str | None
+) -> None:
     with serve_engine(FakeEngine()) as address, session(address) as ws:
         ws.send(raw)
         error = recv(ws)
@@ -200,14 +209,16 @@ def test_unsupported_option_names_field_and_engine() -> None:
     with serve_engine(FakeEngine()) as address, session(address) as ws:
         send(ws, type="session.config", task_type="VoiceDesign")
         error = recv(ws)
-    assert isinstance(error, dict) and "task_type" in str(error["message"]) and "fake" in str(error["message"])
+    assert (
+        isinstance(error, dict) and "task_type" in str(error["message"]) and "fake" in str(error["message"])
+    )
 
 
 def test_config_again_between_utterances_changes_format() -> None:
     with serve_engine(FakeEngine()) as address, session(address) as ws:
         first = speak(ws, "One two.")
         send(ws, type="session.config", response_format="f32", sample_rate=8000)
-        assert recv(ws)["type"] == "session.ready"  # type: ignore[index]
+        assert recv_message(ws)["type"] == "session.ready"
         second = speak(ws, "One two.")
         send(ws, type="input.text", text="open utterance")
         send(ws, type="session.config", response_format="pcm")
@@ -228,7 +239,10 @@ def test_session_close_finishes_the_utterance_then_closes_normally() -> None:
 
 
 def test_engine_failure_is_reported_and_not_fatal() -> None:
-    with serve_engine(FakeEngine(fail_on="boom")) as address, session(address, eager_first_segment=False) as ws:
+    with (
+        serve_engine(FakeEngine(fail_on="boom")) as address,
+        session(address, eager_first_segment=False) as ws,
+    ):
         got = speak(ws, "This goes boom. This is fine.")
         again = speak(ws, "Fine again.")
     dones = got.messages("audio.done")
@@ -263,9 +277,9 @@ def test_next_segment_arrives_before_the_previous_one_has_played() -> None:
         while True:
             item = recv(ws)
             if isinstance(item, dict) and item["type"] == "audio.start":
-                arrivals[int(item["sentence_index"])] = time.monotonic()  # type: ignore[call-overload]
+                arrivals[int(str(item["sentence_index"]))] = time.monotonic()
             if isinstance(item, dict) and item["type"] == "audio.done":
-                durations[int(item["sentence_index"])] = float(item["duration_ms"]) / 1000  # type: ignore[arg-type]
+                durations[int(str(item["sentence_index"]))] = float(str(item["duration_ms"])) / 1000
             if isinstance(item, dict) and item["type"] == "session.done":
                 break
     assert arrivals[1] - arrivals[0] < durations[0]

@@ -40,7 +40,11 @@ def test_uploaded_voice_on_an_engine_that_cannot_clone_is_refused_by_name() -> N
             send(ws, type="session.config", voice="maria")
             error = recv(ws)
     assert isinstance(error, dict) and error["code"] == "voice_requires_cloning" and error["fatal"] is True
-    assert "maria" in str(error["message"]) and "fake" in str(error["message"]) and "remote" in str(error["message"])
+    assert (
+        "maria" in str(error["message"])
+        and "fake" in str(error["message"])
+        and "remote" in str(error["message"])
+    )
 
 
 def test_uploaded_voice_reaches_a_cloning_engine_as_a_reference() -> None:

@@ -184,9 +184,13 @@ def test_upload_embedding_multipart_and_urlencoded(client: httpx.Client) -> None
 def test_list_details_replace_delete(tmp_path: Path) -> None:
     with gateway(tmp_path, catalog=Catalog()) as (url, store), httpx.Client(base_url=url) as client:
         empty = client.get(URL).json()
-        assert {k: empty[k] for k in ("voices", "uploaded_voices")} == {"voices": ["joe", "amy"], "uploaded_voices": []}
+        assert {k: empty[k] for k in ("voices", "uploaded_voices")} == {
+            "voices": ["joe", "amy"],
+            "uploaded_voices": [],
+        }
         assert [(d["name"], d["engines"], d["requires"]) for d in empty["voice_details"]] == [
-            ("joe", ["piper"], None), ("amy", ["piper"], None)
+            ("joe", ["piper"], None),
+            ("amy", ["piper"], None),
         ]
         assert client.get(f"{URL}/joe").json()["kind"] == "builtin"
         assert post(client, "zed").status_code == 200
