@@ -37,6 +37,7 @@ def _remote(settings: Settings) -> TTSEngine:
     return RemoteEngine(
         list(settings.upstreams),
         model=settings.upstream_model,
+        api_key=settings.upstream_api_key,
         connect_timeout_s=settings.upstream_connect_timeout_s,
         read_timeout_s=settings.upstream_read_timeout_s,
         health_interval_s=settings.upstream_health_interval_s,

@@ -46,6 +46,25 @@ class UnknownVoice(EngineError):
         )
 
 
+# Option values that ask for nothing: an engine without the feature can accept them as they are.
+NEUTRAL_VALUES: dict[str, object] = {
+    "speed": 1.0,
+    "word_timestamps": False,
+    "x_vector_only_mode": False,
+    "non_streaming_mode": False,
+    "instructions": "",
+}
+
+
+def demands(options: dict[str, object]) -> dict[str, object]:
+    """The options that ask something of the engine: those not at a neutral value.
+
+    Engines that lack a feature check ``demands(options)``, so an explicit neutral value (say
+    ``x_vector_only_mode: false``) is accepted rather than refused.
+    """
+    return {k: v for k, v in options.items() if k not in NEUTRAL_VALUES or v != NEUTRAL_VALUES[k]}
+
+
 class Voice(msgspec.Struct, frozen=True, kw_only=True):
     """A voice an engine can speak."""
 

@@ -13,7 +13,15 @@ from collections.abc import AsyncGenerator
 
 import numpy as np
 
-from engine.base import AudioChunk, EngineError, SynthesisRequest, UnknownVoice, UnsupportedOption, Voice
+from engine.base import (
+    AudioChunk,
+    EngineError,
+    SynthesisRequest,
+    UnknownVoice,
+    UnsupportedOption,
+    Voice,
+    demands,
+)
 
 # 60 ms of audio per character is close to natural speech (about 15 characters a second).
 SECONDS_PER_CHAR = 0.06
@@ -70,7 +78,7 @@ class FakeEngine:
     def check(self, voice: str, options: dict[str, object]) -> None:
         if voice != self.default_voice:
             raise UnknownVoice(voice, self.name, ["tone"])
-        for field in options:
+        for field in demands(options):
             if field not in self.supported:
                 raise UnsupportedOption(field, self.name)
 

@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.base import AudioChunk, EngineError, SynthesisRequest, UnknownVoice, UnsupportedOption, Voice
+from engine.base import (
+    AudioChunk,
+    EngineError,
+    SynthesisRequest,
+    UnknownVoice,
+    UnsupportedOption,
+    Voice,
+    demands,
+)
 from engine.workers import PriorityWorkers
 
 if TYPE_CHECKING:
@@ -95,7 +103,7 @@ class PiperEngine:
     def check(self, voice: str, options: dict[str, object]) -> None:
         if voice != VOICE_NAME:
             raise UnknownVoice(voice, self.name, [VOICE_NAME])
-        for field in options:
+        for field in demands(options):
             if field not in _SUPPORTED:
                 raise UnsupportedOption(field, self.name, "use a vLLM engine for this option")
         language = options.get("language")

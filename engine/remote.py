@@ -77,6 +77,7 @@ class RemoteEngine:
     Args:
         urls: upstream base URLs (``http://vllm:8091``).
         model: the ``model`` sent upstream (empty: let the upstream choose).
+        api_key: sent as ``Authorization: Bearer`` to every upstream (empty: none).
         connect_timeout_s: TCP connect and pool wait limit.
         read_timeout_s: longest wait for the next bytes (headers, first audio, or mid-stream).
         health_interval_s: period of the ``/health`` checks.
@@ -91,6 +92,7 @@ class RemoteEngine:
         urls: list[str],
         *,
         model: str = "",
+        api_key: str = "",
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 30.0,
         health_interval_s: float = 5.0,
@@ -101,6 +103,7 @@ class RemoteEngine:
             urls, breaker_failures=breaker_failures, breaker_cooldown_s=breaker_cooldown_s
         )
         self.model = model
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.sample_rate = DEFAULT_SAMPLE_RATE
         self.default_voice = DEFAULT_VOICE
         self.health_interval_s = health_interval_s
@@ -115,7 +118,7 @@ class RemoteEngine:
 
     async def start(self) -> None:
         self._client = httpx.AsyncClient(
-            timeout=self._timeout, limits=httpx.Limits(max_keepalive_connections=64)
+            timeout=self._timeout, limits=httpx.Limits(max_keepalive_connections=64), headers=self._headers
         )
         await self._check_health()
         await self._learn()

@@ -34,7 +34,15 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from engine.base import AudioChunk, EngineError, SynthesisRequest, UnknownVoice, UnsupportedOption, Voice
+from engine.base import (
+    AudioChunk,
+    EngineError,
+    SynthesisRequest,
+    UnknownVoice,
+    UnsupportedOption,
+    Voice,
+    demands,
+)
 
 if TYPE_CHECKING:
     from engine.base import VoiceReference
@@ -547,7 +555,7 @@ class VllmOmniEngine:
                 raise UnknownVoice(voice, self.name, self._speakers)
         elif voice != self.default_voice:
             raise UnknownVoice(voice, self.name, [self.default_voice])
-        for field in options:
+        for field in demands(options):
             if field not in profile.options:
                 raise UnsupportedOption(field, self.name, _REFUSALS.get(field, ""))
         for field in profile.requires:

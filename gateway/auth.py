@@ -23,9 +23,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-#: Routes that never need a key: probes and the demo page (which asks for the key itself).
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/", "/index.html"})
-PUBLIC_PREFIXES = ("/static/", "/web/")
+#: Routes that never need a key: the probes; everything outside API_PREFIX (the demo page) is public too.
+PUBLIC_PATHS = frozenset({"/healthz", "/health", "/readyz"})
+API_PREFIX = "/v1/"
 SUBPROTOCOL = "voxgate"
 KEY_SUBPROTOCOL_PREFIX = "voxgate.key."
 _LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
@@ -110,7 +110,8 @@ class AuthMiddleware:
         return owner if stored is not None and hmac.compare_digest(stored, key) else None
 
     def _public(self, path: str) -> bool:
-        return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES) or "." in path.rsplit("/", 1)[-1]
+        # Every API route lives under /v1/; the rest is probes and the demo page's static files.
+        return path in PUBLIC_PATHS or not path.startswith(API_PREFIX)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from engine.base import TTSEngine, UnknownVoice, Voice, VoiceReference
 from gateway.store import VoiceStore
+from gateway.voices import Rejected, inline_reference
 
 logger = logging.getLogger(__name__)
 
@@ -72,46 +73,89 @@ class Catalog:
         """Names of the engines that can speak uploaded voices."""
         return [name for name, engine in self.engines.items() if engine.clones]
 
-    async def resolve(self, owner: str, voice: str | None, model: str | None = None) -> Resolved:
-        """Pick engine and voice for a request.
+    async def prepare(
+        self,
+        owner: str,
+        voice: str | None,
+        model: str | None,
+        options: dict[str, object],
+        *,
+        ref_audio: str | None = None,
+        ref_text: str | None = None,
+    ) -> Resolved:
+        """Resolve a request's engine and voice, then have the engine check its options.
+
+        ``ref_audio`` (a data: URL or base64 clip) with its ``ref_text`` is decoded here, once, into
+        the same ``VoiceReference`` an uploaded voice becomes, so engines see one mechanism.
 
         Raises:
-            UnknownVoice: no configured engine has the voice and no uploaded voice has that name.
-            VoiceNotServable: the voice is an uploaded one and the chosen engine cannot clone.
+            Rejected: ``ref_audio`` is not a usable clip, or ``ref_text`` came without it.
+            UnknownVoice, VoiceNotServable: see ``resolve``.
+            UnsupportedOption: the engine cannot honour one of ``options``.
+        """
+        inline = None
+        if ref_audio is not None:
+            inline = await asyncio.to_thread(inline_reference, ref_audio, ref_text)
+        elif ref_text is not None:
+            message = "ref_text goes with ref_audio; an uploaded voice keeps its own transcript"
+            raise Rejected(400, "invalid_ref_audio", message, "ref_text")
+        resolved = await self.resolve(owner, voice, model, inline)
+        engine = resolved.engine
+        engine.check(resolved.voice if resolved.reference is None else engine.default_voice, options)
+        return resolved
+
+    async def resolve(
+        self, owner: str, voice: str | None, model: str | None = None, inline: VoiceReference | None = None
+    ) -> Resolved:
+        """Pick engine and voice for a request.
+
+        Order: a reference clip sent with the request (``inline``); a built-in voice of the chosen engine
+        (or of any engine), matched without regard to case; the caller's uploaded voice of that name;
+        an alias; and with no voice, the engine's default.
+
+        Raises:
+            UnknownVoice: no engine has the voice, no uploaded voice and no alias has that name.
+            VoiceNotServable: the voice is a reference clip and no usable engine can clone.
         """
         chosen = self.engines.get(model) if model else None
+        if inline is not None:
+            return Resolved(self._cloner(chosen, "ref_audio"), voice or "", inline)
+        engine = chosen or self.default
+        if voice is None:
+            return Resolved(engine, engine.default_voice)
         known = await self._engine_voices()
-        if voice is None or voice in self.aliases:
-            target = self.aliases.get(voice, "") if voice is not None else ""
-            engine = chosen or self.default
-            return Resolved(engine, target or engine.default_voice)
-        for engine in [chosen] if chosen else list(self.engines.values()):
-            if any(v.name == voice for v in known.get(engine.name, [])):
-                return Resolved(engine, voice)
+        for candidate in [chosen] if chosen else list(self.engines.values()):
+            for v in known.get(candidate.name, []):
+                if v.name.casefold() == voice.casefold():
+                    return Resolved(candidate, v.name)
         data = await asyncio.to_thread(self.store.get, owner, voice) if self.store else None
-        if data is None:
-            engine = chosen or self.default
-            names = [v.name for v in known.get(engine.name, [])]
-            raise UnknownVoice(voice, engine.name, names)
-        cloners = [chosen] if chosen else list(self.engines.values())
-        cloner = next((e for e in cloners if e.clones), None)
-        if cloner is None:
-            blocked = chosen.name if chosen else self.default.name
-            raise VoiceNotServable(
-                voice,
-                blocked,
-                (
-                    f"voice {voice!r} is an uploaded voice and engine {blocked!r} cannot clone voices; "
-                    "serve it with a cloning engine, e.g. --engine remote in front of vllm-omni serving a "
-                    "Qwen3-TTS Base model"
-                ),
+        if data is not None:
+            reference = VoiceReference(
+                name=voice,
+                audio=data.audio,
+                sample_rate=data.info.sample_rate,
+                ref_text=data.info.ref_text,
+                embedding=data.embedding,
             )
-        info = data.info
-        reference = VoiceReference(
-            name=voice,
-            audio=data.audio,
-            sample_rate=info.sample_rate,
-            ref_text=info.ref_text,
-            embedding=data.embedding,
+            return Resolved(self._cloner(chosen, voice), voice, reference)
+        if voice in self.aliases:
+            return Resolved(engine, self.aliases[voice] or engine.default_voice)
+        raise UnknownVoice(voice, engine.name, [v.name for v in known.get(engine.name, [])])
+
+    def _cloner(self, chosen: TTSEngine | None, voice: str) -> TTSEngine:
+        """The engine that will speak a reference clip: the chosen one, or the first that clones."""
+        cloner = chosen if chosen is not None else next((e for e in self.engines.values() if e.clones), None)
+        if cloner is not None and cloner.clones:
+            return cloner
+        blocked = chosen.name if chosen else self.default.name
+        what = (
+            "a reference clip sent with the request"
+            if voice == "ref_audio"
+            else f"an uploaded voice {voice!r}"
         )
-        return Resolved(cloner, voice, reference)
+        raise VoiceNotServable(
+            voice,
+            blocked,
+            f"{what} needs an engine that clones voices, and engine {blocked!r} cannot; serve it with a "
+            "cloning engine, e.g. --engine remote in front of vllm-omni serving a Qwen3-TTS Base model",
+        )

@@ -25,6 +25,7 @@ from gateway.catalog import Catalog, Resolved, VoiceNotServable
 from gateway.jobs import Close, End, Job, JobQueue, Segment, Utterance
 from gateway.outbox import Item, Outbox, Payload, SlowConsumer
 from gateway.settings import Settings
+from gateway.voices import Rejected
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
 from protocol.messages import (
     AudioCancelled,
@@ -52,8 +53,7 @@ from protocol.session import (
 
 logger = logging.getLogger(__name__)
 
-# A fatal error is reported and the socket closed within this time, even to a client that
-# stopped reading; past it the connection is simply dropped.
+# The least time a fatal error and the close get to go out before the connection is dropped.
 CLOSE_TIMEOUT_S = 1.0
 
 
@@ -89,6 +89,7 @@ class Connection:
         self.utterances: dict[int, Utterance] = {}
         self.current: asyncio.Task[None] | None = None
         self.resolved: Resolved | None = None
+        self.sending = False  # the writer is inside a send (it may block on a client that does not read)
         self.last_activity = time.monotonic()
 
     async def run(self) -> None:
@@ -137,6 +138,8 @@ class Connection:
             configured = self.session.configured
             limit = s.idle_timeout_s if configured else s.config_timeout_s
             wait = limit - (time.monotonic() - self.last_activity) if configured else limit
+            if wait <= 0:
+                wait = limit  # busy past the limit: the writer's own timeout ends a stuck send
             try:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the task group's cancel.
                 async with asyncio.timeout(max(wait, 0.01)):
@@ -163,7 +166,7 @@ class Connection:
                 ) from None
 
     def _busy(self) -> bool:
-        return bool(len(self.outbox) or len(self.jobs) or self.current is not None)
+        return bool(len(self.outbox) or len(self.jobs) or self.current is not None or self.sending)
 
     async def _handle(self, event: Event) -> None:
         now = time.perf_counter()
@@ -185,18 +188,26 @@ class Connection:
     async def _configure(self, config: SessionConfig) -> None:
         voice_field = "$.speaker" if config.voice is None and config.speaker is not None else "$.voice"
         try:
-            resolved = await self.catalog.resolve(self.owner, config.voice_name, config.model)
-            if resolved.reference is None:
-                resolved.engine.check(resolved.voice, config.engine_options())
-            else:
-                resolved.engine.check(resolved.engine.default_voice, config.engine_options())
+            resolved = await self.catalog.prepare(
+                self.owner,
+                config.voice_name,
+                config.model,
+                config.engine_options(),
+                ref_audio=config.ref_audio,
+                ref_text=config.ref_text,
+            )
+        except Rejected as exc:
+            raise self.session.reject_config(
+                ProtocolError(ErrorCode.INVALID_REF_AUDIO, exc.message, field=f"$.{exc.param}")
+            ) from None
         except UnknownVoice as exc:
             raise self.session.reject_config(
                 ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc), field=voice_field)
             ) from None
         except VoiceNotServable as exc:
+            field = "$.ref_audio" if config.ref_audio is not None else voice_field
             raise self.session.reject_config(
-                ProtocolError(ErrorCode.VOICE_REQUIRES_CLONING, str(exc), field=voice_field)
+                ProtocolError(ErrorCode.VOICE_REQUIRES_CLONING, str(exc), field=field)
             ) from None
         except UnsupportedOption as exc:
             raise self.session.reject_config(
@@ -404,11 +415,13 @@ class Connection:
                 if item.on_sent is not None:
                     item.on_sent()  # before the await, so a cancel meanwhile sees the new state
                 # A send blocks only while the client does not read; past the idle timeout it is closed.
+                self.sending = True
                 async with asyncio.timeout(self.settings.idle_timeout_s):
                     if isinstance(payload, bytes):
                         await self.ws.send_bytes(payload)
                     else:
                         await self.ws.send_text(payload)
+                self.sending = False
             except WebSocketDisconnect:
                 raise _Stop() from None
             except TimeoutError:
@@ -418,10 +431,14 @@ class Connection:
             self.last_activity = time.monotonic()
 
     async def _abort(self, err: ProtocolError) -> None:
+        """Report a fatal error and close. A client that stopped reading gets as long to read the
+        rest, the error and the close as it would have had before being called idle; the engine
+        work is already stopped, so only the socket waits."""
         self.log.info("closing with %d: %s %s", err.close_code, err.code, err.message)
         message = self.session.send(Error(code=err.code, message=err.message, fatal=True, field=err.field))
+        patience_s = max(CLOSE_TIMEOUT_S, self.settings.idle_timeout_s)
         with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError):
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            async with asyncio.timeout(patience_s):
                 await self.ws.send_text(message)
         with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError):
             async with asyncio.timeout(CLOSE_TIMEOUT_S):

@@ -64,6 +64,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Engine "remote": base URLs of vllm-omni (or any OpenAI-compatible) speech servers.
     upstreams: tuple[str, ...] = ()
     upstream_model: str = ""
+    # Sent as "Authorization: Bearer" to every upstream (a gateway with API keys, or a vllm-omni --api-key).
+    upstream_api_key: str = ""
     # No first byte within this time fails over to another upstream; no byte for this long mid-stream
     # is a stall. A TTS server on a warm GPU answers within a few hundred ms.
     upstream_connect_timeout_s: float = 5.0

@@ -33,6 +33,7 @@ from starlette.routing import Route
 from engine.base import AudioChunk, EngineError, SynthesisRequest, UnknownVoice, UnsupportedOption
 from gateway.catalog import Catalog, Resolved, VoiceNotServable
 from gateway.http import BodyTooLarge, api_error, read_body
+from gateway.voices import Rejected
 from protocol.audio import Resampler, Samples
 from protocol.packer import AudioPacker
 from protocol.segmenter import Segmenter
@@ -218,13 +219,21 @@ async def create_speech(request: Request) -> Response:
         )
     catalog: Catalog = request.state.catalog
     try:
-        resolved = await catalog.resolve(request.state.owner, req.voice_name, req.model)
-        check_voice = resolved.voice if resolved.reference is None else resolved.engine.default_voice
-        resolved.engine.check(check_voice, req.engine_options())
+        resolved = await catalog.prepare(
+            request.state.owner,
+            req.voice_name,
+            req.model,
+            req.engine_options(),
+            ref_audio=req.ref_audio,
+            ref_text=req.ref_text,
+        )
+    except Rejected as exc:
+        return api_error(exc.status, exc.message, param=exc.param, code=exc.code)
     except UnknownVoice as exc:
         return api_error(400, str(exc), param="voice", code="voice_not_found")
     except VoiceNotServable as exc:
-        return api_error(400, str(exc), param="voice", code="voice_requires_cloning")
+        param = "ref_audio" if req.ref_audio is not None else "voice"
+        return api_error(400, str(exc), param=param, code="voice_requires_cloning")
     except UnsupportedOption as exc:
         return api_error(400, str(exc), param=exc.field, code="unsupported_option")
 

@@ -23,6 +23,8 @@ Every failure is an OpenAI-style ``{"error": {"message", "type", "param", "code"
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import json
 import logging
@@ -43,7 +45,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from engine.base import Voice
+from engine.base import Voice, VoiceReference
 from gateway.http import api_error
 from gateway.store import InvalidVoiceName, VoiceInfo, VoiceLimitReached, VoiceStore, check_name
 
@@ -268,9 +270,10 @@ def parse_embedding(text: str) -> npt.NDArray[np.float32]:
     return embedding
 
 
-def decode_audio(data: bytes | bytearray) -> tuple[npt.NDArray[np.float32], int, str]:
+def decode_audio(
+    data: bytes | bytearray, param: str = "audio_sample"
+) -> tuple[npt.NDArray[np.float32], int, str]:
     """Mono float32 samples, sample rate and MIME type of a wav, flac, ogg/opus or mp3 clip."""
-    param = "audio_sample"
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as f:
             rate, channels, fmt = f.samplerate, f.channels, f.format
@@ -281,16 +284,41 @@ def decode_audio(data: bytes | bytearray) -> tuple[npt.NDArray[np.float32], int,
             # Reading one frame past the limit bounds the memory a long (or lying) file can take.
             frames = f.read(frames=int(MAX_DURATION_S * rate) + 1, dtype="float32", always_2d=True)
     except (soundfile.SoundFileError, ValueError, EOFError) as exc:
-        message = "audio_sample could not be decoded as wav, flac, ogg/opus or mp3"
+        message = f"{param} could not be decoded as wav, flac, ogg/opus or mp3"
         raise Rejected(415, "unsupported_audio", message, param) from exc
     samples = frames.mean(axis=1, dtype=np.float32) if frames.shape[1] > 1 else frames[:, 0].copy()
     duration_s = len(samples) / rate
     if not MIN_DURATION_S <= duration_s <= MAX_DURATION_S:
-        message = f"audio_sample must be {MIN_DURATION_S:g} to {MAX_DURATION_S:g} s long"
+        message = f"{param} must be {MIN_DURATION_S:g} to {MAX_DURATION_S:g} s long"
         raise Rejected(400, "invalid_duration", message, param)
     if not np.isfinite(samples).all():
-        raise Rejected(400, "invalid_audio", "audio_sample has NaN or infinite samples", param)
+        raise Rejected(400, "invalid_audio", f"{param} has NaN or infinite samples", param)
     return samples, rate, _MIME_TYPES.get(fmt, f"audio/x-{fmt.lower()}")
+
+
+def inline_reference(ref_audio: str, ref_text: str | None) -> VoiceReference:
+    """A one-request voice from ``ref_audio`` (a ``data:`` URL or bare base64 of a clip) and its transcript.
+
+    The gateway never fetches URLs (it may have no network, and fetching on a client's behalf is an
+    SSRF risk): upload the clip as a voice, or send it inline.
+
+    Raises:
+        Rejected: the value is not base64 of a decodable clip of 1 to 30 s.
+    """
+    header, _, payload = ref_audio.partition(",") if ref_audio.startswith("data:") else ("", "", ref_audio)
+    if header and not header.endswith(";base64"):
+        raise Rejected(400, "invalid_ref_audio", "a ref_audio data URL must be base64 encoded", "ref_audio")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        message = (
+            "ref_audio must be a data: URL or base64 of a wav, flac, ogg or mp3 clip (URLs are not fetched)"
+        )
+        raise Rejected(400, "invalid_ref_audio", message, "ref_audio") from None
+    if len(data) > MAX_AUDIO_BYTES:
+        raise Rejected(413, "audio_too_large", f"ref_audio is over {MAX_AUDIO_BYTES} bytes", "ref_audio")
+    audio, rate, _ = decode_audio(data, "ref_audio")
+    return VoiceReference(name="ref_audio", audio=audio, sample_rate=rate, ref_text=ref_text)
 
 
 class _Upload(msgspec.Struct, frozen=True, kw_only=True):
@@ -393,6 +421,13 @@ async def upload_voice(request: Request) -> JSONResponse:
     try:
         _check_length(request.headers)
         upload = _check_form(await read_form(request.headers.get("content-type", ""), chunks))
+        catalog = _catalog(request)
+        builtin = await catalog.builtin_voices() if catalog else []
+        if any(v.name.casefold() == upload.name.casefold() for v in builtin):
+            # Sessions would speak the built-in voice, so an upload under its name could never be used.
+            raise Rejected(
+                409, "name_taken", f"{upload.name!r} is a built-in voice; choose another name", "name"
+            )
         audio, rate, mime = None, 0, None
         if upload.audio is not None:
             audio, rate, mime = await run_in_threadpool(decode_audio, upload.audio)
@@ -418,7 +453,6 @@ async def upload_voice(request: Request) -> JSONResponse:
         return error_response(400, "client_disconnected", "the request body was cut short")
     finally:
         await chunks.aclose()
-    catalog = _catalog(request)
     return JSONResponse(
         {"success": True, "voice": _voice_json(info, catalog.cloning_engines() if catalog else [])}
     )

@@ -43,6 +43,7 @@ class ErrorCode(enum.StrEnum):
     UNSUPPORTED_OPTION = "unsupported_option"
     UNKNOWN_VOICE = "unknown_voice"
     VOICE_REQUIRES_CLONING = "voice_requires_cloning"
+    INVALID_REF_AUDIO = "invalid_ref_audio"
     ENGINE_ERROR = "engine_error"
     CONFIG_TIMEOUT = "config_timeout"
     IDLE_TIMEOUT = "idle_timeout"

@@ -93,8 +93,6 @@ ENGINE_OPTION_FIELDS: tuple[str, ...] = (
     "language",
     "instructions",
     "task_type",
-    "ref_audio",
-    "ref_text",
     "x_vector_only_mode",
     "speaker_embedding",
     "max_new_tokens",
@@ -104,25 +102,21 @@ ENGINE_OPTION_FIELDS: tuple[str, ...] = (
 )
 
 
-# Values that ask nothing of an engine: sending them explicitly is the same as leaving them out.
-_NEUTRAL: dict[str, object] = {
-    "speed": 1.0,
-    "word_timestamps": False,
-    "x_vector_only_mode": False,
-    "non_streaming_mode": False,
-    "instructions": "",
-}
+# Fields whose default is a value, not None: at their default the client cannot have asked for anything.
+_DEFAULTS: dict[str, object] = {"speed": 1.0, "word_timestamps": False}
 
 
 def engine_options(msg: msgspec.Struct) -> dict[str, object]:
-    """The ``ENGINE_OPTION_FIELDS`` of a request that are set away from their neutral value.
+    """The ``ENGINE_OPTION_FIELDS`` a request sets (not None, and not at a value default).
 
-    These reach the engine, which must honour each one or refuse it by name.
+    These reach the engine, which honours each one or refuses it by name. An explicit ``false``
+    is passed on (it may override an engine's own default); an engine without the feature accepts
+    such a neutral value (see ``engine.base.demands``).
     """
     out: dict[str, object] = {}
     for name in ENGINE_OPTION_FIELDS:
         value = getattr(msg, name, None)
-        if value is not None and value != _NEUTRAL.get(name):
+        if value is not None and value != _DEFAULTS.get(name):
             out[name] = value
     return out
 

@@ -111,3 +111,13 @@ def test_api_keys_in_urls_are_redacted_from_logs() -> None:
     )
     assert RedactKeys().filter(record)
     assert "s3cret" not in record.getMessage() and "api_key=***&x=1" in record.getMessage()
+
+
+def test_every_api_path_needs_the_key_even_with_a_dot_and_probes_do_not() -> None:
+    with serve_engine(FakeEngine(), api_keys=("secret",)) as address:
+        base = f"http://{address}"
+        for path in ("/v1/audio/voices/x.y", "/v1/audio/voices/a.wav", "/v1/audio/voices/..x"):
+            assert httpx.get(f"{base}{path}").status_code == 401, path
+            assert httpx.delete(f"{base}{path}").status_code == 401, path
+        for path in ("/healthz", "/health", "/readyz"):
+            assert httpx.get(f"{base}{path}").status_code == 200, path

@@ -304,3 +304,16 @@ def test_health_routes() -> None:
         assert httpx.get(f"http://{address}/healthz").json() == {"status": "ok"}
         ready = httpx.get(f"http://{address}/readyz")
     assert ready.status_code == 200 and ready.json()["engines"] == {"fake": "ready"}
+
+
+def test_a_client_that_stops_reading_is_closed_as_slow_even_below_the_buffer_bound() -> None:
+    """The send itself stalls (kernel buffers full) for longer than the idle timeout: 4001, not 4008."""
+    engine = FakeEngine(sample_rate=48000, chunk_s=1.0)
+    with serve_engine(engine, max_buffered_audio_s=100_000.0, idle_timeout_s=2.0) as address:
+        with connect(f"ws://{address}{URL}", max_size=None, max_queue=1) as stuck:
+            send(stuck, type="session.config", response_format="f32", frame_ms=1000)
+            send(stuck, type="input.text", text="word " * 2000)  # about 10 minutes of audio, 115 MB
+            send(stuck, type="input.done")
+            time.sleep(3.0)
+            messages, code = closed_with(stuck)
+    assert messages[-1]["code"] == "slow_consumer" and code == 4001

@@ -475,3 +475,12 @@ def test_two_processes_share_one_folder(tmp_path: Path) -> None:
             assert one.get(URL).json()["uploaded_voices"] == []
             assert_error(one.get(f"{URL}/shared"), 404, "voice_not_found")
             assert_error(one.delete(f"{URL}/shared"), 404, "voice_not_found")
+
+
+def test_an_upload_may_not_take_a_builtin_voice_name(tmp_path: Path) -> None:
+    with gateway(tmp_path, catalog=Catalog()) as (url, store), httpx.Client(base_url=url) as client:
+        for name in ("joe", "Amy"):
+            error = assert_error(post(client, name), 409, "name_taken")
+            assert error["param"] == "name"
+        assert post(client, "joey").status_code == 200
+        assert [v.name for v in store.list("")] == ["joey"]

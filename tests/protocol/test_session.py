@@ -476,9 +476,10 @@ def test_speaker_is_an_alias_of_voice() -> None:
 def test_engine_options_list_only_what_is_set() -> None:
     assert SessionConfig().engine_options() == {}
     assert SessionConfig(speed=1.0, word_timestamps=False, voice="joe", frame_ms=20).engine_options() == {}
-    # Explicit neutral values ask nothing of the engine, so an engine without the feature accepts them.
-    neutral = SessionConfig(x_vector_only_mode=False, non_streaming_mode=False, instructions="")
-    assert neutral.engine_options() == {}
+    # An explicit false is passed on (it may override an engine default); engines without the
+    # feature accept it (engine.base.demands). ref_audio/ref_text become a voice reference instead.
+    explicit = SessionConfig(x_vector_only_mode=False, non_streaming_mode=False, ref_audio="x", ref_text="y")
+    assert explicit.engine_options() == {"x_vector_only_mode": False, "non_streaming_mode": False}
     config = SessionConfig(
         speed=1.5,
         seed=0,
@@ -495,6 +496,7 @@ def test_engine_options_list_only_what_is_set() -> None:
         "seed": 0,  # set, even though falsy
         "language": "en",
         "word_timestamps": True,
+        "x_vector_only_mode": False,
         "speaker_embedding": [0.5],
         "initial_codec_chunk_frames": 0,
     }
