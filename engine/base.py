@@ -89,8 +89,8 @@ class VoiceReference(msgspec.Struct, frozen=True, kw_only=True):
 class SynthesisRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One segment of text to speak, with the options that shape it.
 
-    ``options`` holds the wire options set away from their neutral value (see
-    ``SessionConfig.engine_options``); the engine has already accepted them through ``check``.
+    ``options`` holds the wire options the client set (see ``protocol.messages.engine_options``);
+    the engine has already accepted them through ``check``.
     ``reference`` is set when ``voice`` is an uploaded voice (only for engines that clone).
     ``priority`` orders queued work in engines that share workers between sessions.
     """

@@ -45,8 +45,6 @@ _FORWARDED = frozenset(
         "language",
         "instructions",
         "task_type",
-        "ref_audio",
-        "ref_text",
         "x_vector_only_mode",
         "speaker_embedding",
         "max_new_tokens",

@@ -100,11 +100,10 @@ _OPTIONS = frozenset(
         "non_streaming_mode",
     }
 )
-_CLONING = frozenset({"ref_text", "x_vector_only_mode", "speaker_embedding"})
+_CLONING = frozenset({"x_vector_only_mode", "speaker_embedding"})
 _REFUSALS = {
     "speed": "Qwen3-TTS has no speaking-rate control; leave speed at 1.0",
     "word_timestamps": "they need vllm-omni's forced-aligner stage, which this engine does not load",
-    "ref_audio": "upload the voice (POST /v1/audio/voices) and name it; a Qwen3-TTS Base model clones it",
     **{field: "only a Qwen3-TTS Base model clones voices" for field in _CLONING},
 }
 
@@ -245,7 +244,7 @@ def _clone_info(
         }
     if reference is None or reference.audio is None:
         raise EngineError("a Qwen3-TTS Base model speaks only uploaded voices; name one in voice")
-    ref_text = options.get("ref_text", reference.ref_text)
+    ref_text = reference.ref_text
     x_vector_only = bool(options.get("x_vector_only_mode", not ref_text))
     audio = [reference.audio.astype(np.float32).tolist(), reference.sample_rate]
     info: dict[str, list[Any]] = {"ref_audio": [audio], "x_vector_only_mode": [x_vector_only]}

@@ -50,7 +50,8 @@ class Catalog:
             raise ValueError("at least one engine is needed")
         self.engines = {e.name: e for e in engines}
         self.default = engines[0]
-        self.aliases = aliases or {}
+        # Aliases match without regard to case, like voice names.
+        self.aliases = {k.casefold(): v for k, v in (aliases or {}).items()}
         self.store = store
 
     async def start(self) -> None:
@@ -119,7 +120,9 @@ class Catalog:
         """
         chosen = self.engines.get(model) if model else None
         if inline is not None:
-            return Resolved(self._cloner(chosen, "ref_audio"), voice or "", inline)
+            return Resolved(
+                self._cloner(chosen, "a reference clip sent with the request"), voice or "", inline
+            )
         engine = chosen or self.default
         if voice is None:
             return Resolved(engine, engine.default_voice)
@@ -137,22 +140,17 @@ class Catalog:
                 ref_text=data.info.ref_text,
                 embedding=data.embedding,
             )
-            return Resolved(self._cloner(chosen, voice), voice, reference)
-        if voice in self.aliases:
-            return Resolved(engine, self.aliases[voice] or engine.default_voice)
+            return Resolved(self._cloner(chosen, f"the uploaded voice {voice!r}", voice), voice, reference)
+        if voice.casefold() in self.aliases:
+            return Resolved(engine, self.aliases[voice.casefold()] or engine.default_voice)
         raise UnknownVoice(voice, engine.name, [v.name for v in known.get(engine.name, [])])
 
-    def _cloner(self, chosen: TTSEngine | None, voice: str) -> TTSEngine:
+    def _cloner(self, chosen: TTSEngine | None, what: str, voice: str = "ref_audio") -> TTSEngine:
         """The engine that will speak a reference clip: the chosen one, or the first that clones."""
         cloner = chosen if chosen is not None else next((e for e in self.engines.values() if e.clones), None)
         if cloner is not None and cloner.clones:
             return cloner
         blocked = chosen.name if chosen else self.default.name
-        what = (
-            "a reference clip sent with the request"
-            if voice == "ref_audio"
-            else f"an uploaded voice {voice!r}"
-        )
         raise VoiceNotServable(
             voice,
             blocked,

@@ -416,12 +416,14 @@ class Connection:
                     item.on_sent()  # before the await, so a cancel meanwhile sees the new state
                 # A send blocks only while the client does not read; past the idle timeout it is closed.
                 self.sending = True
-                async with asyncio.timeout(self.settings.idle_timeout_s):
-                    if isinstance(payload, bytes):
-                        await self.ws.send_bytes(payload)
-                    else:
-                        await self.ws.send_text(payload)
-                self.sending = False
+                try:
+                    async with asyncio.timeout(self.settings.idle_timeout_s):
+                        if isinstance(payload, bytes):
+                            await self.ws.send_bytes(payload)
+                        else:
+                            await self.ws.send_text(payload)
+                finally:
+                    self.sending = False
             except WebSocketDisconnect:
                 raise _Stop() from None
             except TimeoutError:

@@ -142,6 +142,7 @@ async def _produce(
                 seed=req.seed,
                 options=req.engine_options(),
                 reference=resolved.reference,
+                priority=index,
             )
             async with contextlib.aclosing(resolved.engine.synthesize(request)) as chunks:
                 async for chunk in chunks:

@@ -15,7 +15,8 @@ Every failure is an OpenAI-style ``{"error": {"message", "type", "param", "code"
       nobody reads: the client left mid-body)
 404   voice_not_found
 409   voice_limit_reached (the key holds ``max_voices`` voices: retrying will not help
-      until one is deleted, which is a conflict with the current state, not a rate limit)
+      until one is deleted, which is a conflict with the current state, not a rate limit);
+      name_taken (a built-in voice has that name, and sessions would speak it instead)
 413   request_too_large, audio_too_large, field_too_large
 415   unsupported_content_type, unsupported_audio (soundfile cannot decode the sample)
 ====  ==================================================================================

@@ -599,7 +599,7 @@ def test_options_it_cannot_honour_are_refused_by_name(
 def test_each_variant_checks_its_own_options() -> None:
     base = make_engine(FakeOmni(), FakeTools(variant="Base", speakers=[]), model=BASE_MODEL)
     asyncio.run(base.start())
-    base.check("reference", {"ref_text": "hi", "x_vector_only_mode": False, "task_type": "Base"})
+    base.check("reference", {"x_vector_only_mode": False, "task_type": "Base"})
     design = make_engine(FakeOmni(), FakeTools(variant="VoiceDesign", speakers=[]))
     asyncio.run(design.start())
     with pytest.raises(UnsupportedOption) as info:

@@ -52,3 +52,9 @@ def test_unknown_voice_lists_the_engines_voices(tmp_path: Path) -> None:
     catalog = Catalog(list(engines()), store=VoiceStore(tmp_path))
     with pytest.raises(UnknownVoice, match="tone"):
         asyncio.run(catalog.resolve("", "nobody"))
+
+
+def test_aliases_match_without_regard_to_case(tmp_path: Path) -> None:
+    catalog = Catalog(list(engines()), aliases={"Alloy": ""}, store=VoiceStore(tmp_path))
+    resolved = asyncio.run(catalog.resolve("", "ALLOY"))
+    assert (resolved.engine.name, resolved.voice) == ("local", "tone")
