@@ -31,6 +31,7 @@ from engine.base import (
 )
 from engine.upstreams import Upstream, UpstreamPool
 from protocol.audio import encode, wav_header
+from protocol.messages import ENGINE_OPTION_FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -38,20 +39,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_VOICE = "vivian"
 DEFAULT_SAMPLE_RATE = 24000
 # Options the HTTP route forwards as they are; word timestamps need the WebSocket JSON path upstream.
-_FORWARDED = frozenset(
-    {
-        "speed",
-        "seed",
-        "language",
-        "instructions",
-        "task_type",
-        "x_vector_only_mode",
-        "speaker_embedding",
-        "max_new_tokens",
-        "initial_codec_chunk_frames",
-        "non_streaming_mode",
-    }
-)
+_FORWARDED = frozenset(ENGINE_OPTION_FIELDS) - {"word_timestamps"}
 _AUDIO_TYPES = ("audio/", "application/octet-stream")
 
 

@@ -43,28 +43,19 @@ class _Client(msgspec.Struct, tag_field="type", frozen=True, kw_only=True, forbi
     """Base of every client-to-server message."""
 
 
-class SessionConfig(_Client, tag="session.config", frozen=True):
-    """Configures the session; first message, may be sent again between utterances.
+class SpeechOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What shapes the speech, shared by ``session.config`` and the REST ``POST /v1/audio/speech``.
 
-    Field names follow vllm-omni's ``StreamingSpeechSessionConfig``; ``f32``/``mulaw`` formats,
-    ``eager_first_segment``, ``frame_ms`` and ``frame_header`` are voxgate's own. An engine that
-    cannot honour an option that is set answers ``unsupported_option`` naming the field and the
-    engine. Each config replaces the previous one whole: omitted fields take their defaults.
+    Field names are vllm-omni's. ``ref_audio``/``ref_text`` become a voice reference in the gateway;
+    the others that are set reach the engine (``engine_options``), which honours each or refuses it
+    by name.
     """
 
-    voice: str | None = None
-    speaker: str | None = None
-    response_format: AudioFormat = "pcm"
     sample_rate: SampleRate | None = None
     speed: Speed = 1.0
     seed: Seed | None = None
     language: str | None = None
     instructions: str | None = None
-    stream_audio: bool = True
-    split_granularity: Granularity = "sentence"
-    eager_first_segment: bool = True
-    frame_ms: FrameMs = 40
-    frame_header: bool = False
     model: str | None = None
     task_type: TaskType | None = None
     ref_audio: str | None = None
@@ -74,16 +65,35 @@ class SessionConfig(_Client, tag="session.config", frozen=True):
     max_new_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     initial_codec_chunk_frames: Annotated[int, msgspec.Meta(ge=0)] | None = None
     non_streaming_mode: bool | None = None
+
+    def engine_options(self) -> dict[str, object]:
+        """The options an engine must honour or refuse (see ``engine_options``)."""
+        return engine_options(self)
+
+
+class SessionConfig(_Client, SpeechOptions, tag="session.config", frozen=True):
+    """Configures the session; first message, may be sent again between utterances.
+
+    Field names follow vllm-omni's ``StreamingSpeechSessionConfig`` (the shared ones are in
+    ``SpeechOptions``); ``f32``/``mulaw`` formats, ``eager_first_segment``, ``frame_ms`` and
+    ``frame_header`` are voxgate's own. Each config replaces the previous one whole: omitted fields
+    take their defaults.
+    """
+
+    voice: str | None = None
+    speaker: str | None = None
+    response_format: AudioFormat = "pcm"
+    stream_audio: bool = True
+    split_granularity: Granularity = "sentence"
+    eager_first_segment: bool = True
+    frame_ms: FrameMs = 40
+    frame_header: bool = False
     word_timestamps: bool = False
 
     @property
     def voice_name(self) -> str | None:
         """The requested voice: ``voice``, else its alias ``speaker``, else None (engine default)."""
         return self.voice if self.voice is not None else self.speaker
-
-    def engine_options(self) -> dict[str, object]:
-        """The options an engine must honour or refuse (see ``engine_options``)."""
-        return engine_options(self)
 
 
 #: Fields of ``session.config`` that reach the engine and that it must be able to honour.

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from protocol.messages import Embedding, SampleRate, Seed, Speed, TaskType, engine_options
+from protocol.messages import SpeechOptions
 
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for this route
 SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
@@ -26,38 +26,19 @@ class VoiceId(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     id: str
 
 
-class SpeechRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The body of ``POST /v1/audio/speech``."""
+class SpeechRequest(SpeechOptions, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The body of ``POST /v1/audio/speech``: OpenAI's fields plus vllm-omni's (``SpeechOptions``)."""
 
     input: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_INPUT_CHARS)]
-    model: str | None = None
     voice: str | VoiceId | None = None
     response_format: SpeechFormat = "mp3"
-    speed: Speed = 1.0
-    instructions: str | None = None
     stream_format: Literal["audio", "sse"] = "audio"
-    # vllm-omni's additions
-    stream: bool | None = None
-    sample_rate: SampleRate | None = None
-    seed: Seed | None = None
-    language: str | None = None
-    task_type: TaskType | None = None
-    ref_audio: str | None = None
-    ref_text: str | None = None
-    x_vector_only_mode: bool | None = None
-    speaker_embedding: Embedding | None = None
-    max_new_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    initial_codec_chunk_frames: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    non_streaming_mode: bool | None = None
+    stream: bool | None = None  # vllm-omni's switch; this route always streams
 
     @property
     def voice_name(self) -> str | None:
         """The voice as a plain name, whichever form it came in."""
         return self.voice.id if isinstance(self.voice, VoiceId) else self.voice
-
-    def engine_options(self) -> dict[str, object]:
-        """Options the engine must honour or refuse (see ``protocol.messages.engine_options``)."""
-        return engine_options(self)
 
 
 _decode = msgspec.json.Decoder(SpeechRequest).decode
