@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -65,6 +66,15 @@ class _Stop(Exception):
         self.error = error
 
 
+class _SessionLog(logging.LoggerAdapter[logging.Logger]):
+    """Prefixes every record with the session id, so one session's lines can be told apart."""
+
+    def process(
+        self, msg: object, kwargs: MutableMapping[str, object]
+    ) -> tuple[object, MutableMapping[str, object]]:
+        return f"[{self.extra['session'] if self.extra else '?'}] {msg}", kwargs
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 2)
 
@@ -83,7 +93,7 @@ class Connection:
     def __post_init__(self) -> None:
         s = self.settings
         self.session = Session(max_config_bytes=s.max_config_bytes, max_message_bytes=s.max_message_bytes)
-        self.log = logging.LoggerAdapter(logger, {"session": self.id})
+        self.log = _SessionLog(logger, {"session": self.id})
         self.outbox = Outbox(s.max_buffered_audio_s)
         self.jobs = JobQueue()
         self.utterances: dict[int, Utterance] = {}
