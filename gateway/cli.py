@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--idle-timeout-s", type=float, help="seconds without messages or audio before closing"
     )
     serve.add_argument(
+        "--send-timeout-s",
+        type=float,
+        help="seconds a write may make no progress before the client is closed",
+    )
+    serve.add_argument(
         "--max-buffered-audio-s", type=float, help="audio a client may leave unread before closing"
     )
     serve.add_argument("--log-level", help="debug, info, warning, error")

@@ -245,6 +245,7 @@ class Connection:
             max_config_bytes=s.max_config_bytes,
             idle_timeout_s=s.idle_timeout_s,
             max_buffered_audio_s=s.max_buffered_audio_s,
+            send_timeout_s=s.send_timeout_s,
         )
         self._send(SessionReady(session_id=self.id, config=effective, limits=limits))
         self.log.info("configured: %s", effective)
@@ -347,12 +348,12 @@ class Connection:
                 t = time.perf_counter()
                 async for chunk in chunks:
                     seg.synthesis_s += time.perf_counter() - t
-                    self._put_frames(seg, packer.push(chunk.samples, chunk.sample_rate))
+                    await self._put_frames(seg, packer.push(chunk.samples, chunk.sample_rate))
                     t = time.perf_counter()
         except EngineError as exc:
             failure = exc
             seg.error = True
-        self._put_frames(seg, packer.end_segment())
+        await self._put_frames(seg, packer.end_segment())
         u.synthesis_s += seg.synthesis_s
         total_bytes, samples = packer.segment_bytes, packer.segment_samples
 
@@ -375,14 +376,16 @@ class Connection:
             self.log.warning("engine failed on segment %d/%d: %s", u.index, seg.sentence_index, failure)
             self._put(u, Error(code=ErrorCode.ENGINE_ERROR, message=str(failure), utterance_index=u.index))
 
-    def _put_frames(self, seg: Segment, frames: list[bytes]) -> None:
+    async def _put_frames(self, seg: Segment, frames: list[bytes]) -> None:
         packer = seg.utterance.packer
         new_samples, seg.counted = packer.samples_sent - seg.counted, packer.samples_sent
         if not frames or seg.utterance.cancelled:
             return
         audio_s = new_samples / packer.sample_rate / len(frames)  # a whole segment when not streamed
         for frame in frames:
-            self.outbox.put(Item(frame, seg.utterance.index, audio_s, seg.sent))
+            await self.outbox.put_audio(Item(frame, seg.utterance.index, audio_s, seg.sent))
+            if seg.utterance.cancelled:
+                return  # cancelled while waiting for room
 
     def _put(self, u: Utterance, msg: ServerMessage | Payload) -> None:
         if u.cancelled:
@@ -427,7 +430,7 @@ class Connection:
                 # A send blocks only while the client does not read; past the idle timeout it is closed.
                 self.sending = True
                 try:
-                    async with asyncio.timeout(self.settings.idle_timeout_s):
+                    async with asyncio.timeout(self.settings.send_timeout_s):
                         if isinstance(payload, bytes):
                             await self.ws.send_bytes(payload)
                         else:
@@ -438,17 +441,17 @@ class Connection:
                 raise _Stop() from None
             except TimeoutError:
                 raise SlowConsumer(
-                    f"the client read nothing for {self.settings.idle_timeout_s:g} s"
+                    f"the client read nothing for {self.settings.send_timeout_s:g} s"
                 ) from None
             self.last_activity = time.monotonic()
 
     async def _abort(self, err: ProtocolError) -> None:
-        """Report a fatal error and close. A client that stopped reading gets as long to read the
-        rest, the error and the close as it would have had before being called idle; the engine
-        work is already stopped, so only the socket waits."""
+        """Report a fatal error and close. A client that stopped reading gets one more send timeout
+        to read the rest, the error and the close; the engine work is already stopped, so only the
+        socket waits."""
         self.log.info("closing with %d: %s %s", err.close_code, err.code, err.message)
         message = self.session.send(Error(code=err.code, message=err.message, fatal=True, field=err.field))
-        patience_s = max(CLOSE_TIMEOUT_S, self.settings.idle_timeout_s)
+        patience_s = max(CLOSE_TIMEOUT_S, self.settings.send_timeout_s)
         with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError):
             async with asyncio.timeout(patience_s):
                 await self.ws.send_text(message)

@@ -1,8 +1,10 @@
 """The bounded queue of payloads waiting to be written to one WebSocket.
 
-It is the session's backpressure: the audio it holds is counted in seconds, and once a client has
-stopped reading long enough for ``max_audio_s`` to pile up, ``put`` raises ``SlowConsumer``. It can
-also drop everything queued for given utterances (barge-in).
+It is the session's backpressure: the audio it holds is counted in seconds, and once ``max_audio_s``
+waits, ``put_audio`` waits too, so synthesis pauses for a client that reads slowly (a phone bridge
+reading at playback pace) instead of running ahead without bound. A client that stops reading
+altogether is the writer's to detect (``SlowConsumer``). The outbox can also drop everything queued
+for given utterances (barge-in).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ Payload = str | bytes | Callable[[], str]
 
 
 class SlowConsumer(Exception):
-    """The client is not reading and too much audio is waiting."""
+    """The client stopped reading: a write made no progress for the send timeout."""
 
 
 @dataclass(slots=True)
@@ -38,17 +40,23 @@ class Outbox:
         self.audio_s = 0.0
         self._items: collections.deque[Item] = collections.deque()
         self._ready = asyncio.Event()
+        self._space = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._items)
 
     def put(self, item: Item) -> None:
-        """Queue an item; raises ``SlowConsumer`` past the audio bound."""
-        if item.audio_s and self.audio_s + item.audio_s > self.max_audio_s:
-            raise SlowConsumer(f"more than {self.max_audio_s:g} s of audio waiting for the client")
+        """Queue an item now (messages; audio goes through ``put_audio``)."""
         self._items.append(item)
         self.audio_s += item.audio_s
         self._ready.set()
+
+    async def put_audio(self, item: Item) -> None:
+        """Queue audio once it fits under the bound (an empty outbox always takes one item)."""
+        while self.audio_s > 0 and self.audio_s + item.audio_s > self.max_audio_s:
+            self._space.clear()
+            await self._space.wait()
+        self.put(item)
 
     async def get(self) -> Item:
         """Wait for and take the next item."""
@@ -56,7 +64,9 @@ class Outbox:
             self._ready.clear()
             await self._ready.wait()
         item = self._items.popleft()
-        self.audio_s -= item.audio_s
+        if item.audio_s:
+            self.audio_s -= item.audio_s
+            self._space.set()
         return item
 
     def drop(self, utterances: Iterable[int]) -> None:
@@ -65,3 +75,4 @@ class Outbox:
         kept = [i for i in self._items if i.utterance is None or i.utterance not in doomed]
         self._items = collections.deque(kept)
         self.audio_s = sum(i.audio_s for i in kept)
+        self._space.set()

@@ -52,8 +52,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     idle_timeout_s: float = 60.0
     max_message_bytes: int = 128 * 1024
     max_config_bytes: int = 4 * 1024 * 1024
-    # Audio waiting for a client that does not read: a minute of speech, then it is closed.
+    # Audio held for a client before synthesis pauses for it: a minute of speech, so a client reading
+    # at playback pace never starves, while a long text does not pile up in memory.
     max_buffered_audio_s: float = 60.0
+    # A write that makes no progress for this long means the client stopped reading: it is closed
+    # (4001). Long enough for a congested mobile link, short enough to free the session soon.
+    send_timeout_s: float = 15.0
     log_level: str = "info"
     voices_dir: str = ""
     # A cap keeps one key from filling the disk; 1000 clips of 30 s are about 2.6 GB at 22 kHz.

@@ -166,6 +166,7 @@ class Limits(msgspec.Struct, kw_only=True):
     max_config_bytes: int = 0
     idle_timeout_s: float = 0.0
     max_buffered_audio_s: float = 0.0
+    send_timeout_s: float = 0.0
 
 
 class EffectiveConfig(msgspec.Struct, kw_only=True):
