@@ -41,7 +41,8 @@ def test_serve_flags_map_onto_settings() -> None:
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     assert fields == {
         "host": "0.0.0.0", "port": 9000, "engine": "fake,piper", "piper_threads": 2,
-        "piper_workers": 3, "config_timeout_s": 5.0, "idle_timeout_s": 30.0, "max_buffered_audio_s": 20.0, "send_timeout_s": 7.0,
+        "piper_workers": 3, "config_timeout_s": 5.0, "idle_timeout_s": 30.0, "max_buffered_audio_s": 20.0,
+        "send_timeout_s": 7.0,
         "log_level": "debug", "upstreams": ["http://a:8091", "http://b:8091"], "upstream_model": "m",
         "voices_dir": "/v", "max_voices": 7, "api_keys_file": "/k", "allowed_origins": ["https://app.example"],
         "vllm_model": "Qwen/x", "vllm_deploy_config": "d.yaml",
