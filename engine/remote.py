@@ -242,7 +242,9 @@ class RemoteEngine:
         started = False
         try:
             async with client.stream("POST", f"{upstream.url}/v1/audio/speech", json=body) as response:
-                if response.status_code >= 500:
+                # 401/403 say this gateway's key is wrong for that upstream: its fault, not the
+                # request's, so it counts against the upstream (and may open its circuit).
+                if response.status_code >= 500 or response.status_code in (401, 403):
                     raise _UpstreamFailed(
                         f"status {response.status_code}: {(await response.aread())[:200]!r}"
                     )

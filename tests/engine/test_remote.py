@@ -308,7 +308,7 @@ def test_each_owner_gets_their_own_voice_of_the_same_name() -> None:
 # -- failover, breaker, stalls, refusals ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["error500", "garbage"])
+@pytest.mark.parametrize("mode", ["error500", "garbage", "unauthorized"])
 def test_failover_before_the_first_byte(mode: str) -> None:
     bad, good = StubUpstream(mode=mode), StubUpstream()  # type: ignore[arg-type]
     with stubs(bad, good) as urls, gateway(*urls, upstream_breaker_failures=10) as b:
@@ -514,3 +514,18 @@ def test_a_down_engine_fails_only_its_own_sessions() -> None:
     assert error["code"] == "engine_error" and url in str(error["message"])
     assert not failed.frames()
     assert still.frames() and not still.messages("error")
+
+
+def test_an_upstream_that_refuses_our_key_leaves_readyz_once_its_circuit_opens() -> None:
+    stub = StubUpstream(mode="unauthorized")
+    with (
+        stubs(stub) as urls,
+        gateway(*urls, upstream_breaker_failures=2, upstream_breaker_cooldown_s=60) as b,
+    ):
+        assert readyz(b).status_code == 200  # /health answers without a key
+        for _ in range(2):
+            with session(b) as ws:
+                failed = speak(ws, "Hello.")
+            assert "401" in str(failed.messages("error")[0]["message"])
+        down = readyz(b)
+    assert down.status_code == 503 and down.json()["engines"] == {"remote": "unavailable"}

@@ -30,7 +30,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from tests.conftest import TIMEOUT_S
 
-Mode = Literal["ok", "error500", "garbage", "stall_before", "stall_mid", "refuse400"]
+Mode = Literal["ok", "error500", "garbage", "stall_before", "stall_mid", "refuse400", "unauthorized"]
 
 VOICES = ["vivian", "ryan"]
 SAMPLE_RATE = 24000
@@ -119,6 +119,8 @@ class StubUpstream:
         if mode == "refuse400":
             error = {"message": REFUSAL, "type": "BadRequestError", "param": None, "code": 400}
             return JSONResponse({"error": error}, status_code=400)
+        if mode == "unauthorized":
+            return JSONResponse({"error": {"message": "invalid api key", "code": 401}}, status_code=401)
         if mode == "error500":
             return JSONResponse({"error": {"message": "engine core died", "code": 500}}, status_code=500)
         if mode == "garbage":
