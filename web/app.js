@@ -370,7 +370,7 @@ function onMessage(msg) {
       stats.cancelled += 1;
       if (stats.state === "stopping") {
         setState("idle");
-        status(`Stopped: utterance ${msg.utterance_index} cancelled.`);
+        status(msg.utterance_index === null ? "Stopped." : `Stopped: utterance ${msg.utterance_index} cancelled.`);
       }
       break;
     case "error":
