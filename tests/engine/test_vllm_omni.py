@@ -43,16 +43,8 @@ from engine.base import (
     UnsupportedOption,
     VoiceReference,
 )
-from engine.vllm_omni import (
-    DEFAULT_MODEL,
-    MIN_CODEC_FRAMES,
-    OmniClient,
-    Qwen3Tools,
-    VllmOmniEngine,
-    qwen_language,
-    to_samples,
-    variant_of,
-)
+from engine.qwen3_tts import DEFAULT_MODEL, MIN_CODEC_FRAMES, Qwen3Tools, qwen_language, variant_of
+from engine.vllm_omni import OmniClient, VllmOmniEngine, to_samples
 from tests.conftest import TIMEOUT_S, recv, recv_until, send, serve_engine, session
 
 RATE = 24000

@@ -1,0 +1,297 @@
+"""Qwen3-TTS as vllm-omni 0.30.0 serves it: what differs by checkpoint, as data, and how a prompt is built.
+
+``PROFILES`` holds the per-variant facts (CustomVoice, VoiceDesign, Base: task type, options, what must be
+set); ``build_info`` fills the ``additional_information`` that vllm-omni's talker rebuilds its embeddings
+from; ``VllmOmniTools`` wraps the vllm-omni helpers that stand alone (prompt length, speakers, codec
+rate, per-stage sampling defaults). Nothing here imports vllm-omni until ``VllmOmniTools`` is built, so
+the module imports without the ``vllm`` extra.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import msgspec
+import numpy as np
+
+from engine.base import EngineError
+
+if TYPE_CHECKING:
+    from engine.base import VoiceReference
+
+DEFAULT_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
+# A name under vllm_omni/deploy/ or a path; this one streams talker -> code2wav in chunks (async_chunk).
+DEFAULT_DEPLOY_CONFIG = "qwen3_tts.yaml"
+# vllm-omni's own default; a cold start of the 0.6B model (weights, CUDA graphs) took ~2.5 min (REFERENCE D).
+DEFAULT_STAGE_INIT_TIMEOUT_S = 300.0
+# vllm-omni's serving adapter sends this budget when a request sets none.
+DEFAULT_MAX_NEW_TOKENS = 2048
+# vllm-omni bounds Base generation, which can loop without EOS, by text length: 12 codec frames per text
+# token and at least 192. Without its tokenizer, ~4 characters a token gives 3 frames a character.
+MIN_CODEC_FRAMES = 192
+# The languages vllm-omni assumes when the model config lists none (its DEFAULT_TTS_LANGUAGES).
+DEFAULT_LANGUAGES = frozenset(
+    {
+        "Auto",
+        "Chinese",
+        "English",
+        "Japanese",
+        "Korean",
+        "German",
+        "French",
+        "Russian",
+        "Portuguese",
+        "Spanish",
+        "Italian",
+    }
+)
+# Qwen3-TTS names languages in English; clients often send codes ("en", "en-US").
+_LANGUAGE_CODES = {
+    "auto": "Auto",
+    "zh": "Chinese",
+    "en": "English",
+    "ja": "Japanese",
+    "ko": "Korean",
+    "de": "German",
+    "fr": "French",
+    "ru": "Russian",
+    "pt": "Portuguese",
+    "es": "Spanish",
+    "it": "Italian",
+}
+_OPTIONS = frozenset(
+    {
+        "seed",
+        "language",
+        "instructions",
+        "task_type",
+        "max_new_tokens",
+        "initial_codec_chunk_frames",
+        "non_streaming_mode",
+    }
+)
+_CLONING = frozenset({"x_vector_only_mode", "speaker_embedding"})
+REFUSALS = {
+    "speed": "Qwen3-TTS has no speaking-rate control; leave speed at 1.0",
+    "word_timestamps": "they need vllm-omni's forced-aligner stage, which this engine does not load",
+    **{field: "only a Qwen3-TTS Base model clones voices" for field in _CLONING},
+}
+
+TaskType = Literal["CustomVoice", "Base", "VoiceDesign"]
+
+
+class Profile(msgspec.Struct, frozen=True, kw_only=True):
+    """What differs between Qwen3-TTS checkpoints.
+
+    Each runs one ``task_type`` (vllm-omni refuses the others), honours ``options`` and ``requires`` some,
+    may clone uploaded voices, and may need a ``non_streaming_mode`` or a frame budget per character
+    (``codec_frames_per_char``) when a request sets none. ``default_voice`` is, for CustomVoice, the voice
+    until the config's speakers are read (then the first, as in vllm-omni); for Base and VoiceDesign, the
+    name of "the uploaded voice" and of "the voice the instructions describe".
+    """
+
+    task_type: TaskType
+    default_voice: str
+    clones: bool = False
+    options: frozenset[str] = _OPTIONS
+    requires: tuple[str, ...] = ()
+    non_streaming_mode: bool | None = None
+    codec_frames_per_char: float | None = None
+    sample_rate: int = 24000
+
+
+#: By the task the checkpoint runs: the ``-CustomVoice`` / ``-Base`` / ``-VoiceDesign`` suffix of its name,
+#: confirmed by ``tts_model_type`` in its config once loaded.
+PROFILES: dict[str, Profile] = {
+    "CustomVoice": Profile(task_type="CustomVoice", default_voice="vivian"),
+    "Base": Profile(
+        task_type="Base",
+        default_voice="reference",
+        clones=True,
+        options=_OPTIONS | _CLONING,
+        codec_frames_per_char=3.0,
+    ),
+    "VoiceDesign": Profile(
+        task_type="VoiceDesign", default_voice="designed", requires=("instructions",), non_streaming_mode=True
+    ),
+}
+
+
+def variant_of(name: str) -> str | None:
+    """The ``PROFILES`` key for a model id, a path or a ``tts_model_type`` value; None if it names none."""
+    last = name.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1].rsplit("-", 1)[-1]
+    key = re.sub(r"[^a-z]", "", last.lower())
+    return next((v for v in PROFILES if v.lower() == key), None)
+
+
+def qwen_language(value: str) -> str:
+    """The Qwen3-TTS name of a language given by name (``english``) or code (``en``, ``en-US``)."""
+    text = value.strip()
+    return _LANGUAGE_CODES.get(text.lower().replace("_", "-").split("-")[0], text.title())
+
+
+class Qwen3Tools(Protocol):
+    """What the engine takes from vllm-omni besides ``AsyncOmni``: Qwen3-TTS helpers and model facts."""
+
+    variant: str | None  # the PROFILES key the checkpoint's config declares
+    speakers: list[str]  # built-in speakers in config order; vllm-omni's default is the first
+    languages: frozenset[str] | None
+    codec_frame_rate: float | None  # codec frames per second of audio (12.5 for the "12Hz" tokenizer)
+
+    def prompt(self, info: dict[str, list[Any]], task_type: str, cache_salt: str) -> dict[str, Any]:
+        """The engine prompt: placeholder ids of the right length plus ``additional_information``."""
+        ...
+
+    def stream_params(self) -> list[Any]:
+        """Per-stage sampling params: fresh copies of the deploy defaults, with streaming (DELTA) output."""
+        ...
+
+
+def build_info(
+    text: str,
+    *,
+    profile: Profile,
+    speaker: str,
+    language: str,
+    options: Mapping[str, object],
+    reference: VoiceReference | None,
+    codec_frame_rate: float | None,
+) -> dict[str, list[Any]]:
+    """vllm-omni's Qwen3-TTS ``additional_information`` for one request (every value a one-item list).
+
+    Raises:
+        EngineError: a Base request without a voice to clone, or in-context cloning without a transcript.
+    """
+    instruct, budget = options.get("instructions"), options.get("max_new_tokens")
+    info: dict[str, list[Any]] = {
+        "text": [text],
+        "task_type": [profile.task_type],
+        "language": [language],
+        "instruct": [instruct if isinstance(instruct, str) else ""],
+        "max_new_tokens": [budget if isinstance(budget, int) else DEFAULT_MAX_NEW_TOKENS],
+    }
+    if profile.task_type == "CustomVoice":
+        info["speaker"] = [speaker]
+    if "initial_codec_chunk_frames" in options:
+        info["initial_codec_chunk_frames"] = [options["initial_codec_chunk_frames"]]
+    non_streaming = options.get("non_streaming_mode", profile.non_streaming_mode)
+    if non_streaming is not None:
+        info["non_streaming_mode"] = [bool(non_streaming)]
+    if profile.task_type == "Base":
+        info.update(_clone_info(options, reference, codec_frame_rate))
+    return info
+
+
+def _clone_info(
+    options: Mapping[str, object], reference: VoiceReference | None, codec_frame_rate: float | None
+) -> dict[str, list[Any]]:
+    embedding = options.get("speaker_embedding")
+    if embedding is None and reference is not None:
+        embedding = reference.embedding
+    if isinstance(embedding, list | tuple | np.ndarray):
+        # Plain floats: the talker rebuilds the tensor on its side of vllm-omni's IPC boundary.
+        return {
+            "voice_clone_prompt": [{"ref_spk_embedding": [float(x) for x in embedding]}],
+            "x_vector_only_mode": [True],
+        }
+    if reference is None or reference.audio is None:
+        raise EngineError("a Qwen3-TTS Base model speaks only uploaded voices; name one in voice")
+    ref_text = reference.ref_text
+    x_vector_only = bool(options.get("x_vector_only_mode", not ref_text))
+    audio = [reference.audio.astype(np.float32).tolist(), reference.sample_rate]
+    info: dict[str, list[Any]] = {"ref_audio": [audio], "x_vector_only_mode": [x_vector_only]}
+    if isinstance(ref_text, str) and ref_text.strip():
+        info["ref_text"] = [ref_text]
+    elif not x_vector_only:
+        raise EngineError(f"voice {reference.name!r} has no transcript (ref_text) for in-context cloning")
+    if not x_vector_only and codec_frame_rate and reference.sample_rate > 0:
+        info["ref_code_length"] = [math.ceil(len(reference.audio) / reference.sample_rate * codec_frame_rate)]
+    return info
+
+
+def cache_salt(info: Mapping[str, list[Any]], reference: VoiceReference | None) -> str:
+    """A digest of the conditioning: the placeholder ids look alike, and vLLM's prefix cache must not."""
+    digest = hashlib.sha256()
+    for key in sorted(info):
+        if key != "ref_audio":
+            digest.update(f"{key}={info[key]!r}\0".encode())
+    if reference is not None and reference.audio is not None:
+        digest.update(f"{reference.name}:{reference.sample_rate}\0".encode() + reference.audio.tobytes())
+    return digest.hexdigest()[:32]
+
+
+def with_request_params(params: Sequence[Any], *, seed: int | None, max_tokens: int | None) -> list[Any]:
+    """Stage-0 params with the request's seed and budget, set the way vllm-omni's speech server sets them.
+
+    The other stages keep the deploy defaults; the shared default objects are never changed.
+    """
+    out = list(params)
+    if not out or (seed is None and max_tokens is None):
+        return out
+    first = copy.deepcopy(out[0])
+    if seed is not None:
+        first.seed = seed
+        # The code predictor samples too; vllm-omni seeds it from this key.
+        first.extra_args = {**(first.extra_args or {}), "tts_local_seed": seed}
+    if max_tokens is not None:
+        first.max_tokens = max_tokens
+        first.min_tokens = min(int(first.min_tokens or 0), max_tokens)
+    out[0] = first
+    return out
+
+
+class VllmOmniTools:
+    """vllm-omni's own Qwen3-TTS helpers, bound to a started ``AsyncOmni`` (imports torch and vllm)."""
+
+    def __init__(self, omni: Any) -> None:
+        from transformers import AutoTokenizer
+        from vllm.inputs import tokens_input
+        from vllm_omni.entrypoints.openai.tts_adapters import capabilities
+        from vllm_omni.entrypoints.utils import coerce_param_message_types
+        from vllm_omni.model_executor.models.qwen3_tts import prompt_embeds_builder
+
+        config = omni.model_config
+        talker = config.hf_config.talker_config
+        self._omni = omni
+        builder = prompt_embeds_builder.Qwen3TTSPromptEmbedsBuilder
+        self._estimate = builder.estimate_prompt_len_from_additional_information
+        self._tokens_input = tokens_input
+        self._coerce = coerce_param_message_types
+        # The tokenizer vllm-omni's serving adapter loads to size prompts, loaded the same way.
+        self._tokenizer = AutoTokenizer.from_pretrained(
+            config.model, trust_remote_code=True, padding_side="left"
+        )
+        self._language_ids = _field(talker, "codec_language_id")
+        self._dialects = _field(talker, "spk_is_dialect")
+        # With async_chunk off Qwen3-TTS has no incremental audio, and vllm-omni keeps FINAL_ONLY output.
+        self._streaming = bool(getattr(omni, "async_chunk", True))
+        self.speakers: list[str] = capabilities.load_supported_speakers(omni)
+        self.codec_frame_rate: float | None = capabilities.load_codec_frame_rate(omni)
+        self.languages: frozenset[str] | None = None
+        if isinstance(self._language_ids, Mapping):
+            self.languages = frozenset(str(k).title() for k in self._language_ids) | {"Auto"}
+        self.variant = variant_of(str(getattr(config.hf_config, "tts_model_type", "") or ""))
+
+    def prompt(self, info: dict[str, list[Any]], task_type: str, cache_salt: str) -> dict[str, Any]:
+        length = self._estimate(
+            info,
+            task_type=task_type,
+            codec_language_id=self._language_ids,
+            spk_is_dialect=self._dialects,
+            tokenize_prompt=lambda text: self._tokenizer(text, padding=False)["input_ids"],
+        )
+        prompt: dict[str, Any] = self._tokens_input(prompt_token_ids=[1] * length, cache_salt=cache_salt)
+        prompt["additional_information"] = info
+        return prompt
+
+    def stream_params(self) -> list[Any]:
+        return list(self._coerce(list(self._omni.default_sampling_params_list), self._streaming))
+
+
+def _field(config: Any, name: str) -> Any:
+    return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
