@@ -15,6 +15,7 @@ export function renderSession(list, placeholder, ready, playbackRate) {
     ["Max message", `${limits.max_message_bytes} bytes`],
     ["Idle timeout", `${limits.idle_timeout_s} s`],
     ["Max buffered audio", `${limits.max_buffered_audio_s} s`],
+    ["Send timeout", `${limits.send_timeout_s} s`],
   ];
   list.replaceChildren();
   for (const [term, value, className] of rows) {
