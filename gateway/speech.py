@@ -19,7 +19,6 @@ import contextlib
 import io
 import json
 import logging
-import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -35,6 +34,7 @@ from gateway.catalog import Catalog, Resolved, VoiceNotServable
 from gateway.http import BodyTooLarge, api_error, read_body
 from gateway.voices import Rejected
 from protocol.audio import Resampler, Samples
+from protocol.errors import field_path
 from protocol.packer import AudioPacker
 from protocol.segmenter import Segmenter
 from protocol.speech import DEFAULT_SAMPLE_RATE, PRODUCIBLE_FORMATS, SpeechRequest, decode_speech_request
@@ -182,15 +182,6 @@ async def _stream(
         await asyncio.wait([producer])
 
 
-def _param(message: str) -> str | None:
-    """The field a msgspec validation message names: "... at `$.speed`" or "unknown field `foo`"."""
-    if (match := re.search(r"at `\$\.([^`]+)`", message)) or (
-        match := re.search(r"field `([^`]+)`", message)
-    ):
-        return match[1]
-    return None
-
-
 async def create_speech(request: Request) -> Response:
     """OpenAI-compatible text to speech."""
     try:
@@ -198,7 +189,7 @@ async def create_speech(request: Request) -> Response:
     except BodyTooLarge as exc:
         return api_error(413, str(exc), code="body_too_large")
     except msgspec.ValidationError as exc:
-        return api_error(400, str(exc), param=_param(str(exc)), code="invalid_value")
+        return api_error(400, str(exc), param=(field_path(exc) or "$.")[2:] or None, code="invalid_value")
     except msgspec.DecodeError as exc:
         return api_error(400, f"invalid JSON body: {exc}", code="invalid_json")
     if req.response_format not in PRODUCIBLE_FORMATS:

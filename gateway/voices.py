@@ -77,7 +77,7 @@ _MIME_TYPES = {"WAV": "audio/wav", "FLAC": "audio/flac", "OGG": "audio/ogg", "MP
 
 
 class Rejected(Exception):
-    """A client error, answered with ``error_response``."""
+    """A client error, answered with ``api_error``."""
 
     def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -90,11 +90,6 @@ class Catalog(Protocol):
     async def builtin_voices(self) -> list[Voice]: ...
 
     def cloning_engines(self) -> list[str]: ...
-
-
-def error_response(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
-    """An OpenAI-style error body (``gateway.http.api_error``)."""
-    return api_error(status, message, param=param, code=code)
 
 
 @dataclass
@@ -446,12 +441,12 @@ async def upload_voice(request: Request) -> JSONResponse:
         )
     except Rejected as exc:
         await _drain(chunks)
-        return error_response(exc.status, exc.code, exc.message, exc.param)
+        return api_error(exc.status, exc.message, code=exc.code, param=exc.param)
     except VoiceLimitReached as exc:
-        return error_response(409, "voice_limit_reached", str(exc), "name")
+        return api_error(409, str(exc), code="voice_limit_reached", param="name")
     except ClientDisconnect:
         logger.debug("client left during a voice upload")
-        return error_response(400, "client_disconnected", "the request body was cut short")
+        return api_error(400, "the request body was cut short", code="client_disconnected")
     finally:
         await chunks.aclose()
     return JSONResponse(
@@ -488,7 +483,7 @@ async def voice_details(request: Request) -> JSONResponse:
         ]
         if builtin:
             return JSONResponse(builtin[0])
-        return error_response(404, "voice_not_found", f"voice {name!r} not found", "name")
+        return api_error(404, f"voice {name!r} not found", code="voice_not_found", param="name")
     return JSONResponse(_voice_json(info, catalog.cloning_engines() if catalog else []))
 
 
@@ -497,7 +492,7 @@ async def delete_voice(request: Request) -> JSONResponse:
     store: VoiceStore = request.state.voices
     name: str = request.path_params["name"]
     if not await run_in_threadpool(store.delete, _owner(request), name):
-        return error_response(404, "voice_not_found", f"voice {name!r} not found", "name")
+        return api_error(404, f"voice {name!r} not found", code="voice_not_found", param="name")
     return JSONResponse({"success": True, "message": f"Voice '{name}' deleted successfully"})
 
 

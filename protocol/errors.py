@@ -13,6 +13,12 @@ slow consumer). The shell closes the socket with ``close_code`` when ``fatal`` i
 from __future__ import annotations
 
 import enum
+import re
+
+import msgspec
+
+_PATH = re.compile(r"at `(\$[^`]*)`")
+_FIELD = re.compile(r"(?:unknown|missing required) field `([^`]*)`")
 
 
 class CloseCode(enum.IntEnum):
@@ -49,6 +55,18 @@ class ErrorCode(enum.StrEnum):
     IDLE_TIMEOUT = "idle_timeout"
     SLOW_CONSUMER = "slow_consumer"
     INTERNAL_ERROR = "internal_error"
+
+
+def field_path(exc: msgspec.ValidationError) -> str | None:
+    """The path of the field a msgspec validation error is about (``$.sample_rate``), if it names one.
+
+    msgspec writes a path for wrong values ("... - at `$.speed`") but names unknown and missing
+    fields in the text ("Object contains unknown field `lang`"), relative to the path when nested.
+    """
+    text = str(exc)
+    path, name = _PATH.search(text), _FIELD.search(text)
+    base = path[1] if path else "$"
+    return f"{base}.{name[1]}" if name else base if path else None
 
 
 class ProtocolError(Exception):

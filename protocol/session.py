@@ -15,11 +15,10 @@ States and the messages that move between them (anything else is an error)::
 from __future__ import annotations
 
 import enum
-import re
 
 import msgspec
 
-from protocol.errors import CloseCode, ErrorCode, ProtocolError
+from protocol.errors import CloseCode, ErrorCode, ProtocolError, field_path
 from protocol.frames import FrameHeader
 from protocol.messages import (
     CLIENT_TYPES,
@@ -40,9 +39,7 @@ MAX_MESSAGE_BYTES = 128 * 1024
 _decode_client = msgspec.json.Decoder(ClientMessage).decode
 _decode_any = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
-_PATH = re.compile(r"at `(\$[^`]*)`")
 # msgspec names an unknown or missing top-level field without a path; client messages are flat.
-_FIELD = re.compile(r"(?:unknown|missing required) field `([^`]*)`")
 
 
 class State(enum.Enum):
@@ -252,9 +249,7 @@ class Session:
         kind = raw.get("type")
         if not isinstance(kind, str) or kind not in CLIENT_TYPES:
             return self._error(ErrorCode.UNKNOWN_TYPE, f"unknown message type: {kind!r}", field="$.type")
-        name = _FIELD.search(str(exc))
-        match = _PATH.search(str(exc))
-        field = f"$.{name[1]}" if name else match[1] if match else None
+        field = field_path(exc)
         code = ErrorCode.INVALID_MESSAGE
         return self._error(code, f"invalid {kind}: {exc}", close_code=CloseCode.INVALID_DATA, field=field)
 

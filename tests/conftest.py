@@ -27,12 +27,18 @@ MS = 0.001
 TIMEOUT_S = 30.0
 
 
-@contextmanager
-def serve(app: Starlette) -> Iterator[str]:
-    """Run ``app`` on uvicorn in a thread on a free loopback port; yields ``host:port``."""
+def bound_socket() -> socket.socket:
+    """A loopback socket bound to a free port and not yet listening: connections to it are refused."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@contextmanager
+def serve(app: Starlette, sock: socket.socket | None = None) -> Iterator[str]:
+    """Run ``app`` on uvicorn in a thread on ``sock`` or a free loopback port; yields ``host:port``."""
+    sock = sock or bound_socket()
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", ws_max_size=16 * 1024 * 1024, lifespan="on")
     server = uvicorn.Server(config)

@@ -21,12 +21,11 @@ import soundfile
 from websockets.sync.client import ClientConnection, connect
 
 from protocol.audio import decode
-from tests.conftest import TIMEOUT_S, Received, recv, recv_until, send, serve_engine, session
+from tests.conftest import TIMEOUT_S, Received, bound_socket, recv, recv_until, send, serve_engine, session
 from tests.engine.upstream_stub import (
     REFUSAL,
     SAMPLE_RATE,
     StubUpstream,
-    bound_socket,
     pcm16,
     serve_stub,
     tone,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import io
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,14 +20,13 @@ from typing import Literal
 
 import numpy as np
 import soundfile
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from tests.conftest import TIMEOUT_S
+from tests.conftest import TIMEOUT_S, serve
 
 Mode = Literal["ok", "error500", "garbage", "stall_before", "stall_mid", "refuse400", "unauthorized"]
 
@@ -178,30 +176,8 @@ async def _disconnected(receive: Receive) -> None:
             return
 
 
-def bound_socket() -> socket.socket:
-    """A loopback socket bound to a free port and not yet listening: connections to it are refused."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
-
-
 @contextmanager
 def serve_stub(stub: StubUpstream, sock: socket.socket | None = None) -> Iterator[str]:
-    """Run ``stub`` in a thread on ``sock`` (a ``bound_socket``) or a fresh one; yields its base URL."""
-    sock = sock or bound_socket()
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(stub.app(), log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + TIMEOUT_S
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(TIMEOUT_S)
-        sock.close()
+    """Run ``stub`` on ``sock`` (a ``bound_socket``) or a fresh one; yields its base URL."""
+    with serve(stub.app(), sock) as address:
+        yield f"http://{address}"
