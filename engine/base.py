@@ -46,6 +46,24 @@ class UnknownVoice(EngineError):
         )
 
 
+class RequestRefused(EngineError):
+    """The engine (or its upstream) refused the request as invalid: the client's to fix, not a failure.
+
+    An upstream's 4xx becomes this, so the client gets a 4xx with the upstream's own message instead
+    of a 502, and the upstream is not held responsible (no failover, no circuit breaker).
+
+    Args:
+        message: what was wrong, in the refusing side's words.
+        field: the request field it is about, as named on the wire, when known.
+        status: the HTTP status to answer with (a 4xx).
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.field = field
+        self.status = status
+
+
 # Option values that ask for nothing: an engine without the feature can accept them as they are.
 NEUTRAL_VALUES: dict[str, object] = {
     "speed": 1.0,

@@ -1,11 +1,19 @@
 """Engine ``remote``: streams speech from vllm-omni (or any OpenAI-compatible) speech servers.
 
-Each segment is one ``POST /v1/audio/speech`` with ``stream: true`` and ``response_format: "pcm"``
-over a pooled HTTP client. Upstreams are chosen by least outstanding requests; a failure before the
-first audio byte fails over to the next upstream, a failure after it is an ``EngineError`` for that
-segment. Closing the iterator (cancel, disconnect) closes the HTTP response at once, and vllm-omni
-aborts a request whose client went away. Uploaded voices travel inline: ``ref_audio`` as a data URL
-of the stored clip plus ``ref_text``, so upstreams need no voice store of their own.
+Each segment is one ``POST /v1/audio/speech`` over a pooled HTTP client, asking for a raw WAV stream:
+``stream: true, stream_format: "audio", response_format: "wav"``. vllm-omni 0.30 answers a bare
+``stream: true`` with SSE (its PR #4679), and a WAV header tells the rate of every answer, so nothing
+has to be learned by a probe. Upstreams are chosen by least outstanding requests; a failure before
+the first audio byte fails over to the next upstream, a failure after it is an ``EngineError`` for
+that segment, and a 4xx is the request's fault: ``RequestRefused`` with the upstream's message.
+Closing the iterator (cancel, disconnect) closes the HTTP response at once, and vllm-omni aborts a
+request whose client went away. Uploaded voices travel inline: ``ref_audio`` as a data URL of the
+stored clip plus ``ref_text`` (or ``x_vector_only_mode`` when there is no transcript), so upstreams
+need no voice store of their own.
+
+What is sent follows vllm-omni 0.30's rules for Qwen3-TTS (``entrypoints/openai/serving_speech.py``
+and ``tts_adapters/qwen3_tts.py``): language codes become the names it accepts, and a ``speed`` other
+than 1 is served by a whole (non-streamed) answer per segment, since it refuses streaming with one.
 """
 
 from __future__ import annotations
@@ -14,7 +22,9 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import json
 import logging
+import re
 from collections.abc import AsyncGenerator
 
 import httpx
@@ -23,6 +33,7 @@ import numpy as np
 from engine.base import (
     AudioChunk,
     EngineError,
+    RequestRefused,
     SynthesisRequest,
     UnknownVoice,
     UnsupportedOption,
@@ -30,6 +41,7 @@ from engine.base import (
     VoiceReference,
 )
 from engine.upstreams import Upstream, UpstreamPool
+from engine.wav_stream import WavStream
 from protocol.audio import encode, wav_header
 from protocol.messages import ENGINE_OPTION_FIELDS
 
@@ -41,6 +53,63 @@ DEFAULT_SAMPLE_RATE = 24000
 # Options the HTTP route forwards as they are; word timestamps need the WebSocket JSON path upstream.
 _FORWARDED = frozenset(ENGINE_OPTION_FIELDS) - {"word_timestamps"}
 _AUDIO_TYPES = ("audio/", "application/octet-stream")
+# vllm-omni lists this name beside the speakers; it means "no voice" and is not one.
+_PLACEHOLDER_VOICE = "default"
+# 4xx answers that say the upstream cannot serve now (busy, slow) or is not a speech server at all
+# (no such route): another upstream may, so they fail over like a 5xx. 401/403 say our key is wrong
+# for that upstream, its fault and not the request's. Any other 4xx is the request's fault.
+_UPSTREAM_FAULTS = frozenset({401, 403, 404, 405, 408, 429})
+# vllm-omni title-cases ``language`` and accepts Qwen3-TTS's language names (tts_adapters/qwen3_tts.py
+# ``validate``; tts_adapters/base.py DEFAULT_TTS_LANGUAGES), so ISO 639-1 codes and BCP 47 tags
+# (``en``, ``en-US``) are mapped to those names; other values go as they are, for the upstream to judge.
+_LANGUAGES = {
+    "auto": "Auto",
+    "zh": "Chinese",
+    "en": "English",
+    "ja": "Japanese",
+    "ko": "Korean",
+    "de": "German",
+    "fr": "French",
+    "ru": "Russian",
+    "pt": "Portuguese",
+    "es": "Spanish",
+    "it": "Italian",
+}
+_WORD = re.compile(r"[A-Za-z_]+")
+
+
+def upstream_language(value: str) -> str:
+    """The name vllm-omni accepts for a language code or tag (``en-US`` -> ``English``).
+
+    Names (``english``) are title-cased as vllm-omni would; anything else is passed on unchanged.
+    """
+    primary = re.split(r"[-_]", value.strip(), maxsplit=1)[0].lower()
+    return _LANGUAGES.get(primary, value.strip().title())
+
+
+def _refusal(status: int, content: bytes, body: dict[str, object]) -> RequestRefused:
+    """A 4xx answer as a ``RequestRefused``: the upstream's message, and the field it is about."""
+    text = content[:2000].decode(errors="replace")
+    message, field = text.strip(), None
+    with contextlib.suppress(ValueError):
+        payload = json.loads(text)
+        error = payload.get("error") if isinstance(payload, dict) else None
+        detail = payload.get("detail") if isinstance(payload, dict) else None
+        if isinstance(error, dict):  # OpenAI's shape, which vllm-omni answers
+            message = str(error.get("message") or message)
+            field = str(error["param"]) if error.get("param") else None
+        elif isinstance(detail, list) and detail and isinstance(detail[0], dict):  # FastAPI validation
+            message = str(detail[0].get("msg") or message)
+            location = detail[0].get("loc")
+            field = str(location[-1]) if isinstance(location, list) and location else None
+        elif isinstance(detail, str):
+            message = detail
+    if field is None:
+        # vllm-omni names the field in its text ("Invalid language 'Xx'", "'ref_text' is only valid
+        # for Base task"): take the first word of the message that is a field of the request sent.
+        field = next((w for w in _WORD.findall(message) if w.lower() in body), None)
+        field = field.lower() if field else None
+    return RequestRefused(f"upstream refused the request ({status}): {message}", field=field, status=status)
 
 
 def _voice_names(payload: object) -> list[str]:
@@ -48,9 +117,10 @@ def _voice_names(payload: object) -> list[str]:
     listed = payload.get("voices") if isinstance(payload, dict) else None
     if not isinstance(listed, list):
         raise ValueError(f"no voice list in {str(payload)[:100]!r}")
-    return [
+    names = [
         v if isinstance(v, str) else str(v.get("name", "")) if isinstance(v, dict) else "" for v in listed
     ]
+    return [n for n in names if n and n.lower() != _PLACEHOLDER_VOICE]
 
 
 class _UpstreamFailed(Exception):
@@ -133,27 +203,25 @@ class RemoteEngine:
         await asyncio.gather(*(probe(u) for u in self.pool.upstreams))
 
     async def _learn(self) -> None:
-        """Learn voices and the output rate from the first upstream that answers."""
+        """Learn the voices from the first upstream that lists them.
+
+        The rate needs no probe: every answer is a WAV whose header says it (a probe that names no
+        voice is refused by Base and VoiceDesign checkpoints, which would retry it forever).
+        """
         client = self._http()
         for upstream in self.pool.candidates():
             try:
                 listed = await client.get(f"{upstream.url}/v1/audio/voices")
                 listed.raise_for_status()
                 names = _voice_names(listed.json())
-                probe = await client.post(
-                    f"{upstream.url}/v1/audio/speech", json=self._body("Hi.", None, {}, "wav")
-                )
-                probe.raise_for_status()
             except (httpx.HTTPError, ValueError) as exc:  # ValueError: a voice list that is not one
                 logger.warning("could not learn from upstream %s: %r", upstream.url, exc)
                 continue
-            if probe.content[:4] == b"RIFF" and len(probe.content) >= 28:
-                self.sample_rate = int.from_bytes(probe.content[24:28], "little")
-            self._voices = [Voice(name=n, engine=self.name, sample_rate=self.sample_rate) for n in names if n]
+            self._voices = [Voice(name=n, engine=self.name, sample_rate=self.sample_rate) for n in names]
             if self._voices and DEFAULT_VOICE not in names:
                 self.default_voice = self._voices[0].name
             self._learned = True
-            logger.info("upstream %s: %d voices at %d Hz", upstream.url, len(self._voices), self.sample_rate)
+            logger.info("upstream %s lists %d voices", upstream.url, len(self._voices))
             return
 
     def _http(self) -> httpx.AsyncClient:
@@ -176,21 +244,30 @@ class RemoteEngine:
         text: str,
         voice: str | None,
         options: dict[str, object],
-        fmt: str = "pcm",
         reference: VoiceReference | None = None,
     ) -> dict[str, object]:
-        body: dict[str, object] = {"input": text, "response_format": fmt, "stream": fmt == "pcm"}
+        body: dict[str, object] = {"input": text, "response_format": "wav"}
+        # vllm-omni refuses a streamed answer with speed adjustment (serving_speech.py
+        # ``_validate_speech_streaming_request``) but makes a whole one: ask for that instead.
+        if options.get("speed", 1.0) == 1.0:
+            body.update(stream=True, stream_format="audio")
         if self.model:
             body["model"] = self.model
         if voice is not None and reference is None:
             body["voice"] = voice
         body.update({k: v for k, v in options.items() if k in _FORWARDED})
+        if isinstance(body.get("language"), str):
+            body["language"] = upstream_language(str(body["language"]))
         if reference is not None:
             body.setdefault("task_type", "Base")  # vllm-omni clones with the Base task
             if reference.audio is not None:
                 body["ref_audio"] = self._data_url(reference)
                 if reference.ref_text:
                     body["ref_text"] = reference.ref_text
+                else:
+                    # A clone without a transcript is refused unless it asks for the speaker
+                    # embedding alone (tts_adapters/qwen3_tts.py ``validate``, Base task).
+                    body.setdefault("x_vector_only_mode", True)
             elif reference.embedding is not None:
                 body["speaker_embedding"] = [float(x) for x in reference.embedding]
         return body
@@ -242,30 +319,26 @@ class RemoteEngine:
         started = False
         try:
             async with client.stream("POST", f"{upstream.url}/v1/audio/speech", json=body) as response:
-                # 401/403 say this gateway's key is wrong for that upstream: its fault, not the
-                # request's, so it counts against the upstream (and may open its circuit).
-                if response.status_code >= 500 or response.status_code in (401, 403):
-                    raise _UpstreamFailed(
-                        f"status {response.status_code}: {(await response.aread())[:200]!r}"
-                    )
-                if response.status_code != 200:
-                    detail = (await response.aread())[:500].decode(errors="replace")
-                    raise EngineError(
-                        f"upstream {upstream.url} refused the request ({response.status_code}): {detail}"
-                    )
+                status = response.status_code
+                if status >= 500 or status in _UPSTREAM_FAULTS:
+                    raise _UpstreamFailed(f"status {status}: {(await response.aread())[:200]!r}")
+                if status != 200:
+                    raise _refusal(status, await response.aread(), body)
                 kind = response.headers.get("content-type", "")
                 if not kind.startswith(_AUDIO_TYPES):
-                    raise _UpstreamFailed(f"answered {kind or 'no content type'} instead of audio")
-                rate = int(response.headers.get("x-sample-rate") or self.sample_rate)
-                carry = b""
+                    raise _UpstreamFailed(f"answered {kind or 'no content type'} instead of a WAV stream")
+                wav = WavStream()
                 async for raw in response.aiter_bytes():
-                    data = carry + raw
-                    usable = len(data) - len(data) % 2
-                    carry = data[usable:]
-                    if usable:
+                    try:
+                        samples = wav.feed(raw)
+                    except ValueError as exc:
+                        if started:
+                            raise EngineError(f"upstream {upstream.url} sent bad audio: {exc}") from exc
+                        raise _UpstreamFailed(str(exc)) from exc
+                    if len(samples) and wav.sample_rate is not None:
                         started = True
-                        samples = (np.frombuffer(data[:usable], dtype="<i2") / 32768.0).astype(np.float32)
-                        yield AudioChunk(samples, rate)
+                        self.sample_rate = wav.sample_rate
+                        yield AudioChunk(samples, wav.sample_rate)
         except httpx.HTTPError as exc:
             if started:
                 raise EngineError(f"upstream {upstream.url} failed mid-stream: {exc!r}") from exc

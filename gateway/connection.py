@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from engine.base import EngineError, UnknownVoice, UnsupportedOption
+from engine.base import EngineError, RequestRefused, UnknownVoice, UnsupportedOption
 from gateway.catalog import Catalog, Resolved, VoiceNotServable
 from gateway.jobs import Close, End, Job, JobQueue, Segment, Utterance
 from gateway.outbox import Item, Outbox, Payload, SlowConsumer
@@ -374,7 +374,10 @@ class Connection:
         self._put(u, done)
         if failure is not None:
             self.log.warning("engine failed on segment %d/%d: %s", u.index, seg.sentence_index, failure)
-            self._put(u, Error(code=ErrorCode.ENGINE_ERROR, message=str(failure), utterance_index=u.index))
+            refused = failure if isinstance(failure, RequestRefused) else None
+            code = ErrorCode.REQUEST_REFUSED if refused else ErrorCode.ENGINE_ERROR
+            field = refused.field if refused else None
+            self._put(u, Error(code=code, message=str(failure), utterance_index=u.index, field=field))
 
     async def _put_frames(self, seg: Segment, frames: list[bytes]) -> None:
         packer = seg.utterance.packer

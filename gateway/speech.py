@@ -29,7 +29,14 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.base import AudioChunk, EngineError, SynthesisRequest, UnknownVoice, UnsupportedOption
+from engine.base import (
+    AudioChunk,
+    EngineError,
+    RequestRefused,
+    SynthesisRequest,
+    UnknownVoice,
+    UnsupportedOption,
+)
 from gateway.catalog import Catalog, Resolved, VoiceNotServable
 from gateway.http import BodyTooLarge, api_error, read_body
 from gateway.voices import Rejected
@@ -236,6 +243,9 @@ async def create_speech(request: Request) -> Response:
     queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=AHEAD_CHUNKS)
     producer = asyncio.create_task(_produce(resolved, req, texts, queue))
     first = await queue.get()
+    if isinstance(first, RequestRefused):
+        producer.cancel()
+        return api_error(first.status, str(first), param=first.field, code="request_refused")
     if isinstance(first, EngineError):
         producer.cancel()
         logger.warning("engine %s failed before the first audio: %s", resolved.engine.name, first)
@@ -276,9 +286,8 @@ async def _sse(
 ) -> AsyncIterator[bytes]:
     async for piece in _stream(body, first, queue, producer):
         if isinstance(piece, EngineError):
-            yield _event(
-                {"type": "speech.audio.error", "error": {"message": str(piece), "code": "engine_error"}}
-            )
+            code = "request_refused" if isinstance(piece, RequestRefused) else "engine_error"
+            yield _event({"type": "speech.audio.error", "error": {"message": str(piece), "code": code}})
             return
         yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
     usage = {"input_characters": characters, "output_audio_ms": round(body.samples * 1000 / body.rate)}

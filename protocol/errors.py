@@ -51,6 +51,8 @@ class ErrorCode(enum.StrEnum):
     VOICE_REQUIRES_CLONING = "voice_requires_cloning"
     INVALID_REF_AUDIO = "invalid_ref_audio"
     ENGINE_ERROR = "engine_error"
+    #: The engine's upstream refused a segment as invalid (its 4xx); ``field`` names what it is about.
+    REQUEST_REFUSED = "request_refused"
     CONFIG_TIMEOUT = "config_timeout"
     IDLE_TIMEOUT = "idle_timeout"
     SLOW_CONSUMER = "slow_consumer"

@@ -20,11 +20,13 @@ import pytest
 import soundfile
 from websockets.sync.client import ClientConnection, connect
 
+from engine.remote import upstream_language
 from protocol.audio import decode
 from tests.conftest import TIMEOUT_S, Received, bound_socket, recv, recv_until, send, serve_engine, session
 from tests.engine.upstream_stub import (
     REFUSAL,
     SAMPLE_RATE,
+    Kind,
     StubUpstream,
     pcm16,
     serve_stub,
@@ -110,8 +112,12 @@ def samples_of(wav: bytes) -> tuple[npt.NDArray[np.float32], int]:
     return audio, rate
 
 
-def upload(address: str, name: str, wav: bytes, key: str | None = None) -> None:
-    form = {"name": name, "consent": "the speaker agreed on 2024-05-01", "ref_text": "The quick brown fox."}
+def upload(
+    address: str, name: str, wav: bytes, key: str | None = None, ref_text: str | None = "The quick brown fox."
+) -> None:
+    form = {"name": name, "consent": "the speaker agreed on 2024-05-01"}
+    if ref_text is not None:
+        form["ref_text"] = ref_text
     headers = {"authorization": f"Bearer {key}"} if key else {}
     response = httpx.post(
         f"http://{address}/v1/audio/voices",
@@ -186,10 +192,9 @@ def test_session_options_reach_the_upstream() -> None:
     config = {
         "voice": "ryan",
         "seed": 42,
-        "language": "English",
+        "language": "en-US",
         "instructions": "Speak calmly.",
         "task_type": "CustomVoice",
-        "speed": 1.25,
         "max_new_tokens": 900,
         "initial_codec_chunk_frames": 4,
         "non_streaming_mode": True,
@@ -199,37 +204,98 @@ def test_session_options_reach_the_upstream() -> None:
             got = speak(ws, "Hello the", "re. How are", " you?")
     bodies = stub.speech_requests()
     assert [body["input"] for body in bodies] == ["Hello there.", "How are you?"]
+    # A raw WAV stream: vllm-omni 0.30 answers a bare ``stream: true`` with SSE; the header says the
+    # rate. The language tag becomes the name vllm-omni accepts.
     expected = {
         **config,
+        "language": "English",
         "model": "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice",
-        "response_format": "pcm",
+        "response_format": "wav",
         "stream": True,
+        "stream_format": "audio",
     }
     assert all({k: v for k, v in body.items() if k != "input"} == expected for body in bodies)
     # The stub's 16-bit samples straddle its odd-sized body pieces; they arrive whole and in order.
     assert ready["config"]["sample_rate"] == SAMPLE_RATE  # type: ignore[index]
+    assert not got.messages("error")
     audio = decode(b"".join(got.frames()), "pcm")
     expected_audio = decode(pcm16(tone(stub.seconds)), "pcm")
     assert len(audio) == 2 * len(expected_audio)
     np.testing.assert_allclose(audio, np.tile(expected_audio, 2), atol=2 / 32768)
 
 
-def test_the_engine_learns_voices_and_rate_from_the_upstream() -> None:
+def test_speed_is_served_by_a_whole_answer_per_segment() -> None:
+    """vllm-omni refuses to stream with ``speed`` other than 1, and makes a whole answer instead."""
     stub = StubUpstream()
     with stubs(stub) as urls, gateway(*urls) as b:
+        with configured(b, speed=1.25) as (ws, _):
+            got = speak(ws, "Hello there.")
+        rest = post_speech(b, "Hello there.", speed=1.25)
+    assert not got.messages("error") and got.frames()
+    assert rest.status_code == 200 and len(decode(rest.content, "pcm")) == round(stub.seconds * SAMPLE_RATE)
+    for body in stub.speech_requests():
+        assert body["speed"] == 1.25 and body["response_format"] == "wav"
+        assert "stream" not in body and "stream_format" not in body
+
+
+@pytest.mark.parametrize(
+    ("given", "sent"),
+    [
+        ("en", "English"),
+        ("EN_gb", "English"),
+        ("zh-Hans-CN", "Chinese"),
+        ("auto", "Auto"),
+        ("german", "German"),
+    ],
+)
+def test_language_codes_become_vllm_omni_names(given: str, sent: str) -> None:
+    assert upstream_language(given) == sent
+
+
+def test_an_unknown_language_is_refused_with_a_4xx_naming_it() -> None:
+    stub = StubUpstream()
+    with stubs(stub) as urls, gateway(*urls) as b:
+        with configured(b, language="tlh") as (ws, _):
+            got = speak(ws, "Hello there.")
+        rest = post_speech(b, "Hello there.", language="tlh")
+    error = got.messages("error")[0]
+    assert error["code"] == "request_refused" and error["field"] == "language", error
+    assert "Invalid language 'Tlh'" in str(error["message"])
+    assert rest.status_code == 400, rest.text
+    assert rest.json()["error"]["param"] == "language" and rest.json()["error"]["code"] == "request_refused"
+    assert "Invalid language 'Tlh'" in rest.json()["error"]["message"]
+
+
+def test_the_engine_learns_voices_and_rate_from_the_upstream() -> None:
+    stub = StubUpstream(rate=16000)
+    with stubs(stub) as urls, gateway(*urls) as b:
         listed = httpx.get(f"http://{b}/v1/audio/voices", timeout=TIMEOUT_S).json()
-        with configured(b) as (_, ready):
-            pass
-        with connect(f"ws://{b}{URL}") as ws:
-            send(ws, type="session.config", voice="nobody")
-            refused = recv(ws)
-    assert listed["voices"] == ["vivian", "ryan"]
+        assert stub.requests == []  # no start-up probe: a Base checkpoint would refuse it
+        with configured(b) as (ws, ready):
+            got = speak(ws, "Hello.")
+        with connect(f"ws://{b}{URL}") as refused_ws:
+            send(refused_ws, type="session.config", voice="nobody")
+            refused = recv(refused_ws)
+    # vllm-omni's placeholder ``default`` is not a voice.
+    assert listed["voices"] == ["ryan", "vivian"]
     assert ready["config"] == {**ready["config"], "voice": "vivian", "sample_rate": SAMPLE_RATE}  # type: ignore[dict-item]
-    # The start-up probe asked for a whole WAV, whose header carries the rate.
-    assert stub.requests[0]["response_format"] == "wav" and stub.requests[0]["stream"] is False
+    # The answer's WAV header said 16 kHz: the gateway resampled it to the session's 24 kHz.
+    audio = decode(b"".join(got.frames()), "pcm")
+    assert len(audio) == pytest.approx(stub.seconds * SAMPLE_RATE, abs=SAMPLE_RATE * 0.01)
     assert (
         isinstance(refused, dict) and refused["code"] == "unknown_voice" and "ryan" in str(refused["message"])
     )
+
+
+@pytest.mark.parametrize("kind", ["Base", "VoiceDesign"])
+def test_base_and_voice_design_upstreams_start_without_refusals(kind: Kind) -> None:
+    stub = StubUpstream(kind=kind)
+    with stubs(stub) as urls, gateway(*urls) as b:
+        report = readyz(b)
+        listed = httpx.get(f"http://{b}/v1/audio/voices", timeout=TIMEOUT_S).json()
+        time.sleep(5 * FAST["upstream_health_interval_s"])  # type: ignore[operator]
+    assert report.status_code == 200 and stub.requests == []
+    assert "default" not in listed["voices"]
 
 
 def test_an_upstream_whose_voice_list_is_not_json_still_serves() -> None:
@@ -252,7 +318,7 @@ def test_word_timestamps_are_refused_by_name() -> None:
 
 
 def test_uploaded_voice_travels_inline_as_ref_audio() -> None:
-    stub = StubUpstream()
+    stub = StubUpstream(kind="Base")
     wav = clip(seed=1)
     with stubs(stub) as urls, gateway(*urls) as b:
         upload(b, "narrator", wav)
@@ -266,15 +332,30 @@ def test_uploaded_voice_travels_inline_as_ref_audio() -> None:
     for body in bodies:
         assert "voice" not in body
         assert body["task_type"] == "Base" and body["ref_text"] == "The quick brown fox."
-        assert body["stream"] is True and body["response_format"] == "pcm"
+        assert "x_vector_only_mode" not in body  # the transcript allows in-context cloning
+        assert body["stream_format"] == "audio" and body["response_format"] == "wav"
         sent, rate = ref_audio(body)
         uploaded, uploaded_rate = samples_of(wav)
         assert rate == uploaded_rate == 16000 and len(sent) == len(uploaded)
         np.testing.assert_allclose(sent, uploaded, atol=2 / 32768)
 
 
+def test_a_voice_without_transcript_clones_from_the_speaker_embedding_alone() -> None:
+    """vllm-omni refuses a Base clone with no ``ref_text`` unless ``x_vector_only_mode`` is sent."""
+    stub = StubUpstream(kind="Base")
+    with stubs(stub) as urls, gateway(*urls) as b:
+        upload(b, "quiet", clip(seed=3), ref_text=None)
+        with session(b, voice="quiet") as ws:
+            got = speak(ws, "No transcript was given.")
+        rest = post_speech(b, "Still cloned.", voice="quiet")
+    assert got.frames() and not got.messages("error")
+    assert rest.status_code == 200, rest.text
+    for body in stub.speech_requests():
+        assert body["x_vector_only_mode"] is True and "ref_text" not in body and "ref_audio" in body
+
+
 def test_a_replaced_voice_sends_the_new_clip() -> None:
-    stub = StubUpstream()
+    stub = StubUpstream(kind="Base")
     first, second = clip(seed=1), clip(seed=2)  # the same length and rate, different audio
     with stubs(stub) as urls, gateway(*urls) as b:
         upload(b, "narrator", first)
@@ -287,7 +368,7 @@ def test_a_replaced_voice_sends_the_new_clip() -> None:
 
 
 def test_each_owner_gets_their_own_voice_of_the_same_name() -> None:
-    stub = StubUpstream()
+    stub = StubUpstream(kind="Base")
     clips = {"key-one": clip(seed=1), "key-two": clip(seed=2)}
     with stubs(stub) as urls, gateway(*urls, api_keys=tuple(clips)) as b:
         for key, wav in clips.items():
@@ -398,13 +479,13 @@ def test_a_refusal_is_reported_and_neither_retried_nor_held_against_the_upstream
         first.mode = second.mode = "ok"
         assert all(post_speech(b).status_code == 200 for _ in range(4))
     error = got.messages("error")[0]
-    assert (
-        error["code"] == "engine_error"
-        and REFUSAL in str(error["message"])
-        and "400" in str(error["message"])
-    )
+    # The upstream's 4xx is the request's fault: a 4xx for the client, with the upstream's message
+    # and the field it names.
+    assert error["code"] == "request_refused" and error["field"] == "voice"
+    assert REFUSAL in str(error["message"]) and "400" in str(error["message"])
     assert [m["error"] for m in got.messages("audio.done")] == [True]
-    assert rest.status_code == 502 and REFUSAL in rest.json()["error"]["message"]
+    assert rest.status_code == 400 and REFUSAL in rest.json()["error"]["message"]
+    assert rest.json()["error"]["code"] == "request_refused"
     # Had the refusals opened a circuit (one failure is enough here), one upstream would get all four.
     assert any(s.completed for s in first.streams) and any(s.completed for s in second.streams)
 
@@ -491,7 +572,7 @@ def test_voices_learned_after_a_late_start_are_served() -> None:
                 send(ws, type="session.config", voice="ryan")
                 answer = recv(ws)
     assert isinstance(answer, dict) and answer["type"] == "session.ready", answer
-    assert listed["voices"] == ["vivian", "ryan"]
+    assert listed["voices"] == ["ryan", "vivian"]
 
 
 def test_a_down_engine_fails_only_its_own_sessions() -> None:

@@ -1,0 +1,94 @@
+"""Incremental reader of a WAV file that arrives in pieces: the header first, then samples.
+
+The remote engine asks upstreams for ``response_format: "wav"``, so every answer says its own sample
+rate in its header: a streamed one (vllm-omni 0.30 with ``stream_format: "audio"``, another voxgate)
+has placeholder sizes and ends when the body ends; a whole one (a non-streamed request) has true
+sizes. Pieces may split the header, a sample or a frame anywhere, as a network does.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import numpy.typing as npt
+
+# Streamed WAV headers carry these in place of sizes they cannot know yet.
+_UNKNOWN_SIZES = (0, 0xFFFFFFFF)
+_PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
+# A header that has not ended after this many bytes is not one a speech server would send.
+_MAX_HEADER_BYTES = 64 * 1024
+
+
+class WavStream:
+    """Feed body pieces with ``feed``; it returns the mono float32 samples each piece completes.
+
+    Raises ``ValueError`` from ``feed`` when the data is not a PCM16 or float32 WAV.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self.sample_rate: int | None = None
+        self._channels = 1
+        self._width = 2
+        self._float = False
+        self._remaining: int | None = None  # data bytes still to come, when the header says
+        self._in_data = False
+
+    def feed(self, data: bytes) -> npt.NDArray[np.float32]:
+        """Take the next piece of the body; returns the samples it completes (possibly none)."""
+        self._buffer += data
+        if not self._in_data:
+            self._parse_header()
+            if not self._in_data:
+                return np.zeros(0, np.float32)
+        if self._remaining is not None:
+            del self._buffer[self._remaining :]
+        frame = self._channels * self._width
+        usable = len(self._buffer) - len(self._buffer) % frame
+        raw = bytes(self._buffer[:usable])
+        del self._buffer[:usable]
+        if self._remaining is not None:
+            self._remaining -= usable
+        samples = (
+            np.frombuffer(raw, dtype="<f4").astype(np.float32)
+            if self._float
+            else (np.frombuffer(raw, dtype="<i2") / 32768.0).astype(np.float32)
+        )
+        if self._channels > 1:
+            samples = samples.reshape(-1, self._channels).mean(axis=1).astype(np.float32)
+        return samples
+
+    def _parse_header(self) -> None:
+        buf = self._buffer
+        if len(buf) >= 12 and (buf[:4] != b"RIFF" or buf[8:12] != b"WAVE"):
+            raise ValueError(f"not a WAV stream: starts with {bytes(buf[:12])!r}")
+        offset = 12
+        while len(buf) >= offset + 8:
+            chunk_id, size = bytes(buf[offset : offset + 4]), struct.unpack_from("<I", buf, offset + 4)[0]
+            body = offset + 8
+            if chunk_id == b"data":
+                if self.sample_rate is None:
+                    raise ValueError("WAV data came before its fmt chunk")
+                self._remaining = None if size in _UNKNOWN_SIZES else size
+                del buf[:body]
+                self._in_data = True
+                return
+            if len(buf) < body + size:
+                break
+            if chunk_id == b"fmt ":
+                self._read_format(bytes(buf[body : body + size]))
+            offset = body + size + size % 2  # chunks are padded to even sizes
+        if len(buf) > _MAX_HEADER_BYTES:
+            raise ValueError("WAV header did not end within 64 KiB")
+
+    def _read_format(self, fmt: bytes) -> None:
+        if len(fmt) < 16:
+            raise ValueError("WAV fmt chunk is too short")
+        tag, channels, rate, _, _, bits = struct.unpack_from("<HHIIHH", fmt)
+        if tag == _EXTENSIBLE and len(fmt) >= 26:
+            tag = struct.unpack_from("<H", fmt, 24)[0]  # the sub-format GUID starts with the real tag
+        if (tag, bits) not in ((_PCM, 16), (_FLOAT, 32)) or channels < 1 or rate < 1:
+            raise ValueError(f"unsupported WAV format: tag {tag}, {bits} bits, {channels} channels")
+        self.sample_rate, self._channels = rate, channels
+        self._float, self._width = tag == _FLOAT, bits // 8
