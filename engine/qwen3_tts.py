@@ -34,6 +34,7 @@ DEFAULT_MAX_NEW_TOKENS = 2048
 # vllm-omni bounds Base generation, which can loop without EOS, by text length: 12 codec frames per text
 # token and at least 192. Without its tokenizer, ~4 characters a token gives 3 frames a character.
 MIN_CODEC_FRAMES = 192
+CODEC_FRAMES_PER_TEXT_TOKEN = 12
 # The languages vllm-omni assumes when the model config lists none (its DEFAULT_TTS_LANGUAGES).
 DEFAULT_LANGUAGES = frozenset(
     {
@@ -142,6 +143,13 @@ class Qwen3Tools(Protocol):
     speakers: list[str]  # built-in speakers in config order; vllm-omni's default is the first
     languages: frozenset[str] | None
     codec_frame_rate: float | None  # codec frames per second of audio (12.5 for the "12Hz" tokenizer)
+    # False when the deploy config turns async_chunk off: the talker hands code2wav one full payload, the
+    # request stays FINAL_ONLY and its audio arrives as cumulative snapshots (each one all the audio so far).
+    streaming: bool
+
+    def text_tokens(self, text: str) -> int | None:
+        """How many tokens the model's tokenizer makes of ``text`` (None without one): sizes a Base budget."""
+        ...
 
     def prompt(self, info: dict[str, list[Any]], task_type: str, cache_salt: str) -> dict[str, Any]:
         """The engine prompt: placeholder ids of the right length plus ``additional_information``."""
@@ -209,7 +217,8 @@ def _clone_info(
         info["ref_text"] = [ref_text]
     elif not x_vector_only:
         raise EngineError(f"voice {reference.name!r} has no transcript (ref_text) for in-context cloning")
-    if not x_vector_only and codec_frame_rate and reference.sample_rate > 0:
+    # vllm-omni's serving adapter sends it for every reference clip; only in-context cloning reads it.
+    if codec_frame_rate and reference.sample_rate > 0 and len(reference.audio):
         info["ref_code_length"] = [math.ceil(len(reference.audio) / reference.sample_rate * codec_frame_rate)]
     return info
 
@@ -228,16 +237,20 @@ def cache_salt(info: Mapping[str, list[Any]], reference: VoiceReference | None) 
 def with_request_params(params: Sequence[Any], *, seed: int | None, max_tokens: int | None) -> list[Any]:
     """Stage-0 params with the request's seed and budget, set the way vllm-omni's speech server sets them.
 
-    The other stages keep the deploy defaults; the shared default objects are never changed.
+    The other stages keep the deploy defaults; the shared default objects are never changed. A seed in the
+    deploy config seeds the code predictor too when the request sets none, as vllm-omni's adapter does.
     """
     out = list(params)
-    if not out or (seed is None and max_tokens is None):
+    default_seed = getattr(out[0], "seed", None) if out else None
+    if not out or (seed is None and max_tokens is None and default_seed is None):
         return out
     first = copy.deepcopy(out[0])
     if seed is not None:
         first.seed = seed
         # The code predictor samples too; vllm-omni seeds it from this key.
         first.extra_args = {**(first.extra_args or {}), "tts_local_seed": seed}
+    elif default_seed is not None:
+        first.extra_args = {"tts_local_seed": int(default_seed), **(first.extra_args or {})}
     if max_tokens is not None:
         first.max_tokens = max_tokens
         first.min_tokens = min(int(first.min_tokens or 0), max_tokens)
@@ -268,8 +281,9 @@ class VllmOmniTools:
         )
         self._language_ids = _field(talker, "codec_language_id")
         self._dialects = _field(talker, "spk_is_dialect")
-        # With async_chunk off Qwen3-TTS has no incremental audio, and vllm-omni keeps FINAL_ONLY output.
-        self._streaming = bool(getattr(omni, "async_chunk", True))
+        # With async_chunk off Qwen3-TTS has no incremental audio, and vllm-omni keeps FINAL_ONLY output. Read
+        # where its speech server reads it (the talker's model config), else where AsyncOmni mirrors it.
+        self.streaming = bool(getattr(config, "async_chunk", getattr(omni, "async_chunk", True)))
         self.speakers: list[str] = capabilities.load_supported_speakers(omni)
         self.codec_frame_rate: float | None = capabilities.load_codec_frame_rate(omni)
         self.languages: frozenset[str] | None = None
@@ -290,7 +304,11 @@ class VllmOmniTools:
         return prompt
 
     def stream_params(self) -> list[Any]:
-        return list(self._coerce(list(self._omni.default_sampling_params_list), self._streaming))
+        return list(self._coerce(list(self._omni.default_sampling_params_list), self.streaming))
+
+    def text_tokens(self, text: str) -> int | None:
+        # vllm-omni counts with the tokenizer it sized the prompt with (``_count_usage_text_tokens``).
+        return len(self._tokenizer(text, padding=False)["input_ids"])
 
 
 def _field(config: Any, name: str) -> Any:

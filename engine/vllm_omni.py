@@ -9,7 +9,10 @@ One segment, in vllm-omni 0.30.0's names:
   talker rebuilds its embeddings. The adapter class needs vllm-omni's whole HTTP serving object, so
   ``build_info`` fills ``additional_information`` and ``VllmOmniTools`` wraps the helpers that stand alone.
 - Audio arrives as ``OmniRequestOutput.multimodal_output["audio"]``, one tensor per step (DELTA, the
-  streaming default) or a growing list (CUMULATIVE); ``AudioReader`` reads both.
+  streaming default) or a growing list (CUMULATIVE); ``AudioReader`` reads both. With ``async_chunk: false``
+  in the deploy config the request stays FINAL_ONLY and its audio is cumulative snapshots (each one all the
+  audio so far; vllm-omni's speech server keeps the last); ``AudioReader(snapshots=True)`` emits each
+  sample once.
 - Closing the stream (cancel, disconnect) calls ``AsyncOmni.abort(request_id)``.
 
 Checkpoints differ in data (``PROFILES``, kept with the prompt building in ``engine.qwen3_tts``).
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
     pass
 
 from engine.qwen3_tts import (
+    CODEC_FRAMES_PER_TEXT_TOKEN,
     DEFAULT_DEPLOY_CONFIG,
     DEFAULT_LANGUAGES,
     DEFAULT_MAX_NEW_TOKENS,
@@ -102,12 +106,18 @@ class AudioReader:
     It reads what vllm-omni's speech server reads: ``multimodal_output["audio"]`` as one tensor per output
     (DELTA) or a growing list (CUMULATIVE: new items only), ``"sr"`` as a tensor or a list (its last item).
     Outputs without audio (other stages, the end marker) are skipped.
+
+    With ``snapshots`` (``async_chunk`` off), each output's audio is all the audio so far: a tensor, or a
+    history list whose last non-empty item is the latest snapshot (what vllm-omni's speech server keeps).
+    Only the samples past those already emitted come out, so a snapshot sent again adds nothing.
     """
 
-    def __init__(self, default_rate: int) -> None:
+    def __init__(self, default_rate: int, *, snapshots: bool = False) -> None:
         self._default_rate = default_rate
+        self._snapshots = snapshots
         self._rate: int | None = None
         self._seen = 0
+        self._emitted = 0
 
     def read(self, output: Any) -> list[AudioChunk]:
         """The new audio in ``output``; EngineError for an output error or a rate change mid-stream."""
@@ -118,6 +128,8 @@ class AudioReader:
         if mm is None or key is None:
             return []
         audio = mm[key]
+        if self._snapshots:
+            return self._read_snapshot(audio, mm)
         if isinstance(audio, list):
             new, self._seen = audio[self._seen :], len(audio)
         else:
@@ -128,6 +140,14 @@ class AudioReader:
             return []
         rate = self._sample_rate(mm.get("sr"))
         return [AudioChunk(s, rate) for s in samples]
+
+    def _read_snapshot(self, audio: Any, mm: Any) -> list[AudioChunk]:
+        history = audio if isinstance(audio, list) else [audio]
+        latest = next((s for s in map(to_samples, reversed(history)) if s.size), None)
+        if latest is None or latest.size <= self._emitted:
+            return []
+        new, self._emitted = latest[self._emitted :], latest.size
+        return [AudioChunk(new, self._sample_rate(mm.get("sr")))]
 
     def _sample_rate(self, raw: Any) -> int:
         if isinstance(raw, list):
@@ -184,8 +204,8 @@ class _Stream(AsyncGenerator[AudioChunk, None]):
 
     async def _pump(self, req: SynthesisRequest) -> None:
         try:
-            omni, prompt, params = self._engine._prepare(req)
-            reader = AudioReader(self._engine.sample_rate)
+            omni, prompt, params, snapshots = self._engine._prepare(req)
+            reader = AudioReader(self._engine.sample_rate, snapshots=snapshots)
             self._submitted = True
             outputs = omni.generate(
                 prompt, request_id=self.request_id, sampling_params_list=params, output_modalities=["audio"]
@@ -254,12 +274,21 @@ class VllmOmniEngine:
                 "engine 'vllm-omni' needs the vllm extra (pip install 'voxgate[vllm]') and an NVIDIA GPU"
             ) from exc
         # vllm-omni 0.30.0 refuses stage_configs_path; deploy_config replaced it.
-        omni: OmniClient = AsyncOmni(
-            model=self.model,
-            deploy_config=self.deploy_config,
-            stage_init_timeout=int(self.stage_init_timeout_s),
-            log_stats=False,
-        )
+        try:
+            omni: OmniClient = AsyncOmni(
+                model=self.model,
+                deploy_config=self.deploy_config,
+                stage_init_timeout=int(self.stage_init_timeout_s),
+                log_stats=False,
+            )
+        # The library boundary. Without a GPU platform 0.30.0 raises RuntimeError("Orchestrator
+        # initialization failed: ") caused by a bare NotImplementedError from get_omni_ar_worker_cls;
+        # the engine has shut its orchestrator down by then, and no object is left to shut down.
+        except Exception as exc:
+            root: BaseException = exc
+            while root.__cause__ is not None or root.__context__ is not None:
+                root = root.__cause__ or root.__context__  # type: ignore[assignment]
+            raise EngineError(f"vllm-omni could not start {self.model}: {exc!r}, caused by {root!r}") from exc
         return omni
 
     async def start(self) -> None:
@@ -315,7 +344,8 @@ class VllmOmniEngine:
         """Submit ``req`` now and return its audio stream; closing the stream aborts the request."""
         return _Stream(self, req)
 
-    def _prepare(self, req: SynthesisRequest) -> tuple[OmniClient, dict[str, Any], list[Any]]:
+    def _prepare(self, req: SynthesisRequest) -> tuple[OmniClient, dict[str, Any], list[Any], bool]:
+        """The client, prompt and per-stage params for ``req``, and whether its audio comes as snapshots."""
         omni, tools = self._omni, self._tools
         if omni is None or tools is None:
             raise EngineError("the vllm-omni engine is not started")
@@ -335,10 +365,15 @@ class VllmOmniEngine:
         budget = options.get("max_new_tokens")
         if not isinstance(budget, int) and profile.codec_frames_per_char is not None and params:
             configured = getattr(params[0], "max_tokens", None) or DEFAULT_MAX_NEW_TOKENS
-            by_length = math.ceil(len(req.text) * profile.codec_frames_per_char)
+            tokens = tools.text_tokens(req.text)
+            if tokens:  # as vllm-omni's adapter: 12 codec frames per text token
+                by_length = tokens * CODEC_FRAMES_PER_TEXT_TOKEN
+            else:
+                by_length = math.ceil(len(req.text) * profile.codec_frames_per_char)
             budget = min(configured, max(MIN_CODEC_FRAMES, by_length))
         budget = budget if isinstance(budget, int) else None
-        return omni, prompt, with_request_params(params, seed=req.seed, max_tokens=budget)
+        params = with_request_params(params, seed=req.seed, max_tokens=budget)
+        return omni, prompt, params, not tools.streaming
 
     async def _abort(self, request_id: str) -> None:
         if self._omni is None:

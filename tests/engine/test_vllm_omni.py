@@ -218,6 +218,8 @@ class FakeTools:
     speakers: list[str] = field(default_factory=lambda: ["Vivian", "Ryan"])
     languages: frozenset[str] | None = frozenset({"Auto", "English", "Chinese"})
     codec_frame_rate: float | None = 12.5
+    streaming: bool = True  # async_chunk on, as in vllm-omni's qwen3_tts.yaml
+    tokens_per_text: int | None = None  # what the tokenizer counts; None: no tokenizer
 
     def prompt(self, info: dict[str, list[Any]], task_type: str, cache_salt: str) -> dict[str, Any]:
         return {
@@ -228,6 +230,9 @@ class FakeTools:
 
     def stream_params(self) -> list[Any]:
         return list(DEFAULT_PARAMS)
+
+    def text_tokens(self, text: str) -> int | None:
+        return self.tokens_per_text
 
 
 def make_engine(omni: FakeOmni, tools: FakeTools | None = None, model: str = DEFAULT_MODEL) -> VllmOmniEngine:
@@ -287,6 +292,40 @@ def test_a_cumulative_stream_may_start_with_a_lone_tensor() -> None:
     chunks = speak(make_engine(omni), request())
     assert len(chunks) == 2
     np.testing.assert_allclose(np.concatenate([c.samples for c in chunks]), tone(400), atol=1e-3)
+
+
+# With async_chunk: false in the deploy config, vllm-omni keeps the request FINAL_ONLY and its audio is
+# cumulative snapshots, each one all the audio so far (serving_speech.py::_generate_audio_bytes keeps the
+# last non-empty one). tests/vllm_omni/test_inprocess_engine.py feeds real OmniRequestOutputs the same way.
+SNAPSHOTS = [tone(1200), tone(3000), tone(4800)]
+SNAPSHOT_SCRIPTS: dict[str, Script] = {
+    "final history list": lambda prompt: [
+        audio_output([FakeTensor(s) for s in SNAPSHOTS], FakeTensor(RATE, np.int64), finished=True)
+    ],
+    "final list sent again, empty tail": lambda prompt: [
+        audio_output([FakeTensor(s) for s in SNAPSHOTS], RATE, finished=True),
+        audio_output([*(FakeTensor(s) for s in SNAPSHOTS), FakeTensor(np.zeros(0))], [RATE], finished=True),
+    ],
+    "growing tensors": lambda prompt: [
+        audio_output(FakeTensor(s), RATE, finished=i == 2) for i, s in enumerate(SNAPSHOTS)
+    ],
+}
+
+
+@pytest.mark.parametrize("name", list(SNAPSHOT_SCRIPTS))
+def test_cumulative_snapshots_without_async_chunk_come_out_once(name: str) -> None:
+    omni = FakeOmni(SNAPSHOT_SCRIPTS[name])
+    chunks = speak(make_engine(omni, FakeTools(streaming=False)), request())
+    joined = np.concatenate([c.samples for c in chunks])
+    assert joined.size == 4800 and {c.sample_rate for c in chunks} == {RATE}
+    np.testing.assert_allclose(joined, tone(4800), atol=1e-3)
+
+
+def test_with_async_chunk_on_a_list_is_read_as_chunks() -> None:
+    # The same history list with streaming on is chunks, as serving_speech.py's streaming path reads it.
+    omni = FakeOmni(SNAPSHOT_SCRIPTS["final history list"])
+    chunks = speak(make_engine(omni), request())
+    assert sum(c.samples.size for c in chunks) == 1200 + 3000 + 4800
 
 
 SR_FORMS = [FakeTensor(22050, np.int64), [FakeTensor(16000), FakeTensor(22050, np.int64)], 22050]
@@ -518,6 +557,16 @@ def test_an_uploaded_voice_reaches_a_base_model_as_reference_audio() -> None:
     assert call.params[0].seed == 3 and call.params[0].max_tokens == MIN_CODEC_FRAMES
 
 
+def test_a_base_budget_follows_the_tokenizer_when_there_is_one() -> None:
+    omni = FakeOmni()
+    ref = VoiceReference(name="alice", audio=tone(RATE * 3), sample_rate=RATE, ref_text="This is Alice.")
+    engine = make_engine(omni, FakeTools(variant="Base", speakers=[], tokens_per_text=40), model=BASE_MODEL)
+    speak(engine, request("Hi." * 40, voice=engine.default_voice, reference=ref))
+    # vllm-omni's adapter: 12 codec frames per text token, at least 192, at most the deploy default.
+    assert omni.calls[0].params[0].max_tokens == 40 * 12
+    assert omni.calls[0].params[0].extra_args is None  # no seed anywhere: the code predictor is left alone
+
+
 def test_a_reference_without_transcript_clones_from_the_speaker_embedding_of_its_audio() -> None:
     omni = FakeOmni()
     engine = make_engine(omni, FakeTools(variant="Base", speakers=[]), model=BASE_MODEL)
@@ -528,7 +577,8 @@ def test_a_reference_without_transcript_clones_from_the_speaker_embedding_of_its
         ),
     )
     info = omni.calls[0].prompt["additional_information"]
-    assert info["x_vector_only_mode"] == [True] and "ref_text" not in info and "ref_code_length" not in info
+    assert info["x_vector_only_mode"] == [True] and "ref_text" not in info
+    assert info["ref_code_length"] == [50]  # sent for every clip, as vllm-omni's adapter does; unused here
 
 
 def test_an_uploaded_embedding_becomes_a_voice_clone_prompt() -> None:
