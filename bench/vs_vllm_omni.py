@@ -253,6 +253,8 @@ class Session:
     stop: StopKind | None = None
     t_stop: float | None = None
     t_cancelled: float | None = None
+    segment_open: bool = False  # an audio.start was received and its audio.done not yet
+    busy_at_stop: bool = False  # a segment was open when the stop was sent
     finished_before_stop: bool = False
     abort_ms: float | None = None  # stop -> the engine's abort line, matched after the round
 
@@ -331,6 +333,7 @@ async def _send_text(
         return
     await stop.wait()
     session.t_stop = time.perf_counter()
+    session.busy_at_stop = session.segment_open
     if kind == "cancel":
         await ws.send(json.dumps({"type": "input.cancel"}))
     else:
@@ -401,9 +404,11 @@ async def _receive(ws: ClientConnection, session: Session, stop: asyncio.Event, 
                 if not rate:
                     raise BenchError(f"audio.start without a sample_rate: {data}")
                 session.segments += 1
+                session.segment_open = True
             case "audio.done":
                 if data.get("error"):
                     raise BenchError(f"the engine failed on a segment: {data}")
+                session.segment_open = False
             case "session.done":
                 session.t_session_done = now
                 if session.stop is not None and session.t_stop is None:
@@ -500,8 +505,8 @@ def stop_rows(
     rows = [
         "| endpoint | stop | sessions at once | n | stop → last audio byte p50 / p95 ms"
         " | audio after stop p50 / p95 ms | stop → audio.cancelled p50 ms"
-        " | stop → engine abort p50 / p95 ms | aborts logged |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " | stop → engine abort p50 / p95 ms | aborts logged | segment open at stop |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for endpoint in endpoints:
         for (key, kind, level), sessions in results.items():
@@ -521,7 +526,8 @@ def stop_rows(
             note = f" ({len(sessions) - len(stopped)} ended first)" if len(stopped) < len(sessions) else ""
             rows.append(
                 f"| {endpoint.label} | {kind} | {level} | {len(stopped)}{note} | {client} | {heard} | {ack}"
-                f" | {fmt(pct(aborts, 50))} / {fmt(pct(aborts, 95))} | {len(aborts)} of {len(stopped)} |"
+                f" | {fmt(pct(aborts, 50))} / {fmt(pct(aborts, 95))} | {len(aborts)} of {len(stopped)}"
+                f" | {sum(1 for s in stopped if s.busy_at_stop)} of {len(stopped)} |"
             )
     return rows
 
@@ -538,6 +544,7 @@ def _session_json(s: Session) -> dict[str, Any]:
         out.update(
             stop=s.stop,
             stopped=s.t_stop is not None,
+            busy_at_stop=s.busy_at_stop,
             abort_ms=s.abort_ms,
             silence_ms=s.silence_ms if s.t_stop is not None else None,
             cancelled_ms=(s.t_cancelled - s.t_stop) * 1000.0 if s.t_cancelled and s.t_stop else None,
