@@ -362,37 +362,48 @@ class CpuTtsEngineClient:
         prompt_token_ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
         log(f"generate {request_id}: {len(text)} chars, output_kind={getattr(kind, 'name', kind)}")
 
+        import torch
+
+        incremental = self.async_chunk and kind in (RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE)
         chunks: list[Any] = []
         finished = False
         try:
-            pieces = self._speak(text)
-            async for piece in pieces:
+            # One piece is held back so that the last audio chunk is the one marked finished, as the
+            # code2wav stage's last output is.
+            async for piece in self._speak(text):
+                if incremental and chunks:
+                    yield self._incremental(request_id, prompt_token_ids, kind, chunks, False)
                 chunks.append(piece)
-                if not self.async_chunk or kind == RequestOutputKind.FINAL_ONLY:
-                    continue  # the engine only reports the finished request
-                if kind == RequestOutputKind.CUMULATIVE:
-                    yield self._output(request_id, prompt_token_ids, list(chunks), False)
-                else:
-                    yield self._output(request_id, prompt_token_ids, piece, False)
             finished = True
-            total = sum(int(c.numel()) for c in chunks)
-            metrics = _stage_metrics(total)
-            if not self.async_chunk:
-                # Full payload: code2wav decodes the whole codec sequence once, and the output keeps
+            metrics = _stage_metrics(sum(int(c.numel()) for c in chunks))
+            if incremental and chunks:
+                yield self._incremental(request_id, prompt_token_ids, kind, chunks, True, metrics)
+            elif not self.async_chunk:
+                # Full payload: code2wav decodes the whole codec sequence at once, and the output keeps
                 # cumulative (FINAL_ONLY) semantics: a history list whose last entry is the waveform.
-                import torch
-
-                audio: Any = [torch.cat(chunks)] if chunks else []
+                audio: Any = [torch.cat(chunks)] if chunks else [torch.zeros(0)]
                 yield self._output(request_id, prompt_token_ids, audio, True, metrics)
-            elif kind == RequestOutputKind.DELTA:
-                import torch
-
-                yield self._output(request_id, prompt_token_ids, torch.zeros(0), True, metrics)
             else:
-                yield self._output(request_id, prompt_token_ids, list(chunks), True, metrics)
+                # FINAL_ONLY with async_chunk: the chunks accumulated over the request, as a list.
+                yield self._output(request_id, prompt_token_ids, chunks or [torch.zeros(0)], True, metrics)
         finally:
             if not finished:
                 log(f"abort {request_id} (generator closed before the end of the audio)")
+
+    def _incremental(
+        self,
+        request_id: str,
+        prompt_token_ids: Any,
+        kind: Any,
+        chunks: list[Any],
+        finished: bool,
+        metrics: dict[str, Any] | None = None,
+    ) -> Any:
+        from vllm.sampling_params import RequestOutputKind
+
+        # DELTA: this step's samples only (a tensor); CUMULATIVE: every chunk so far (a growing list).
+        audio = chunks[-1] if kind == RequestOutputKind.DELTA else list(chunks)
+        return self._output(request_id, prompt_token_ids, audio, finished, metrics)
 
     # --- internals ------------------------------------------------------------------------------------------
 
