@@ -1,0 +1,449 @@
+"""voxgate's in-process engine against the installed vllm-omni 0.30.0 (the env .ci/vllm_omni_env.sh builds).
+
+Run with that env's python; it prints one JSON object on its last stdout line (logs go to stderr):
+
+    python tests/vllm_omni/inprocess_probe.py compare    # requests built both ways; async_chunk off
+    python tests/vllm_omni/inprocess_probe.py construct  # how far AsyncOmni gets on this CPU; teardown
+
+``compare`` builds each request twice against one engine client per checkpoint kind (the fake Qwen3-TTS
+folder and the CPU engine client of tests/vllm_omni/server.py, whose stage configs and default sampling
+parameters come from vllm-omni's own resolver and ``deploy/qwen3_tts.yaml``):
+
+- vllm-omni's side is its own serving path: ``OmniOpenAIServingSpeech._prepare_speech_generation`` (the
+  Qwen3-TTS adapter's validate/build/apply_sampling_overrides, ``coerce_param_message_types``, the seed);
+- voxgate's side is ``engine.vllm_omni.VllmOmniEngine`` with its real ``VllmOmniTools``.
+
+Both end in ``engine_client.generate(...)``, which records the prompt, the per-stage sampling parameters
+and the output modalities. With ``async_chunk`` off it also feeds real ``OmniRequestOutput`` objects
+carrying cumulative snapshots (FINAL_ONLY: one finished output whose audio is a history list; the same
+sent again; growing tensors) through voxgate's engine, and counts the samples that come out.
+
+``construct`` calls ``AsyncOmni(...)`` as voxgate's engine does, records the exception and the frame it was
+raised in, calls ``shutdown()`` when an object exists, and lists the child processes left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import traceback
+from collections.abc import AsyncGenerator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.vllm_omni.server import (  # noqa: E402
+    SAMPLE_RATE,
+    CpuTtsEngineClient,
+    install_import_shims,
+    write_model_dir,
+)
+
+# Long enough that a Base budget (12 codec frames per text token) is above vllm-omni's floor of 192.
+TEXT = (
+    "Good morning, and thank you for calling the support line. Your order left our warehouse yesterday "
+    "afternoon and should reach you by Friday. Is there anything else I can help you with today?"
+)
+REF_TEXT = "This is the voice that the clone should sound like."
+REF_SECONDS = 3.2
+SEED = 1234
+#: The fields of vLLM's SamplingParams compared between the two sides (all the ones a TTS request sets).
+PARAM_FIELDS = (
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "max_tokens",
+    "min_tokens",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "detokenize",
+    "output_kind",
+    "extra_args",
+    "logprobs",
+)
+#: additional_information keys vllm-omni's serving layer adds for its own bookkeeping (reference-audio
+#: artifact caches, the codec-budget check after generation); the talker rebuilds its prompt without them.
+SERVER_ONLY_INFO = (
+    "ref_audio_cache_key",
+    "_qwen3_tts_ref_audio_cache_key",
+    "_qwen3_tts_effective_max_tokens",
+)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class RecordingClient(CpuTtsEngineClient):
+    """The CPU engine client, recording each ``generate`` call; it yields the outputs in ``self.script``."""
+
+    def __init__(self, model_dir: Path, async_chunk: bool, deploy_config: str) -> None:
+        super().__init__(model_dir, async_chunk, deploy_config)
+        self.calls: list[dict[str, Any]] = []
+        self.script: Callable[[str], list[Any]] = lambda request_id: []
+
+    def generate(
+        self,
+        prompt: Any,
+        sampling_params: Any = None,
+        request_id: str = "",
+        *,
+        sampling_params_list: Sequence[Any] | None = None,
+        output_modalities: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncGenerator[Any, None]:
+        self.calls.append(
+            {"prompt": prompt, "params": list(sampling_params_list or []), "modalities": output_modalities}
+        )
+        outputs = self.script(request_id)
+
+        async def stream() -> AsyncGenerator[Any, None]:
+            for output in outputs:
+                yield output
+
+        return stream()
+
+
+def deploy_config_path() -> str:
+    import vllm_omni
+
+    return str(Path(vllm_omni.__file__).parent / "deploy" / "qwen3_tts.yaml")
+
+
+def reference_clip() -> Any:
+    import numpy as np
+
+    t = np.arange(int(SAMPLE_RATE * REF_SECONDS)) / SAMPLE_RATE
+    return (0.3 * np.sin(2 * np.pi * 180 * t) * np.sin(2 * np.pi * 3 * t)).astype(np.float32)
+
+
+def wav_data_url(clip: Any) -> str:
+    import soundfile
+
+    buffer = io.BytesIO()
+    soundfile.write(buffer, clip, SAMPLE_RATE, format="WAV", subtype="FLOAT")
+    return "data:audio/wav;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def params_view(params: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in PARAM_FIELDS:
+        value = getattr(params, name, None)
+        if value is not None and hasattr(value, "name"):  # RequestOutputKind
+            value = value.name
+        elif isinstance(value, set | frozenset):
+            value = sorted(value)
+        out[name] = json.loads(json.dumps(value, default=repr))
+    return out
+
+
+def info_view(info: dict[str, Any]) -> dict[str, Any]:
+    """additional_information with the reference audio summarised (length, rate, checksum)."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if key == "ref_audio":
+            (wav, sr), *_ = value
+            out[key] = {"samples": len(wav), "sr": int(sr), "sum": round(float(sum(wav)), 4)}
+        elif key == "voice_clone_prompt":
+            embedding = value[0]["ref_spk_embedding"]
+            out[key] = {"dims": len(embedding), "sum": round(float(sum(embedding)), 4)}
+        else:
+            out[key] = json.loads(json.dumps(value, default=repr))
+    return out
+
+
+def call_view(call: dict[str, Any]) -> dict[str, Any]:
+    prompt = call["prompt"]
+    return {
+        "prompt_len": len(prompt["prompt_token_ids"]),
+        "params": [params_view(p) for p in call["params"]],
+        "modalities": call["modalities"],
+        "info": info_view(prompt["additional_information"]),
+        "cache_salt": prompt.get("cache_salt"),
+    }
+
+
+def cases(kind: str, clip: Any, hidden_size: int) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Input kind -> (vllm-omni request fields, voxgate SynthesisRequest fields)."""
+    from engine.base import VoiceReference
+
+    stream = {"stream": True, "stream_format": "audio", "response_format": "pcm", "seed": SEED}
+    url = wav_data_url(clip)
+    if kind == "CustomVoice":
+        return {
+            "CustomVoice": (
+                {**stream, "voice": "Ryan", "language": "English", "instructions": "Speak warmly."},
+                {"voice": "Ryan", "options": {"language": "en", "instructions": "Speak warmly."}},
+            ),
+        }
+    if kind == "VoiceDesign":
+        design = "A calm, low female voice with a slight rasp."
+        return {
+            "VoiceDesign": (
+                {**stream, "task_type": "VoiceDesign", "instructions": design},
+                {"voice": "designed", "options": {"instructions": design}},
+            ),
+        }
+    embedding = [((i % 7) - 3) / 10.0 for i in range(hidden_size)]
+    return {
+        "Base with transcript": (
+            {**stream, "task_type": "Base", "ref_audio": url, "ref_text": REF_TEXT, "language": "English"},
+            {
+                "voice": "reference",
+                "options": {"language": "English"},
+                "reference": VoiceReference(
+                    name="alice", audio=clip, sample_rate=SAMPLE_RATE, ref_text=REF_TEXT
+                ),
+            },
+        ),
+        "Base x-vector only": (
+            {**stream, "task_type": "Base", "ref_audio": url, "x_vector_only_mode": True},
+            {
+                "voice": "reference",
+                "reference": VoiceReference(name="bob", audio=clip, sample_rate=SAMPLE_RATE),
+            },
+        ),
+        "speaker embedding": (
+            {**stream, "task_type": "Base", "speaker_embedding": embedding},
+            {"voice": "reference", "options": {"speaker_embedding": embedding}},
+        ),
+    }
+
+
+async def serving_layer(client: RecordingClient, model_dir: Path) -> Any:
+    from vllm.entrypoints.openai.models.protocol import BaseModelPath
+    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+    from vllm_omni.entrypoints.openai.serving_speech import OmniOpenAIServingSpeech
+
+    models = OpenAIServingModels(
+        engine_client=client,
+        base_model_paths=[BaseModelPath(name=str(model_dir), model_path=str(model_dir))],
+        lora_modules=None,
+    )
+    return OmniOpenAIServingSpeech(client, models, request_logger=None, model_name=str(model_dir))
+
+
+async def compare_kind(kind: str, root: Path) -> dict[str, Any]:
+    from vllm_omni.entrypoints.openai.protocol.audio import OpenAICreateSpeechRequest
+
+    from engine.base import SynthesisRequest
+    from engine.vllm_omni import VllmOmniEngine
+
+    model_dir = write_model_dir(kind, root / f"Qwen3-TTS-12Hz-0.6B-{kind}")
+    client = RecordingClient(model_dir, True, deploy_config_path())
+    server = await serving_layer(client, model_dir)
+    engine = VllmOmniEngine(model=str(model_dir), omni_factory=lambda: client)
+    await engine.start()
+    clip = reference_clip()
+    hidden = int(client.model_config.hf_config.talker_config.hidden_size)
+    results: dict[str, Any] = {}
+    try:
+        for name, (upstream_fields, ours) in cases(kind, clip, hidden).items():
+            request = OpenAICreateSpeechRequest(input=TEXT, **upstream_fields)
+            del client.calls[:]
+            _, generator, _ = await server._prepare_speech_generation(request)
+            await generator.aclose()
+            (upstream_call,) = client.calls
+            del client.calls[:]
+            options = dict(ours.get("options", {}))
+            options["seed"] = SEED
+            req = SynthesisRequest(
+                text=TEXT, voice=ours["voice"], seed=SEED, options=options, reference=ours.get("reference")
+            )
+            engine.check(req.voice, req.options)
+            async with contextlib.aclosing(engine.synthesize(req)) as chunks:
+                async for _ in chunks:
+                    pass
+            (voxgate_call,) = client.calls
+            results[name] = {"vllm_omni": call_view(upstream_call), "voxgate": call_view(voxgate_call)}
+    finally:
+        await engine.aclose()
+        server.shutdown()
+    return results
+
+
+def snapshot_output(request_id: str, audio: Any, finished: bool) -> Any:
+    """A real OmniRequestOutput of the code2wav stage, built as vllm-omni's output processor builds it."""
+    import torch
+    from vllm_omni.outputs import OmniRequestOutput
+    from vllm_omni.outputs.mm_outputs import MultimodalCompletionOutput, MultimodalPayload
+
+    payload = MultimodalPayload(tensors={"audio": audio}, metadata={"sr": torch.tensor(SAMPLE_RATE)})
+    completion = MultimodalCompletionOutput(
+        multimodal_output=payload,
+        index=0,
+        text="",
+        token_ids=[],
+        cumulative_logprob=None,
+        logprobs=None,
+        finish_reason="stop" if finished else None,
+    )
+    return OmniRequestOutput(
+        request_id=request_id,
+        prompt_token_ids=None,
+        outputs=[completion],
+        finished=finished,
+        stage_id=1,
+        final_output_type="audio",
+    )
+
+
+async def cumulative(root: Path) -> dict[str, Any]:
+    """async_chunk off: the coerced output kind on both sides, and the samples voxgate's engine emits."""
+    import torch
+    from vllm_omni.entrypoints.openai.protocol.audio import OpenAICreateSpeechRequest
+
+    from engine.base import SynthesisRequest
+    from engine.vllm_omni import VllmOmniEngine
+
+    model_dir = write_model_dir("CustomVoice", root / "Qwen3-TTS-12Hz-0.6B-CustomVoice")
+    client = RecordingClient(model_dir, False, deploy_config_path())
+    server = await serving_layer(client, model_dir)
+    engine = VllmOmniEngine(model=str(model_dir), omni_factory=lambda: client)
+    await engine.start()
+    full = torch.linspace(-0.5, 0.5, 4800, dtype=torch.float32)
+    # Cumulative snapshots: each one is all the audio so far (serving_speech.py keeps the last non-empty one).
+    snapshots = [full[:1200].clone(), full[:3000].clone(), full.clone()]
+    scripts: dict[str, Callable[[str], list[Any]]] = {
+        # FINAL_ONLY, as the output processor sends it: one finished output, the history as a list.
+        "final history list": lambda rid: [snapshot_output(rid, list(snapshots), True)],
+        # The same snapshot again after it (a terminal re-send), and an empty tail entry.
+        "final list, repeated": lambda rid: [
+            snapshot_output(rid, list(snapshots), True),
+            snapshot_output(rid, [*snapshots, torch.zeros(0)], True),
+        ],
+        # One growing tensor per output (CUMULATIVE kind).
+        "growing tensors": lambda rid: [snapshot_output(rid, s, i == 2) for i, s in enumerate(snapshots)],
+    }
+    out: dict[str, Any] = {"samples_expected": int(full.numel())}
+    try:
+        request = OpenAICreateSpeechRequest(
+            input=TEXT, voice="vivian", stream=True, stream_format="audio", response_format="pcm"
+        )
+        del client.calls[:]
+        _, generator, _ = await server._prepare_speech_generation(request)
+        await generator.aclose()
+        out["vllm_omni_output_kinds"] = [params_view(p)["output_kind"] for p in client.calls[0]["params"]]
+        for name, script in scripts.items():
+            client.script = script
+            del client.calls[:]
+            req = SynthesisRequest(text=TEXT, voice="vivian")
+            got = []
+            async with contextlib.aclosing(engine.synthesize(req)) as chunks:
+                async for chunk in chunks:
+                    got.append(chunk.samples)
+            samples = [float(x) for chunk in got for x in chunk]
+            out.setdefault(
+                "voxgate_output_kinds", [params_view(p)["output_kind"] for p in client.calls[0]["params"]]
+            )
+            out[name] = {
+                "chunks": len(got),
+                "samples": len(samples),
+                "equal": len(samples) == full.numel() and bool(torch.allclose(torch.tensor(samples), full)),
+            }
+    finally:
+        await engine.aclose()
+        server.shutdown()
+    return out
+
+
+def compare() -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="voxgate-probe-") as tmp:
+            results: dict[str, Any] = {}
+            for kind in ("CustomVoice", "VoiceDesign", "Base"):
+                results.update(await compare_kind(kind, Path(tmp)))
+            return {"cases": results, "cumulative": await cumulative(Path(tmp))}
+
+    return asyncio.run(run())
+
+
+def construct() -> dict[str, Any]:
+    """AsyncOmni built and torn down as ``VllmOmniEngine`` does it (start, then aclose), on a fake folder."""
+    import threading
+
+    import psutil
+
+    from engine.vllm_omni import VllmOmniEngine
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="voxgate-probe-") as tmp:
+        model_dir = write_model_dir("CustomVoice", Path(tmp) / "Qwen3-TTS-12Hz-0.6B-CustomVoice")
+        engine = VllmOmniEngine(model=str(model_dir), stage_init_timeout_s=60)
+        try:
+            asyncio.run(engine.start())
+            out["started"] = True
+        except BaseException as exc:  # noqa: BLE001 - the failure is what is being recorded
+            out["started"] = False
+            out["error"] = _chain(exc)
+            out["stack"] = [
+                f"{_short(f.filename)}:{f.lineno} {f.name}" for f in traceback.extract_tb(exc.__traceback__)
+            ]
+        asyncio.run(engine.aclose())
+        children = psutil.Process().children(recursive=True)
+        psutil.wait_procs(children, timeout=10)
+        out["children_left"] = [
+            {"pid": p.pid, "cmdline": " ".join(p.cmdline())[:200]} for p in children if p.is_running()
+        ]
+        out["threads_left"] = [t.name for t in threading.enumerate() if t.is_alive() and not t.daemon][1:]
+    return out
+
+
+def _chain(exc: BaseException) -> list[dict[str, Any]]:
+    """The exception and its causes, each with the frame that raised it."""
+    chain = []
+    cause: BaseException | None = exc
+    while cause is not None:
+        frames = traceback.extract_tb(cause.__traceback__)[-1:]
+        chain.append(
+            {
+                "type": type(cause).__name__,
+                "message": str(cause)[:300],
+                "file": _short(frames[0].filename) if frames else None,
+                "function": frames[0].name if frames else None,
+                "frames": [
+                    f"{_short(f.filename)}:{f.name}" for f in traceback.extract_tb(cause.__traceback__)
+                ],
+            }
+        )
+        cause = cause.__cause__ or cause.__context__
+    return chain
+
+
+def _short(filename: str) -> str:
+    marker = "site-packages/"
+    return filename.split(marker, 1)[1] if marker in filename else filename
+
+
+def main(argv: Sequence[str]) -> None:
+    mode = argv[1] if len(argv) > 1 else "compare"
+    for name, value in {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_DISABLE_LOG_LOGO": "1",
+    }.items():
+        os.environ.setdefault(name, value)
+    install_import_shims()
+    result = {"compare": compare, "construct": construct}[mode]()
+    print(json.dumps(result, default=repr), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
