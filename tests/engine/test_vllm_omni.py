@@ -715,3 +715,14 @@ def test_engine_is_registered_and_needs_the_extra_only_when_started() -> None:
 
     engine = ENGINES["vllm-omni"](Settings(vllm_model="Qwen/Qwen3-TTS-12Hz-0.6B-Base"))
     assert engine.name == "vllm-omni"
+
+
+def test_a_deploy_seed_reaches_the_code_predictor_when_the_request_sets_none() -> None:
+    # vllm-omni's Qwen3-TTS adapter: extra_args.setdefault("tts_local_seed", <stage-0 default seed>).
+    seeded = (FakeSamplingParams(seed=5), DEFAULT_PARAMS[1])
+    tools = FakeTools()
+    tools.stream_params = lambda: list(seeded)  # type: ignore[method-assign]
+    omni = FakeOmni()
+    speak(make_engine(omni, tools), request())
+    assert omni.calls[0].params[0].extra_args == {"tts_local_seed": 5}
+    assert seeded[0].extra_args is None  # the shared defaults are untouched
