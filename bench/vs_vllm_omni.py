@@ -33,6 +33,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -185,6 +186,7 @@ def servers() -> Iterator[tuple[Server, Server]]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     upstream_port, gateway_port = free_port(), free_port()
     started: list[Server] = []
+    voices_dir = tempfile.mkdtemp(prefix="voxgate-bench-voices-")  # the gateway's, empty
     try:
         upstream = Server(
             "vllm-omni",
@@ -194,7 +196,6 @@ def servers() -> Iterator[tuple[Server, Server]]:
         )
         started.append(upstream)
         upstream.wait_http(f"http://127.0.0.1:{upstream_port}/health", UPSTREAM_START_S)
-        voices_dir = tempfile.mkdtemp(prefix="voxgate-bench-voices-")
         gateway = Server(
             "voxgate",
             [str(VOXGATE), "serve", "--engine", "remote", "--upstream", f"http://127.0.0.1:{upstream_port}"]
@@ -207,6 +208,7 @@ def servers() -> Iterator[tuple[Server, Server]]:
     finally:
         for server in reversed(started):
             server.stop()
+        shutil.rmtree(voices_dir, ignore_errors=True)
 
 
 def upstream_voice(port: int) -> str:
