@@ -40,6 +40,7 @@ from engine.base import (
     Voice,
     VoiceReference,
 )
+from engine.qwen3_tts import qwen_language, variant_of
 from engine.upstreams import Upstream, UpstreamPool
 from engine.wav_stream import WavStream
 from protocol.audio import encode, wav_header
@@ -59,32 +60,7 @@ _PLACEHOLDER_VOICE = "default"
 # (no such route): another upstream may, so they fail over like a 5xx. 401/403 say our key is wrong
 # for that upstream, its fault and not the request's. Any other 4xx is the request's fault.
 _UPSTREAM_FAULTS = frozenset({401, 403, 404, 405, 408, 429})
-# vllm-omni title-cases ``language`` and accepts Qwen3-TTS's language names (tts_adapters/qwen3_tts.py
-# ``validate``; tts_adapters/base.py DEFAULT_TTS_LANGUAGES), so ISO 639-1 codes and BCP 47 tags
-# (``en``, ``en-US``) are mapped to those names; other values go as they are, for the upstream to judge.
-_LANGUAGES = {
-    "auto": "Auto",
-    "zh": "Chinese",
-    "en": "English",
-    "ja": "Japanese",
-    "ko": "Korean",
-    "de": "German",
-    "fr": "French",
-    "ru": "Russian",
-    "pt": "Portuguese",
-    "es": "Spanish",
-    "it": "Italian",
-}
 _WORD = re.compile(r"[A-Za-z_]+")
-
-
-def upstream_language(value: str) -> str:
-    """The name vllm-omni accepts for a language code or tag (``en-US`` -> ``English``).
-
-    Names (``english``) are title-cased as vllm-omni would; anything else is passed on unchanged.
-    """
-    primary = re.split(r"[-_]", value.strip(), maxsplit=1)[0].lower()
-    return _LANGUAGES.get(primary, value.strip().title())
 
 
 def _refusal(status: int, content: bytes, body: dict[str, object]) -> RequestRefused:
@@ -169,6 +145,8 @@ class RemoteEngine:
         self._client: httpx.AsyncClient | None = None
         self._voices: list[Voice] = []
         self._learned = False
+        #: The Qwen3-TTS checkpoint kind upstream (``CustomVoice``, ``Base``, ``VoiceDesign``), if known.
+        self.variant: str | None = None
         self._health: asyncio.Task[None] | None = None
         self._ref_cache: dict[tuple[bytes, int], str] = {}
 
@@ -220,9 +198,23 @@ class RemoteEngine:
             self._voices = [Voice(name=n, engine=self.name, sample_rate=self.sample_rate) for n in names]
             if self._voices and DEFAULT_VOICE not in names:
                 self.default_voice = self._voices[0].name
+            self.variant = variant_of(self.model) if self.model else await self._served_variant(upstream)
             self._learned = True
-            logger.info("upstream %s lists %d voices", upstream.url, len(self._voices))
+            logger.info(
+                "upstream %s lists %d voices (checkpoint: %s)",
+                upstream.url,
+                len(self._voices),
+                self.variant or "unknown",
+            )
             return
+
+    async def _served_variant(self, upstream: Upstream) -> str | None:
+        """The Qwen3-TTS checkpoint kind the upstream serves, from its model id (``...-VoiceDesign``)."""
+        try:
+            served = (await self._http().get(f"{upstream.url}/v1/models")).json()
+            return variant_of(str(served["data"][0]["id"]))
+        except (httpx.HTTPError, ValueError, LookupError, TypeError):  # not an OpenAI model list
+            return None
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -253,11 +245,19 @@ class RemoteEngine:
             body.update(stream=True, stream_format="audio")
         if self.model:
             body["model"] = self.model
-        if voice is not None and reference is None:
+        # An upstream that lists no voices (a Base or VoiceDesign checkpoint) has no speakers to name.
+        if voice is not None and reference is None and (self._voices or not self._learned):
             body["voice"] = voice
         body.update({k: v for k, v in options.items() if k in _FORWARDED})
+        # vllm-omni takes a request without ``task_type`` as CustomVoice, which a VoiceDesign or Base
+        # checkpoint refuses (tts_adapters/qwen3_tts.py ``validate``): name the task it runs, so that
+        # what is missing (instructions, a voice to clone) is what its refusal says.
+        if reference is None and self.variant in ("VoiceDesign", "Base"):
+            body.setdefault("task_type", self.variant)
+        # vllm-omni title-cases ``language`` and accepts Qwen3-TTS's names (tts_adapters/qwen3_tts.py
+        # ``validate``): codes and tags (``en``, ``en-US``) become those names; others go as they are.
         if isinstance(body.get("language"), str):
-            body["language"] = upstream_language(str(body["language"]))
+            body["language"] = qwen_language(str(body["language"]))
         if reference is not None:
             body.setdefault("task_type", "Base")  # vllm-omni clones with the Base task
             if reference.audio is not None:

@@ -20,7 +20,7 @@ import pytest
 import soundfile
 from websockets.sync.client import ClientConnection, connect
 
-from engine.remote import upstream_language
+from engine.qwen3_tts import qwen_language
 from protocol.audio import decode
 from tests.conftest import TIMEOUT_S, Received, bound_socket, recv, recv_until, send, serve_engine, session
 from tests.engine.upstream_stub import (
@@ -249,7 +249,7 @@ def test_speed_is_served_by_a_whole_answer_per_segment() -> None:
     ],
 )
 def test_language_codes_become_vllm_omni_names(given: str, sent: str) -> None:
-    assert upstream_language(given) == sent
+    assert qwen_language(given) == sent
 
 
 def test_an_unknown_language_is_refused_with_a_4xx_naming_it() -> None:
@@ -294,8 +294,18 @@ def test_base_and_voice_design_upstreams_start_without_refusals(kind: Kind) -> N
         report = readyz(b)
         listed = httpx.get(f"http://{b}/v1/audio/voices", timeout=TIMEOUT_S).json()
         time.sleep(5 * FAST["upstream_health_interval_s"])  # type: ignore[operator]
-    assert report.status_code == 200 and stub.requests == []
+        assert stub.requests == []
+        designed = post_speech(b, "Hello there.", instructions="A calm voice.")
+    assert report.status_code == 200
     assert "default" not in listed["voices"]
+    # No speaker is named to a checkpoint that has none, and a VoiceDesign one is told its task (it
+    # takes a request without one as CustomVoice and refuses it).
+    assert "voice" not in stub.requests[0]
+    assert stub.requests[0]["task_type"] == kind
+    if kind == "VoiceDesign":
+        assert designed.status_code == 200, designed.text
+    else:  # a Base checkpoint needs a voice to clone: its refusal, passed on
+        assert designed.status_code == 400 and "ref_audio" in designed.json()["error"]["message"]
 
 
 def test_an_upstream_whose_voice_list_is_not_json_still_serves() -> None:

@@ -106,6 +106,7 @@ class StubUpstream:
             routes=[
                 Route("/health", self._health),
                 Route("/v1/audio/voices", self._voices),
+                Route("/v1/models", self._models),
                 Route("/v1/audio/speech", self._speech, methods=["POST"]),
             ]
         )
@@ -136,6 +137,11 @@ class StubUpstream:
             return HTMLResponse("<html><body>Welcome</body></html>")
         # api_server.py:1499: the sorted speakers plus the placeholder (serving_speech.py:558).
         return JSONResponse({"voices": sorted([*self.speakers, PLACEHOLDER]), "uploaded_voices": []})
+
+    async def _models(self, request: Request) -> Response:
+        # api_server.py:1968: vllm's OpenAI model list, naming the checkpoint served.
+        model = {"id": f"Qwen/Qwen3-TTS-12Hz-0.6B-{self.kind}", "object": "model", "owned_by": "vllm-omni"}
+        return JSONResponse({"object": "list", "data": [model]})
 
     async def _speech(self, request: Request) -> Response:
         body = await request.json()

@@ -9,14 +9,14 @@ from __future__ import annotations
 import base64
 import io
 import json
-from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.vllm_omni.upstream import RealUpstream, real_upstream
+from tests.vllm_omni.conftest import RealUpstreams
+from tests.vllm_omni.upstream import RealUpstream
 
 pytestmark = pytest.mark.slow
 
@@ -26,9 +26,8 @@ SPEAKERS = {"vivian", "ryan", "serena", "aiden"}
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[RealUpstream]:
-    with real_upstream("CustomVoice") as server:
-        yield server
+def upstream(real: RealUpstreams) -> RealUpstream:
+    return real("CustomVoice")
 
 
 def plausible_seconds(text: str) -> tuple[float, float]:
@@ -108,15 +107,16 @@ def test_stream_format_audio_answers_raw_pcm_in_chunks(upstream: RealUpstream) -
     assert float(np.sqrt(np.mean(samples**2))) > 0.01
 
 
-def test_without_async_chunk_the_whole_waveform_comes_at_once() -> None:
+def test_without_async_chunk_the_whole_waveform_comes_at_once(real: RealUpstreams) -> None:
     # vllm-omni keeps FINAL_ONLY for Qwen3-TTS without async_chunk, streamed or not: one waveform at the end.
-    with real_upstream("CustomVoice", async_chunk=False) as server:
-        low, high = plausible_seconds(TEXT)
-        for body in (
-            {"response_format": "pcm"},
-            {"response_format": "pcm", "stream": True, "stream_format": "audio"},
-        ):
-            response = speech(server, **body)
-            assert response.status_code == 200, response.text
-            assert low < len(response.content) / 2 / 24000 < high
-        assert server.log().count("output_kind=FINAL_ONLY") == 2
+    server = real("CustomVoice", async_chunk=False)
+    since = len(server.log())
+    low, high = plausible_seconds(TEXT)
+    for body in (
+        {"response_format": "pcm"},
+        {"response_format": "pcm", "stream": True, "stream_format": "audio"},
+    ):
+        response = speech(server, **body)
+        assert response.status_code == 200, response.text
+        assert low < len(response.content) / 2 / 24000 < high
+    assert server.log()[since:].count("output_kind=FINAL_ONLY") == 2
