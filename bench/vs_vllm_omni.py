@@ -80,6 +80,9 @@ GATEWAY_START_S = 60.0
 # per request stopped before the end of its audio.
 GENERATE_RE = re.compile(r"(?:^|\s)generate (\S+):")
 ABORT_RE = re.compile(r"(?:^|\s)abort (\S+)")
+# vllm-omni's WebSocket handler, when it notices that its client has gone: after the abort of the request in
+# flight, or after that request ran to its end (serving_speech_stream.py).
+DISCONNECTED_RE = re.compile(r"Streaming speech: client disconnected")
 
 StopKind = Literal["cancel", "disconnect"]
 
@@ -133,6 +136,10 @@ class Server:
     def mark(self) -> int:
         with self._lock:
             return len(self._lines)
+
+    def save(self, path: Path) -> None:
+        """The output so far, each line after its arrival time (perf_counter seconds, as the sessions')."""
+        path.write_text("".join(f"{stamp:.4f} {line}\n" for stamp, line in self.lines()))
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(line for _, line in self.lines()[-n:])
@@ -236,6 +243,9 @@ class Endpoint:
     url: str
     config: dict[str, Any]
     stops: tuple[StopKind, ...]
+    # The line in the vllm-omni server's output that says this endpoint's engine work for a stopped session
+    # is over: vllm-omni's handler noticing the disconnect; for voxgate, the abort of its upstream request.
+    stopped_re: re.Pattern[str]
 
 
 @dataclass(frozen=True)
@@ -258,7 +268,7 @@ class Session:
     segment_open: bool = False  # an audio.start was received and its audio.done not yet
     busy_at_stop: bool = False  # a segment was open when the stop was sent
     finished_before_stop: bool = False
-    abort_ms: float | None = None  # stop -> the engine's abort line, matched after the round
+    engine_stop_ms: float | None = None  # stop -> the endpoint's `stopped_re` line, matched after the round
 
     @property
     def ttfa_ms(self) -> float:
@@ -268,11 +278,12 @@ class Session:
     def audio_s(self) -> float:
         return sum(f.audio_s for f in self.frames)
 
-    def underruns_ms(self, jitter_ms: float = JITTER_BUFFER_MS) -> list[float]:
-        """Silences heard by a player that starts ``jitter_ms`` after the first frame arrives.
+    def playback(self, jitter_ms: float = JITTER_BUFFER_MS) -> tuple[list[float], float]:
+        """Underruns (ms) of a player starting ``jitter_ms`` after the first frame arrives, and its end.
 
         It plays every frame back to back in real time; a frame that arrives after everything before it has
-        played is an underrun, and playback resumes as soon as that frame is there.
+        played is an underrun, and playback resumes as soon as that frame is there. The end is in ms from
+        the first ``input.text``: when the listener hears the last word.
         """
         underruns: list[float] = []
         play_end = self.frames[0].t + jitter_ms / 1000.0
@@ -281,7 +292,10 @@ class Session:
                 underruns.append((frame.t - play_end) * 1000.0)
                 play_end = frame.t
             play_end += frame.audio_s
-        return underruns
+        return underruns, (play_end - self.t_first_text) * 1000.0
+
+    def underruns_ms(self) -> list[float]:
+        return self.playback()[0]
 
     def after_stop(self) -> list[Frame]:
         assert self.t_stop is not None
@@ -431,40 +445,48 @@ async def run_round(endpoint: Endpoint, plan: Plan, sessions: int, kind: StopKin
     return list(await asyncio.gather(*(run_session(endpoint, plan, barrier, kind) for _ in range(sessions))))
 
 
-def match_aborts(sessions: Sequence[Session], lines: Sequence[tuple[float, str]]) -> int:
-    """Give each stopped session the first not yet taken abort logged after its stop; return how many."""
-    aborts: list[float] = []
+def events(pattern: re.Pattern[str], lines: Sequence[tuple[float, str]]) -> list[float]:
+    """When ``pattern`` was logged; a line naming a request (group 1) already seen is not counted again."""
+    stamps: list[float] = []
     seen: set[str] = set()
     for stamp, line in lines:
-        if (found := ABORT_RE.search(line)) and found[1] not in seen:
-            seen.add(found[1])
-            aborts.append(stamp)
+        if found := pattern.search(line):
+            if pattern.groups:
+                if found[1] in seen:
+                    continue
+                seen.add(found[1])
+            stamps.append(stamp)
+    return stamps
+
+
+def match_stops(sessions: Sequence[Session], stamps: Sequence[float]) -> None:
+    """Give each stopped session, in the order of their stops, the first line after its stop not yet taken."""
     taken = 0
     for session in sorted((s for s in sessions if s.t_stop is not None), key=lambda s: s.t_stop or 0.0):
         assert session.t_stop is not None
-        while taken < len(aborts) and aborts[taken] < session.t_stop:
+        while taken < len(stamps) and stamps[taken] < session.t_stop:
             taken += 1
-        if taken == len(aborts):
+        if taken == len(stamps):
             break
-        session.abort_ms = (aborts[taken] - session.t_stop) * 1000.0
+        session.engine_stop_ms = (stamps[taken] - session.t_stop) * 1000.0
         taken += 1
-    return len(aborts)
 
 
 async def stop_round(
     endpoint: Endpoint, plan: Plan, sessions: int, kind: StopKind, upstream: Server
-) -> list[Session]:
+) -> tuple[list[Session], int]:
+    """A round of stopped sessions, matched to the server's lines; also how many requests were aborted."""
     mark = upstream.mark()
     results = await run_round(endpoint, plan, sessions, kind)
     stopped = sum(1 for s in results if s.t_stop is not None)
     deadline = time.perf_counter() + ABORT_WAIT_S
     while time.perf_counter() < deadline:
-        lines = upstream.lines(mark)
-        if len({m[1] for _, line in lines if (m := ABORT_RE.search(line))}) >= stopped:
+        if len(events(endpoint.stopped_re, upstream.lines(mark))) >= stopped:
             break
         await asyncio.sleep(0.1)
-    match_aborts(results, upstream.lines(mark))
-    return results
+    lines = upstream.lines(mark)
+    match_stops(results, events(endpoint.stopped_re, lines))
+    return results, len(events(ABORT_RE, lines))
 
 
 # -- statistics and report -----------------------------------------------------------------------------
@@ -481,8 +503,8 @@ def fmt(value: float) -> str:
 def stream_rows(endpoints: Sequence[Endpoint], results: dict[tuple[str, int], list[Session]]) -> list[str]:
     rows = [
         "| endpoint | sessions at once | n | TTFA p50 ms | TTFA p95 ms | sessions with an underrun"
-        " | underruns | underrun ms per session p50 / p95 / max | audio s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " | underruns | underrun ms per session p50 / p95 / max | last word heard p50 / p95 s | audio s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for endpoint in endpoints:
         for (key, level), sessions in results.items():
@@ -491,23 +513,27 @@ def stream_rows(endpoints: Sequence[Endpoint], results: dict[tuple[str, int], li
             ttfa = [s.ttfa_ms for s in sessions]
             under = [s.underruns_ms() for s in sessions]
             totals = [sum(u) for u in under]
+            ends = [s.playback()[1] / 1000.0 for s in sessions]
             rows.append(
                 f"| {endpoint.label} | {level} | {len(sessions)}"
                 f" | {fmt(pct(ttfa, 50))} | {fmt(pct(ttfa, 95))}"
                 f" | {sum(1 for u in under if u)} | {sum(len(u) for u in under)}"
                 f" | {fmt(pct(totals, 50))} / {fmt(pct(totals, 95))} / {fmt(max(totals))}"
+                f" | {pct(ends, 50):.1f} / {pct(ends, 95):.1f}"
                 f" | {pct([s.audio_s for s in sessions], 50):.1f} |"
             )
     return rows
 
 
 def stop_rows(
-    endpoints: Sequence[Endpoint], results: dict[tuple[str, StopKind, int], list[Session]]
+    endpoints: Sequence[Endpoint],
+    results: dict[tuple[str, StopKind, int], list[Session]],
+    aborted: dict[tuple[str, StopKind, int], int],
 ) -> list[str]:
     rows = [
         "| endpoint | stop | sessions at once | n | stop → last audio byte p50 / p95 ms"
         " | audio after stop p50 / p95 ms | stop → audio.cancelled p50 ms"
-        " | stop → engine abort p50 / p95 ms | aborts logged | segment open at stop |",
+        " | stop → engine done p50 / p95 ms (found) | requests aborted | segment open at stop |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for endpoint in endpoints:
@@ -515,7 +541,7 @@ def stop_rows(
             if key != endpoint.key:
                 continue
             stopped = [s for s in sessions if s.t_stop is not None]
-            aborts = [s.abort_ms for s in stopped if s.abort_ms is not None]
+            done = [s.engine_stop_ms for s in stopped if s.engine_stop_ms is not None]
             if kind == "cancel":
                 silence = [s.silence_ms for s in stopped]
                 late = [sum(f.audio_s for f in s.after_stop()) * 1000.0 for s in stopped]
@@ -528,7 +554,8 @@ def stop_rows(
             note = f" ({len(sessions) - len(stopped)} ended first)" if len(stopped) < len(sessions) else ""
             rows.append(
                 f"| {endpoint.label} | {kind} | {level} | {len(stopped)}{note} | {client} | {heard} | {ack}"
-                f" | {fmt(pct(aborts, 50))} / {fmt(pct(aborts, 95))} | {len(aborts)} of {len(stopped)}"
+                f" | {fmt(pct(done, 50))} / {fmt(pct(done, 95))} ({len(done)} of {len(stopped)})"
+                f" | {aborted[key, kind, level]}"
                 f" | {sum(1 for s in stopped if s.busy_at_stop)} of {len(stopped)} |"
             )
     return rows
@@ -541,13 +568,15 @@ def _session_json(s: Session) -> dict[str, Any]:
         "audio_s": s.audio_s,
         "frames": len(s.frames),
         "underruns_ms": s.underruns_ms(),
+        "last_word_heard_ms": s.playback()[1],
     }
     if s.stop is not None:
         out.update(
             stop=s.stop,
             stopped=s.t_stop is not None,
+            t_stop=s.t_stop,  # perf_counter, as the stamps of --log-dir
             busy_at_stop=s.busy_at_stop,
-            abort_ms=s.abort_ms,
+            engine_stop_ms=s.engine_stop_ms,
             silence_ms=s.silence_ms if s.t_stop is not None else None,
             cancelled_ms=(s.t_cancelled - s.t_stop) * 1000.0 if s.t_cancelled and s.t_stop else None,
         )
@@ -573,6 +602,7 @@ def endpoints_for(upstream_port: int, gateway_port: int, voice: str) -> list[End
             vllm,
             {**common, "stream_audio": True},
             ("disconnect",),
+            DISCONNECTED_RE,
         ),
         Endpoint(
             "vllm-omni-sentence",
@@ -580,6 +610,7 @@ def endpoints_for(upstream_port: int, gateway_port: int, voice: str) -> list[End
             vllm,
             {**common, "stream_audio": True, "split_granularity": "sentence"},
             ("disconnect",),
+            DISCONNECTED_RE,
         ),
         Endpoint(
             "voxgate",
@@ -587,6 +618,7 @@ def endpoints_for(upstream_port: int, gateway_port: int, voice: str) -> list[End
             f"ws://127.0.0.1:{gateway_port}{PATH}",
             dict(common),
             ("cancel", "disconnect"),
+            ABORT_RE,
         ),
     ]
 
@@ -599,6 +631,7 @@ async def measure(args: argparse.Namespace, upstream: Server, gateway: Server) -
         await run_round(endpoint, plan, 1, None)
     streaming: dict[tuple[str, int], list[Session]] = {}
     stopping: dict[tuple[str, StopKind, int], list[Session]] = {}
+    aborted: dict[tuple[str, StopKind, int], int] = {}
     mark = upstream.mark()
     busy0, own0, t0 = _busy_cpu_s(), time.process_time(), time.perf_counter()
     bench0 = upstream.cpu_s() + gateway.cpu_s()
@@ -615,8 +648,9 @@ async def measure(args: argparse.Namespace, upstream: Server, gateway: Server) -
             for i in range(len(endpoints)):
                 endpoint = endpoints[(i + r) % len(endpoints)]
                 for kind in endpoint.stops:
-                    got = await stop_round(endpoint, plan, level, kind, upstream)
+                    got, aborts = await stop_round(endpoint, plan, level, kind, upstream)
                     stopping.setdefault((endpoint.key, kind, level), []).extend(got)
+                    aborted[endpoint.key, kind, level] = aborted.get((endpoint.key, kind, level), 0) + aborts
                     print(f"  {endpoint.key} x{level} {kind}: done", file=sys.stderr)
     elapsed = time.perf_counter() - t0
     busy = (_busy_cpu_s() - busy0) / elapsed
@@ -649,7 +683,7 @@ async def measure(args: argparse.Namespace, upstream: Server, gateway: Server) -
     print()
     print("\n".join(stream_rows(endpoints, streaming)))
     print()
-    print("\n".join(stop_rows(endpoints, stopping)))
+    print("\n".join(stop_rows(endpoints, stopping, aborted)))
     print()
     print(
         f"measured in {elapsed:.0f} s on {os.cpu_count()} CPUs; load average before "
@@ -661,6 +695,7 @@ async def measure(args: argparse.Namespace, upstream: Server, gateway: Server) -
         "meta": meta,
         "endpoints": {e.key: {"label": e.label, "config": e.config} for e in endpoints},
         "streaming": {f"{k}@{lvl}": [_session_json(s) for s in v] for (k, lvl), v in streaming.items()},
+        "requests_aborted": {f"{k}/{kd}@{lvl}": n for (k, kd, lvl), n in aborted.items()},
         "stopping": {
             f"{k}/{kd}@{lvl}": [_session_json(s) for s in v] for (k, kd, lvl), v in stopping.items()
         },
@@ -677,12 +712,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--token-delay-ms", type=float, default=TOKEN_DELAY_MS)
     parser.add_argument("--stop-after-ms", type=float, default=STOP_AFTER_MS)
     parser.add_argument("--json", type=Path, help="write every sample and the run's settings here")
+    parser.add_argument("--log-dir", type=Path, help="write both servers' output here, lines time-stamped")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
         print("starting the vllm-omni server and a voxgate gateway in front of it ...", file=sys.stderr)
         with servers() as (upstream, gateway):
-            out = asyncio.run(measure(args, upstream, gateway))
+            try:
+                out = asyncio.run(measure(args, upstream, gateway))
+            finally:
+                if args.log_dir:
+                    args.log_dir.mkdir(parents=True, exist_ok=True)
+                    for server in (upstream, gateway):
+                        server.save(args.log_dir / f"{server.name}.log")
     except (BenchError, OSError, ConnectionClosed) as exc:
         print(f"bench failed: {exc}", file=sys.stderr)
         return 1
