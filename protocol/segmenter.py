@@ -260,7 +260,11 @@ class Segmenter:
                 else:
                     self._soft = i
                     if self._eager and self._candidate < 0 and kind == _CLAUSE and self._big_enough():
-                        self._candidate, self._candidate_words, self._candidate_cjk = i, self._words, self._cjk
+                        self._candidate, self._candidate_words, self._candidate_cjk = (
+                            i,
+                            self._words,
+                            self._cjk,
+                        )
         if self._eager and self._cjk >= EAGER_CJK_CHARS and _is_cjk(char):
             self._cut(i)
         if self._has_content and i - self._begin >= self._max_chars:
