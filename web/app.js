@@ -164,7 +164,7 @@ async function refreshVoices() {
 // ---- the session ------------------------------------------------------------------------------
 
 function sessionConfig() {
-  const config = { response_format: $("format").value, frame_header: true };
+  const config = { response_format: $("format").value, stream_audio: true, frame_header: true };
   if ($("voice").value) config.voice = $("voice").value;
   const rate = $("sample-rate").value;
   if (rate === "device") config.sample_rate = Math.min(MAX_RATE, Math.max(MIN_RATE, player.sampleRate));
