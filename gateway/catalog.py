@@ -151,6 +151,7 @@ class Catalog:
                     return Resolved(candidate, v.name)
         data = await asyncio.to_thread(self.store.get, owner, voice) if self.store else None
         if data is not None:
+            voice = data.info.name  # as uploaded: names match in any case
             reference = VoiceReference(
                 name=voice,
                 audio=data.audio,
