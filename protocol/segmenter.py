@@ -221,6 +221,7 @@ class Segmenter:
         self._candidate = -1  # where the eager first segment would be cut, once its tail is long enough
         self._candidate_words = 0  # words before the candidate
         self._candidate_cjk = 0  # CJK characters before the candidate
+        self._clause_candidate = False  # the candidate is a clause boundary, not a word count
 
     def _compact(self) -> None:
         drop = self._begin
@@ -259,7 +260,9 @@ class Segmenter:
                     self._cut(i)
                 else:
                     self._soft = i
-                    if self._eager and self._candidate < 0 and kind == _CLAUSE and self._big_enough():
+                    # A clause boundary beats a bare word count, even one already chosen.
+                    if self._eager and not self._clause_candidate and kind == _CLAUSE and self._big_enough():
+                        self._clause_candidate = True
                         self._candidate, self._candidate_words, self._candidate_cjk = (
                             i,
                             self._words,

@@ -246,6 +246,11 @@ def test_eager_prefers_a_clause_to_the_word_count() -> None:
     assert segment(text) == ["Let me check that for you,", "it will take a moment or two to find."]
 
 
+def test_eager_moves_to_a_clause_that_follows_the_word_count() -> None:
+    text = "A long sentence that takes a while to speak, and then it goes on and on."
+    assert segment(text) == ["A long sentence that takes a while to speak,", "and then it goes on and on."]
+
+
 def test_commit_cuts_the_buffer_in_the_same_utterance() -> None:
     seg = Segmenter("none", eager_first=False)
     assert seg.push("Hello there, this is") == []
