@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from engine.fake import SECONDS_PER_CHAR, FakeEngine
 from protocol.audio import decode
@@ -348,3 +349,36 @@ def test_a_steady_slow_reader_pauses_synthesis_instead_of_being_closed() -> None
                     assert item["type"] in ("audio.start", "audio.done"), item
     assert frames >= 110
     assert finished_midway is not None and finished_midway < 100  # synthesis waited for the reader
+
+
+def test_opted_in_clients_see_ignored_fields_and_warnings() -> None:
+    with serve_engine(FakeEngine()) as address, voxgate_connect(f"ws://{address}{URL}") as ws:
+        assert ws.subprotocol == "voxgate.v1"
+        send(ws, type="session.config", instructions="calm", voise="tone", streaming_mode="token_level")
+        ready, warning = recv(ws), recv(ws)
+    assert isinstance(ready, dict) and ready["type"] == "session.ready"
+    assert ready["ignored_fields"] == ["voise"]
+    assert isinstance(warning, dict) and warning["type"] == "warning" and warning["field"] == "$.instructions"
+
+
+def test_clients_without_the_subprotocol_get_no_extensions() -> None:
+    with serve_engine(FakeEngine()) as address, connect(f"ws://{address}{URL}") as ws:
+        assert ws.subprotocol is None
+        send(ws, type="session.config", instructions="calm", response_format="pcm", stream_audio=True)
+        send(ws, type="input.cancel")  # a voxgate extension: unknown here, as in vllm-omni
+        error = recv(ws)
+        got = speak(ws, "Hello there.")
+    assert error == {"type": "error", "message": "unknown message type: 'input.cancel' (a voxgate extension)"}
+    assert got.types()[0] == "audio.start" and got.types()[-1] == "session.done"
+    assert set(got.messages("audio.start")[0]) == {
+        "type",
+        "utterance_index",
+        "sentence_index",
+        "sentence_text",
+        "format",
+        "sample_rate",
+        "channels",
+    }
+    assert got.messages("session.done") == [
+        {"type": "session.done", "utterance_index": 0, "total_sentences": 1}
+    ]
