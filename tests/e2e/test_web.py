@@ -143,7 +143,8 @@ def test_speaks_a_paragraph_in_llm_mode(page: Page, piper_gateway: str, output_d
     poll(page, "window.voxgate.state === 'speaking'")  # the feed has sent its first token
     page.clock.run_for(27 * 40)  # 28 tokens of 2 characters: the first sentence and "Ea"
     poll(page, "window.voxgate.framesReceived > 0")  # its audio arrives before any more text is sent
-    page.clock.resume()
+    page.clock.run_for(37 * 40)  # then the other 36 tokens and input.done at once, so the later
+    page.clock.resume()  # sentences are synthesized well within the first one's playback
     page.wait_for_function(
         "window.voxgate.sessionsDone >= 1 && window.voxgate.secondsPlayed >= 2", timeout=WAIT_MS
     )
