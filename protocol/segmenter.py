@@ -24,7 +24,8 @@ Rules, by granularity:
 With ``eager_first`` the first segment of each utterance (for every granularity, ``"none"``
 included) is cut early, but only when the sentence end is not in sight: a sentence end is always
 taken; an early cut is first only a candidate (the first clause boundary of at least
-:data:`MIN_CLAUSE_WORDS` words, else the point after ``eager_words`` words), and it is made once more
+:data:`MIN_CLAUSE_WORDS` words, else the point after ``eager_words`` words, replaced by a clause
+boundary that follows before the cut), and it is made once more
 than :data:`EAGER_TAIL_WORDS` words follow it with no sentence end among them. So a sentence whose
 end arrives within that window stays whole ("The quick brown fox jumps over the lazy dog." is one
 segment), an early cut never leaves a tail of a word or two, and a clause boundary is preferred to a
