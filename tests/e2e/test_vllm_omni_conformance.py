@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import soundfile
 from websockets.sync.client import ClientConnection, connect
@@ -296,3 +297,32 @@ def test_errors_have_vllm_omnis_shape(piper_gateway: str) -> None:
         send(ws, type="session.config", voice="nobody")
         error = recv(ws)
     assert isinstance(error, dict) and set(error) == {"type", "message"} and "nobody" in str(error["message"])
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"instructions": "Speak with excitement"},
+        {"task_type": "CustomVoice", "language": "Auto"},
+    ],
+)
+def test_openai_speech_client(piper_gateway: str, extra: dict[str, object]) -> None:
+    """What ``openai_speech_client.py`` posts, with its defaults and its CustomVoice options."""
+    payload = {
+        "model": "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice",
+        "input": "Hello, how are you?",
+        "voice": "vivian",
+        "response_format": "wav",
+        **extra,
+    }
+    response = httpx.post(
+        f"http://{piper_gateway}/v1/audio/speech",
+        json=payload,
+        headers={"Authorization": "Bearer EMPTY"},
+        timeout=TIMEOUT_S,
+    )
+    assert response.status_code == 200, response.text
+    assert not response.content.startswith(b'{"error"')
+    audio, rate = soundfile.read(io.BytesIO(response.content))
+    assert rate == 24000 and len(audio) > rate // 2
