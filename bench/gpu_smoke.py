@@ -1,8 +1,9 @@
 """Measure one running TTS WebSocket endpoint: time to first audio, real-time factor, Whisper transcript.
 
 The client half of ``bench/gpu_smoke.sh`` (see ``docs/gpu.md``). It speaks two protocols that share their
-message names: voxgate's (``session.ready`` answers the config) and vllm-omni's own
-``/v1/audio/speech/stream`` (no ready message; ``stream_audio`` must be set for raw PCM frames).
+message names: voxgate's with the ``voxgate.v1`` subprotocol (``session.ready`` answers the config) and
+vllm-omni's own ``/v1/audio/speech/stream`` (no ready message; ``stream_audio`` must be set for raw PCM
+frames).
 
     python bench/gpu_smoke.py --label in-process --url ws://127.0.0.1:8000/v1/audio/speech/stream
 
@@ -30,6 +31,7 @@ import numpy.typing as npt
 import soxr
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import connect
+from websockets.typing import Subprotocol
 
 TEXT = (
     "The gateway turns a stream of words into speech while the model is still writing its answer. "
@@ -71,7 +73,9 @@ def speak(
     rate = DEFAULT_RATE
     first: float | None = None
     end = 0.0
-    with connect(url, max_size=None, open_timeout=TIMEOUT_S) as ws:
+    # voxgate answers the config with session.ready only to clients that offer voxgate.v1.
+    protocols = [Subprotocol("voxgate.v1")] if protocol == "voxgate" else None
+    with connect(url, subprotocols=protocols, max_size=None, open_timeout=TIMEOUT_S) as ws:
         ws.send(json.dumps(message))
         if protocol == "voxgate":
             ready = json.loads(ws.recv(timeout=TIMEOUT_S))

@@ -34,6 +34,7 @@ import uvicorn
 from starlette.applications import Starlette
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Subprotocol
 
 from engine.base import SynthesisRequest
 from engine.piper import PiperEngine
@@ -231,7 +232,13 @@ def speak(address: str, stream: Stream, start: threading.Barrier | None = None) 
     complete_at, _ = first_segment(tokens)
     run = Run()
     width = BYTES_PER_SAMPLE["pcm"]
-    with connect(f"ws://{address}{PATH}", max_size=None, open_timeout=TIMEOUT_S) as ws:
+    # voxgate.v1: session.ready and the timings this benchmark reads.
+    with connect(
+        f"ws://{address}{PATH}",
+        subprotocols=[Subprotocol("voxgate.v1")],
+        max_size=None,
+        open_timeout=TIMEOUT_S,
+    ) as ws:
         config: dict[str, object] = {"type": "session.config", "voice": VOICE, "response_format": "pcm"}
         if stream.seed is not None:
             config["seed"] = stream.seed

@@ -8,10 +8,11 @@ clones and travels to it as a ``VoiceReference``; a built-in voice goes to the e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from engine.base import TTSEngine, UnknownVoice, Voice, VoiceReference
+from engine.base import TTSEngine, UnknownVoice, UnsupportedOption, Voice, VoiceReference
 from gateway.store import VoiceStore
 from gateway.voices import Rejected, inline_reference
 
@@ -34,6 +35,10 @@ class Resolved:
     engine: TTSEngine
     voice: str
     reference: VoiceReference | None = None
+    #: The options the engine gets: the request's, less those it ignores (see ``ignored``).
+    options: dict[str, object] = field(default_factory=dict)
+    #: Options the engine cannot follow that were dropped instead of refused (``instructions``).
+    ignored: tuple[str, ...] = ()
 
 
 class Catalog:
@@ -102,8 +107,21 @@ class Catalog:
             raise Rejected(400, "invalid_ref_audio", message, "ref_text")
         resolved = await self.resolve(owner, voice, model, inline)
         engine = resolved.engine
-        engine.check(resolved.voice if resolved.reference is None else engine.default_voice, options)
-        return resolved
+        options = dict(options)
+        ignored: list[str] = []
+        while True:
+            try:
+                engine.check(resolved.voice if resolved.reference is None else engine.default_voice, options)
+                break
+            except UnsupportedOption as exc:
+                if exc.field not in options or not _harmless(
+                    exc.field, options[exc.field], resolved.reference is None
+                ):
+                    raise
+                del options[exc.field]
+                if exc.field == "instructions":
+                    ignored.append(exc.field)
+        return dataclasses.replace(resolved, options=options, ignored=tuple(ignored))
 
     async def resolve(
         self, owner: str, voice: str | None, model: str | None = None, inline: VoiceReference | None = None
@@ -133,6 +151,7 @@ class Catalog:
                     return Resolved(candidate, v.name)
         data = await asyncio.to_thread(self.store.get, owner, voice) if self.store else None
         if data is not None:
+            voice = data.info.name  # as uploaded: names match in any case
             reference = VoiceReference(
                 name=voice,
                 audio=data.audio,
@@ -157,3 +176,14 @@ class Catalog:
             f"{what} needs an engine that clones voices, and engine {blocked!r} cannot; serve it with a "
             "cloning engine, e.g. --engine remote in front of vllm-omni serving a Qwen3-TTS Base model",
         )
+
+
+def _harmless(name: str, value: object, builtin_voice: bool) -> bool:
+    """Whether an option an engine refused can be dropped: it changes neither what is said nor whose
+    voice it is. vllm-omni's clients send ``task_type: CustomVoice`` and ``language: Auto`` with a
+    built-in voice, and voice-agent frameworks send ``instructions`` to every engine."""
+    if name == "instructions":
+        return True
+    if name == "task_type":
+        return value == "CustomVoice" and builtin_voice
+    return name == "language" and isinstance(value, str) and value.casefold() == "auto"

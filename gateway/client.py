@@ -30,8 +30,10 @@ from websockets.exceptions import (
     InvalidURI,
 )
 from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Subprotocol
 
 from gateway.settings import ClientSettings
+from protocol.dialect import EXTENSIONS_SUBPROTOCOL
 from protocol.messages import (
     Error,
     InputDone,
@@ -258,7 +260,11 @@ def _open(settings: ClientSettings) -> ClientConnection:
     url = ws_url(settings.url)
     try:
         return connect(
-            url, additional_headers=_auth_headers(settings), open_timeout=OPEN_TIMEOUT_S, max_size=None
+            url,
+            additional_headers=_auth_headers(settings),
+            subprotocols=[Subprotocol(EXTENSIONS_SUBPROTOCOL)],  # session.ready, input.cancel, timings
+            open_timeout=OPEN_TIMEOUT_S,
+            max_size=None,
         )
     except InvalidStatus as exc:
         raise ClientError(_refused(exc.response.status_code, f"the gateway refused {url}")) from exc

@@ -27,6 +27,7 @@ from gateway.jobs import Close, End, Job, JobQueue, Segment, Utterance
 from gateway.outbox import Item, Outbox, Payload, SlowConsumer
 from gateway.settings import Settings
 from gateway.voices import Rejected
+from protocol.dialect import sends
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
 from protocol.messages import (
     AudioCancelled,
@@ -34,8 +35,10 @@ from protocol.messages import (
     AudioStart,
     EffectiveConfig,
     Error,
+    InputCommitted,
     Limits,
     ServerMessage,
+    ServerWarning,
     SessionConfig,
     SessionDone,
     SessionReady,
@@ -43,6 +46,7 @@ from protocol.messages import (
 from protocol.packer import AudioPacker
 from protocol.session import (
     CloseRequested,
+    Committed,
     ConfigAccepted,
     Event,
     SegmentReady,
@@ -87,12 +91,17 @@ class Connection:
     catalog: Catalog
     settings: Settings
     owner: str = ""
+    extensions: bool = True  # the client opted in to voxgate's extensions (protocol.dialect)
     session: Session = field(init=False)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.session = Session(max_config_bytes=s.max_config_bytes, max_message_bytes=s.max_message_bytes)
+        self.session = Session(
+            max_config_bytes=s.max_config_bytes,
+            max_message_bytes=s.max_message_bytes,
+            extensions=self.extensions,
+        )
         self.log = _SessionLog(logger, {"session": self.id})
         self.outbox = Outbox(s.max_buffered_audio_s)
         self.jobs = JobQueue()
@@ -181,8 +190,8 @@ class Connection:
     async def _handle(self, event: Event) -> None:
         now = time.perf_counter()
         match event:
-            case ConfigAccepted(config=config):
-                await self._configure(config)
+            case ConfigAccepted(config=config, ignored_fields=ignored_fields):
+                await self._configure(config, ignored_fields)
             case UtteranceStarted(utterance_index=u):
                 self.utterances[u] = self._utterance(u, now)
             case SegmentReady(utterance_index=u, sentence_index=s, text=text):
@@ -192,10 +201,12 @@ class Connection:
                 self.jobs.put(End(utterance, n))
             case UtteranceCancelled(utterance_index=u):
                 await self._cancel(u)
+            case Committed(commit_id=commit_id, utterance_index=u, sentence_index=s):
+                self._send(InputCommitted(commit_id=commit_id, utterance_index=u, sentence_index=s))
             case CloseRequested():
                 self.jobs.put(Close())
 
-    async def _configure(self, config: SessionConfig) -> None:
+    async def _configure(self, config: SessionConfig, ignored_fields: tuple[str, ...] = ()) -> None:
         voice_field = "$.speaker" if config.voice is None and config.speaker is not None else "$.voice"
         try:
             resolved = await self.catalog.prepare(
@@ -227,16 +238,17 @@ class Connection:
         self.resolved = resolved
         engine = resolved.engine
         s = self.settings
+        granularity, eager = config.segmentation()
         effective = EffectiveConfig(
             voice=resolved.voice,
             engine=engine.name,
             response_format=config.response_format,
-            sample_rate=config.sample_rate or engine.sample_rate,
+            sample_rate=config.output_rate(engine.sample_rate),
             speed=config.speed,
             seed=config.seed,
-            stream_audio=config.stream_audio,
-            split_granularity=config.split_granularity,
-            eager_first_segment=config.eager_first_segment,
+            stream_audio=config.streamed,
+            split_granularity=granularity,
+            eager_first_segment=eager,
             frame_ms=config.frame_ms,
             frame_header=config.frame_header,
         )
@@ -247,7 +259,16 @@ class Connection:
             max_buffered_audio_s=s.max_buffered_audio_s,
             send_timeout_s=s.send_timeout_s,
         )
-        self._send(SessionReady(session_id=self.id, config=effective, limits=limits))
+        ready = SessionReady(
+            session_id=self.id, config=effective, limits=limits, ignored_fields=list(ignored_fields)
+        )
+        self._send(ready)
+        for name in resolved.ignored:
+            message = f"engine {engine.name!r} cannot follow {name!r}; it is ignored"
+            self.log.warning("%s", message)
+            self._send(ServerWarning(code="option_ignored", message=message, field=f"$.{name}"))
+        if ignored_fields:
+            self.log.info("ignored unknown config fields: %s", ", ".join(ignored_fields))
         self.log.info("configured: %s", effective)
 
     def _utterance(self, index: int, first_text_t: float | None) -> Utterance:
@@ -257,12 +278,14 @@ class Connection:
         packer = AudioPacker(
             index,
             fmt=config.response_format,
-            sample_rate=config.sample_rate or engine.sample_rate,
+            sample_rate=config.output_rate(engine.sample_rate),
             frame_ms=config.frame_ms,
             frame_header=config.frame_header,
-            stream_audio=config.stream_audio,
+            stream_audio=config.streamed,
         )
-        return Utterance(index, config, engine, resolved.voice, resolved.reference, packer, first_text_t)
+        return Utterance(
+            index, config, engine, resolved.voice, resolved.reference, resolved.options, packer, first_text_t
+        )
 
     async def _cancel(self, open_index: int | None) -> None:
         victims = list(self.utterances.values())
@@ -299,7 +322,8 @@ class Connection:
         )
 
     def _send(self, msg: ServerMessage, *, utterance: int | None = None) -> None:
-        self.outbox.put(Item(self.session.send(msg), utterance))
+        if sends(msg, extensions=self.extensions):
+            self.outbox.put(Item(self.session.send(msg), utterance))
 
     # -- synthesizer --------------------------------------------------------------------------
 
@@ -336,6 +360,7 @@ class Connection:
                 sample_rate=packer.sample_rate,
                 start_sample=start,
             ),
+            streamed=config.streamed,
         )
         failure: EngineError | None = None
         try:
@@ -390,10 +415,13 @@ class Connection:
             if seg.utterance.cancelled:
                 return  # cancelled while waiting for room
 
-    def _put(self, u: Utterance, msg: ServerMessage | Payload) -> None:
+    def _put(self, u: Utterance, msg: ServerMessage | Payload, *, streamed: bool = True) -> None:
         if u.cancelled:
             return
-        payload = self.session.send(msg) if not isinstance(msg, str | bytes) and not callable(msg) else msg
+        if isinstance(msg, str | bytes) or callable(msg):
+            payload: Payload = msg
+        else:
+            payload = self.session.send(msg, streamed=streamed)
         self.outbox.put(Item(payload, u.index))
 
     def _queue_done(self, job: End) -> None:

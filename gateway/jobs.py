@@ -28,6 +28,7 @@ class Utterance:
     engine: TTSEngine
     voice: str
     reference: VoiceReference | None
+    options: dict[str, object]
     packer: AudioPacker
     first_text_t: float | None
     first_audio_t: float | None = None
@@ -56,7 +57,7 @@ class Segment:
             voice=u.voice,
             speed=u.config.speed,
             seed=u.config.seed,
-            options=u.config.engine_options(),
+            options=u.options,
             reference=u.reference,
             priority=self.sentence_index,
         )

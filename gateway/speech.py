@@ -44,12 +44,14 @@ from protocol.audio import Resampler, Samples
 from protocol.errors import field_path
 from protocol.packer import AudioPacker
 from protocol.segmenter import Segmenter
-from protocol.speech import DEFAULT_SAMPLE_RATE, PRODUCIBLE_FORMATS, SpeechRequest, decode_speech_request
+from protocol.speech import PRODUCIBLE_FORMATS, SpeechRequest, decode_speech_request
 
 logger = logging.getLogger(__name__)
 
 # The input is at most 4096 characters; a body can still carry ref_audio inline (a data URL).
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# Output tokens reported per second of audio: Qwen3-TTS's codec rate (12.5 frames a second).
+OUTPUT_TOKENS_PER_S = 12.5
 # Chunks the producer may run ahead of a slow reader before it waits (backpressure).
 AHEAD_CHUNKS = 32
 MEDIA_TYPES = {
@@ -147,7 +149,7 @@ async def _produce(
                 voice=resolved.voice,
                 speed=req.speed,
                 seed=req.seed,
-                options=req.engine_options(),
+                options=resolved.options,
                 reference=resolved.reference,
                 priority=index,
             )
@@ -207,15 +209,6 @@ async def create_speech(request: Request) -> Response:
             param="response_format",
             code="unsupported_format",
         )
-    rate = req.sample_rate or DEFAULT_SAMPLE_RATE
-    if rate not in _CODEC_RATES.get(req.response_format, {rate}):
-        return api_error(
-            400,
-            f"{req.response_format} cannot be encoded at {rate} Hz; use one of "
-            f"{sorted(_CODEC_RATES[req.response_format])}",
-            param="sample_rate",
-            code="unsupported_rate",
-        )
     catalog: Catalog = request.state.catalog
     try:
         resolved = await catalog.prepare(
@@ -235,6 +228,17 @@ async def create_speech(request: Request) -> Response:
         return api_error(400, str(exc), param=param, code="voice_requires_cloning")
     except UnsupportedOption as exc:
         return api_error(400, str(exc), param=exc.field, code="unsupported_option")
+    for name in resolved.ignored:
+        logger.warning("engine %r cannot follow %r; it is ignored", resolved.engine.name, name)
+    rate = req.output_rate(resolved.engine.sample_rate)
+    if rate not in _CODEC_RATES.get(req.response_format, {rate}):
+        return api_error(
+            400,
+            f"{req.response_format} cannot be encoded at {rate} Hz; use one of "
+            f"{sorted(_CODEC_RATES[req.response_format])}",
+            param="sample_rate",
+            code="unsupported_rate",
+        )
 
     segmenter = Segmenter("sentence", eager_first=True)
     texts = segmenter.push(req.input) + segmenter.flush()
@@ -290,7 +294,14 @@ async def _sse(
             yield _event({"type": "speech.audio.error", "error": {"message": str(piece), "code": code}})
             return
         yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
-    usage = {"input_characters": characters, "output_audio_ms": round(body.samples * 1000 / body.rate)}
+    # OpenAI's usage fields. No tokenizer runs here: a character counts as an input token and 80 ms of
+    # audio (one frame of Qwen3-TTS's 12.5 Hz codec) as an output token.
+    output_tokens = round(body.samples / body.rate * OUTPUT_TOKENS_PER_S)
+    usage = {
+        "input_tokens": characters,
+        "output_tokens": output_tokens,
+        "total_tokens": characters + output_tokens,
+    }
     yield _event({"type": "speech.audio.done", "usage": usage})
 
 

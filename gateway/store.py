@@ -115,8 +115,11 @@ def check_name(name: str) -> None:
         raise InvalidVoiceName("name must not contain '/', '\\' or control characters")
 
 
-def _file_name(name: str) -> str:
-    return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:32] + SUFFIX
+def _file_name(name: str, *, exact: bool = False) -> str:
+    # Voice names are case-insensitive, as in vllm-omni: the file is named after the case-folded name.
+    # ``exact`` gives the name of a file written before that rule, found as a fallback.
+    key = name if exact else name.casefold()
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32] + SUFFIX
 
 
 def _folder_name(owner: str) -> str:
@@ -162,7 +165,7 @@ def _info(
         if meta["format"] != FORMAT:
             raise _Unreadable(f"format {meta['format']!r} is not {FORMAT!r}")
         name, kind = meta["name"], meta["kind"]
-        if meta["owner"] != owner or _file_name(name) != file_name:
+        if meta["owner"] != owner or file_name not in (_file_name(name), _file_name(name, exact=True)):
             raise _Unreadable("owner or name does not match the file's place")
         if kind not in ("audio", "embedding") or list(tensors) != [kind]:
             raise _Unreadable(f"expected one {kind!r} tensor, found {sorted(tensors)}")
@@ -211,8 +214,8 @@ class VoiceStore:
         self.remove_stale_temp_files()
 
     def get(self, owner: str, name: str) -> VoiceData | None:
-        """The voice with its payload, or None when absent or unreadable."""
-        path = self._path(owner, name)
+        """The voice with its payload (its name matched in any case), or None when absent or unreadable."""
+        path = self._existing(owner, name)
         try:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
@@ -233,8 +236,8 @@ class VoiceStore:
         return VoiceData(info=info, embedding=payload)
 
     def info(self, owner: str, name: str) -> VoiceInfo | None:
-        """The voice's metadata, or None when absent or unreadable."""
-        path = self._path(owner, name)
+        """The voice's metadata (its name matched in any case), or None when absent or unreadable."""
+        path = self._existing(owner, name)
         try:
             stat = path.stat()
         except FileNotFoundError:
@@ -280,7 +283,7 @@ class VoiceStore:
         speaker_description: str | None = None,
         mime_type: str | None = None,
     ) -> VoiceInfo:
-        """Store a voice atomically, replacing one of the same name.
+        """Store a voice atomically, replacing one of the same name in any case.
 
         Raises:
             InvalidVoiceName: see ``check_name``.
@@ -311,6 +314,9 @@ class VoiceStore:
         folder = self._folder(owner, create=True)
         path = folder / _file_name(name)
         with self._locked(folder):
+            legacy = folder / _file_name(name, exact=True)
+            if legacy != path and legacy.exists():
+                legacy.unlink()  # the same voice, stored before names were case-insensitive
             replacing = path.exists()
             if not replacing and self._count(folder) >= self.max_voices:
                 raise VoiceLimitReached(self.max_voices)
@@ -321,8 +327,8 @@ class VoiceStore:
         return _info(meta_out, tensors, size=len(payload), owner=owner, file_name=path.name)
 
     def delete(self, owner: str, name: str) -> bool:
-        """Remove a voice; False when there was none."""
-        path = self._path(owner, name)
+        """Remove a voice, its name matched in any case; False when there was none."""
+        path = self._existing(owner, name)
         try:
             path.unlink()
         except FileNotFoundError:
@@ -357,6 +363,12 @@ class VoiceStore:
 
     def _path(self, owner: str, name: str) -> Path:
         return self._folder(owner) / _file_name(name)
+
+    def _existing(self, owner: str, name: str) -> Path:
+        """The voice's file: by its case-folded name, else as written before names ignored case."""
+        path = self._path(owner, name)
+        legacy = path.with_name(_file_name(name, exact=True))
+        return legacy if legacy != path and not path.exists() and legacy.exists() else path
 
     def _cached_info(self, path: Path, stat: os.stat_result, owner: str) -> VoiceInfo | None:
         key = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)

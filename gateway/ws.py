@@ -10,6 +10,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.auth import SUBPROTOCOL
 from gateway.connection import CLOSE_TIMEOUT_S, Connection
+from protocol.dialect import EXTENSIONS_SUBPROTOCOL
 from protocol.errors import CloseCode, ErrorCode
 from protocol.messages import Error
 
@@ -18,11 +19,16 @@ logger = logging.getLogger(__name__)
 
 async def speech_stream(websocket: WebSocket) -> None:
     """Accept the socket and drive one session; any unexpected failure closes it with 1011."""
-    # Browsers that pass the API key as a subprotocol also offer "voxgate", which we must echo.
+    # A client opts in to voxgate's extensions with "voxgate.v1"; browsers that pass the API key as a
+    # subprotocol must see one of their offers echoed, so a bare "voxgate" is echoed too.
     offered = websocket.scope.get("subprotocols") or []
-    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    extensions = EXTENSIONS_SUBPROTOCOL in offered
+    chosen = EXTENSIONS_SUBPROTOCOL if extensions else SUBPROTOCOL if SUBPROTOCOL in offered else None
+    await websocket.accept(subprotocol=chosen)
     state = websocket.state
-    connection = Connection(websocket, state.catalog, state.settings, owner=getattr(state, "owner", ""))
+    connection = Connection(
+        websocket, state.catalog, state.settings, owner=getattr(state, "owner", ""), extensions=extensions
+    )
     try:
         await connection.run()
     except Exception:

@@ -11,14 +11,19 @@ Message flow (``docs/protocol.md`` is the full contract)::
                    ◀───────────────────────── audio.done       (per segment)
     input.done  (flush; the socket stays) ──▶
                    ◀───────────────────────── session.done     (per utterance)
+    input.commit (cut the text so far) ─────▶
+                   ◀───────────────────────── input.committed
     input.cancel (barge-in) ────────────────▶
                    ◀───────────────────────── audio.cancelled  (no audio of it after this)
     session.config (again, between utterances)
     session.close ──────────────────────────▶ (all queued audio goes out, then close 1000)
                    ◀───────────────────────── error            (any time; fatal ones close)
 
-Client messages are frozen and forbid unknown fields, so a typo fails loudly with its path.
-Server messages give every field a default, so adding one never breaks a client.
+Client messages are frozen and ignore unknown fields, as vllm-omni does (its clients send fields newer
+servers know); ``session.ready`` lists the ignored config fields back to clients that opted in to
+voxgate's extensions (``session.ready``, ``input.cancel``, ``warning``, timings). Server messages give
+every field a default, so adding one never breaks a client; ``protocol.dialect`` renders them with
+exactly vllm-omni's field sets for clients that did not opt in.
 """
 
 from __future__ import annotations
@@ -35,11 +40,16 @@ Speed = Annotated[float, msgspec.Meta(ge=0.25, le=4.0)]
 FrameMs = Annotated[int, msgspec.Meta(ge=10, le=1000)]
 Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # int64, as vllm-omni
 TaskType = Literal["CustomVoice", "VoiceDesign", "Base"]
+# vllm-omni's ways to feed text; each maps onto a granularity and eager setting (``segmentation``).
+TextInputMode = Literal["buffered", "commitment"]
+StreamingMode = Literal["token_level", "sentence_commit"]
+#: Output rate when a config names none, on every surface: vllm-omni's and OpenAI's 24 kHz.
+DEFAULT_SAMPLE_RATE = 24000
 # vllm-omni caps speaker_embedding at 8192 values.
 Embedding = Annotated[list[float], msgspec.Meta(max_length=8192)]
 
 
-class _Client(msgspec.Struct, tag_field="type", frozen=True, kw_only=True, forbid_unknown_fields=True):
+class _Client(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
     """Base of every client-to-server message."""
 
 
@@ -51,7 +61,7 @@ class SpeechOptions(msgspec.Struct, frozen=True, kw_only=True):
     by name.
     """
 
-    sample_rate: SampleRate | None = None
+    sample_rate: SampleRate | Literal["native"] | None = None
     speed: Speed = 1.0
     seed: Seed | None = None
     language: str | None = None
@@ -70,6 +80,12 @@ class SpeechOptions(msgspec.Struct, frozen=True, kw_only=True):
         """The options an engine must honour or refuse (see ``engine_options``)."""
         return engine_options(self)
 
+    def output_rate(self, native: int) -> int:
+        """The output sample rate: as asked, the engine's ``native`` one for ``"native"``, else 24000."""
+        if self.sample_rate == "native":
+            return native
+        return self.sample_rate or DEFAULT_SAMPLE_RATE
+
 
 class SessionConfig(_Client, SpeechOptions, tag="session.config", frozen=True):
     """Configures the session; first message, may be sent again between utterances.
@@ -83,9 +99,11 @@ class SessionConfig(_Client, SpeechOptions, tag="session.config", frozen=True):
     voice: str | None = None
     speaker: str | None = None
     response_format: AudioFormat = "pcm"
-    stream_audio: bool = True
-    split_granularity: Granularity = "sentence"
-    eager_first_segment: bool = True
+    stream_audio: bool | None = None
+    split_granularity: Granularity | None = None
+    eager_first_segment: bool | None = None
+    text_input_mode: TextInputMode | None = None
+    streaming_mode: StreamingMode | None = None
     frame_ms: FrameMs = 40
     frame_header: bool = False
     word_timestamps: bool = False
@@ -94,6 +112,35 @@ class SessionConfig(_Client, SpeechOptions, tag="session.config", frozen=True):
     def voice_name(self) -> str | None:
         """The requested voice: ``voice``, else its alias ``speaker``, else None (engine default)."""
         return self.voice if self.voice is not None else self.speaker
+
+    @property
+    def streamed(self) -> bool:
+        """Whether audio goes out in frames: ``stream_audio``, else all but ``wav`` (one WAV a segment)."""
+        return self.stream_audio if self.stream_audio is not None else self.response_format != "wav"
+
+    def segmentation(self) -> tuple[Granularity, bool]:
+        """The granularity and eager-first setting this config asks for, explicit fields first.
+
+        ``split_granularity`` and ``eager_first_segment`` win when set. Otherwise vllm-omni's modes
+        decide: ``buffered`` and ``sentence_commit`` cut only at ``input.commit`` / ``input.done``,
+        ``commitment`` only at confirmed sentence ends, ``token_level`` starts audio early. With none of
+        these fields: sentences, with an eager first segment.
+        """
+        granularity: Granularity
+        eager: bool
+        if self.streaming_mode == "sentence_commit" or self.text_input_mode == "buffered":
+            granularity, eager = "none", False
+        elif self.streaming_mode == "token_level":
+            granularity, eager = "sentence", True
+        elif self.text_input_mode == "commitment":
+            granularity, eager = "sentence", False
+        else:
+            granularity, eager = "sentence", self.split_granularity is None
+        if self.split_granularity is not None:
+            granularity = self.split_granularity
+        if self.eager_first_segment is not None:
+            eager = self.eager_first_segment
+        return granularity, eager
 
 
 #: Fields of ``session.config`` that reach the engine and that it must be able to honour.
@@ -141,6 +188,12 @@ class InputDone(_Client, tag="input.done", frozen=True):
     """Flush: synthesize everything buffered and end the utterance; the socket stays open."""
 
 
+class InputCommit(_Client, tag="input.commit", frozen=True):
+    """Cut the text buffered so far into a segment now; answered by ``input.committed``."""
+
+    commit_id: str | None = None
+
+
 class InputCancel(_Client, tag="input.cancel", frozen=True):
     """Barge-in: drop buffered text, abort synthesis and discard queued audio."""
 
@@ -149,9 +202,10 @@ class SessionClose(_Client, tag="session.close", frozen=True):
     """Finish the current utterance as ``input.done`` would, then close with 1000."""
 
 
-ClientMessage = SessionConfig | InputText | InputDone | InputCancel | SessionClose
+ClientMessage = SessionConfig | InputText | InputDone | InputCommit | InputCancel | SessionClose
 CLIENT_TYPES: frozenset[str] = frozenset(
-    str(t.__struct_config__.tag) for t in (SessionConfig, InputText, InputDone, InputCancel, SessionClose)
+    str(t.__struct_config__.tag)
+    for t in (SessionConfig, InputText, InputDone, InputCommit, InputCancel, SessionClose)
 )
 
 
@@ -192,6 +246,7 @@ class SessionReady(_Server, tag="session.ready"):
     session_id: str = ""
     config: EffectiveConfig = msgspec.field(default_factory=EffectiveConfig)
     limits: Limits = msgspec.field(default_factory=Limits)
+    ignored_fields: list[str] = msgspec.field(default_factory=list)
 
 
 class AudioStart(_Server, tag="audio.start"):
@@ -237,6 +292,22 @@ class AudioCancelled(_Server, tag="audio.cancelled"):
     utterance_index: int | None = None
 
 
+class InputCommitted(_Server, tag="input.committed"):
+    """Answers ``input.commit``: the text so far became segment ``sentence_index`` (None: no text)."""
+
+    commit_id: str | None = None
+    utterance_index: int = 0
+    sentence_index: int | None = None
+
+
+class ServerWarning(_Server, tag="warning"):
+    """Something the server did differently from what was asked, e.g. an option it ignored."""
+
+    code: str = ""
+    message: str = ""
+    field: str | None = None
+
+
 class Error(_Server, tag="error"):
     """Reports a failure; ``fatal`` errors are followed by a close."""
 
@@ -247,4 +318,13 @@ class Error(_Server, tag="error"):
     field: str | None = None
 
 
-ServerMessage = SessionReady | AudioStart | AudioDone | SessionDone | AudioCancelled | Error
+ServerMessage = (
+    SessionReady
+    | AudioStart
+    | AudioDone
+    | SessionDone
+    | AudioCancelled
+    | InputCommitted
+    | ServerWarning
+    | Error
+)

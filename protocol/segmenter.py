@@ -22,8 +22,16 @@ Rules, by granularity:
 * ``"none"``: no punctuation cuts; only the hard cap and :meth:`Segmenter.flush` cut.
 
 With ``eager_first`` the first segment of each utterance (for every granularity, ``"none"``
-included) is cut early: at the first sentence or clause cut, after ``eager_words`` words, or after
-:data:`EAGER_CJK_CHARS` CJK characters, whichever comes first.
+included) is cut early, but only when the sentence end is not in sight: a sentence end is always
+taken; an early cut is first only a candidate (the first clause boundary of at least
+:data:`MIN_CLAUSE_WORDS` words, else the point after ``eager_words`` words, replaced by a clause
+boundary that follows before the cut), and it is made once more
+than :data:`EAGER_TAIL_WORDS` words follow it with no sentence end among them. So a sentence whose
+end arrives within that window stays whole ("The quick brown fox jumps over the lazy dog." is one
+segment), an early cut never leaves a tail of a word or two, and a clause boundary is preferred to a
+bare word count (in CJK text the tail is counted as :data:`EAGER_TAIL_CJK_CHARS` characters). CJK
+text without a clause mark is cut after :data:`EAGER_CJK_CHARS` CJK characters. The decision depends
+only on the text, never on how it was split into fragments.
 
 No segment exceeds ``max_chars`` characters. When the cap is reached the cut goes to the last
 unused punctuation boundary in the second half of the segment, else the last whitespace, else
@@ -44,6 +52,11 @@ MAX_SEGMENT_CHARS: Final = 300
 # About 2.5-3 s of speech: enough context for natural prosody, small enough that the first audio
 # starts after only a handful of LLM tokens.
 EAGER_WORDS: Final = 8
+# Words that must follow an eager cut candidate, with no sentence end among them, before the cut is
+# made: a sentence ending within them stays whole, so an early cut never orphans a word or two ("dog.").
+EAGER_TAIL_WORDS: Final = 3
+# The same for CJK text, in characters (about one syllable each).
+EAGER_TAIL_CJK_CHARS: Final = 4
 # A CJK character is about one syllable (4-5 per second spoken), so 12 is roughly the same speaking
 # time as EAGER_WORDS English words.
 EAGER_CJK_CHARS: Final = 12
@@ -173,6 +186,21 @@ class Segmenter:
         self.reset()
         return out
 
+    def commit(self) -> list[str]:
+        """Cut everything buffered now, as ``flush`` does, but stay in the same utterance.
+
+        For ``input.commit``: the client declares the text so far final. The eager first segment
+        applies only if nothing has been cut yet.
+
+        Returns:
+            The segments cut, stripped and non-empty; possibly none.
+        """
+        self._scan(final=True)
+        self._cut(len(self._buf))
+        self._compact()
+        out, self._out = self._out, []
+        return out
+
     def reset(self) -> None:
         """Drop all buffered text (e.g. on barge-in) and start a new utterance."""
         self._buf = ""
@@ -191,6 +219,10 @@ class Segmenter:
         self._cjk = 0
         self._last_ws = -1
         self._soft = -1  # last punctuation boundary this granularity did not cut at
+        self._candidate = -1  # where the eager first segment would be cut, once its tail is long enough
+        self._candidate_words = 0  # words before the candidate
+        self._candidate_cjk = 0  # CJK characters before the candidate
+        self._clause_candidate = False  # the candidate is a clause boundary, not a word count
 
     def _compact(self) -> None:
         drop = self._begin
@@ -201,6 +233,7 @@ class Segmenter:
             self._tok_start = max(0, self._tok_start - drop)
             self._last_ws = self._last_ws - drop if self._last_ws >= 0 else -1
             self._soft = self._soft - drop if self._soft >= 0 else -1
+            self._candidate = self._candidate - drop if self._candidate >= 0 else -1
 
     def _scan(self, *, final: bool) -> None:
         buf = self._buf
@@ -228,22 +261,39 @@ class Segmenter:
                     self._cut(i)
                 else:
                     self._soft = i
+                    # A clause boundary beats a bare word count, even one already chosen.
+                    if self._eager and not self._clause_candidate and kind == _CLAUSE and self._big_enough():
+                        self._clause_candidate = True
+                        self._candidate, self._candidate_words, self._candidate_cjk = (
+                            i,
+                            self._words,
+                            self._cjk,
+                        )
         if self._eager and self._cjk >= EAGER_CJK_CHARS and _is_cjk(char):
             self._cut(i)
         if self._has_content and i - self._begin >= self._max_chars:
             self._cap(i, char)
         self._absorb(i, char)
-        if self._eager and self._words > self._eager_words:
-            start = self._tok_start
-            self._cut(start)
-            self._recount(start, i + 1)
+        if self._eager:
+            if self._candidate < 0 and self._words > self._eager_words:
+                self._candidate, self._candidate_words = self._tok_start, self._words - 1
+                self._candidate_cjk = self._cjk
+            if self._candidate >= 0 and (
+                self._words - self._candidate_words > EAGER_TAIL_WORDS
+                or self._cjk - self._candidate_cjk > EAGER_TAIL_CJK_CHARS
+            ):
+                at = self._candidate
+                self._cut(at)
+                self._recount(at, i + 1)
         return True
+
+    def _big_enough(self) -> bool:
+        return self._words >= MIN_CLAUSE_WORDS or self._cjk >= MIN_CLAUSE_CJK_CHARS
 
     def _takes(self, kind: int) -> bool:
         if kind == _SENTENCE:
             return self._sentences or self._eager
-        big_enough = self._words >= MIN_CLAUSE_WORDS or self._cjk >= MIN_CLAUSE_CJK_CHARS
-        return (self._clauses or self._eager) and big_enough
+        return self._clauses and self._big_enough()
 
     def _cap(self, i: int, char: str) -> None:
         if self._soft >= self._begin + self._max_chars // 2:

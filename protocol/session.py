@@ -9,7 +9,11 @@ States and the messages that move between them (anything else is an error)::
     READY   --session.config--> READY        READY   --input.text--> SPEAKING
     READY   --input.done-----> READY         SPEAKING --input.text--> SPEAKING
     READY   --input.cancel---> READY         SPEAKING --input.done / input.cancel--> READY
+    READY   --input.commit---> READY         SPEAKING --input.commit--> SPEAKING
     READY | SPEAKING --session.close--> CLOSED
+
+``input.cancel`` is one of voxgate's extensions: a session that did not opt in refuses it as an
+unknown type, as vllm-omni does.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import enum
 
 import msgspec
 
+from protocol.dialect import render
 from protocol.errors import CloseCode, ErrorCode, ProtocolError, field_path
 from protocol.frames import FrameHeader
 from protocol.messages import (
     CLIENT_TYPES,
     ClientMessage,
     InputCancel,
+    InputCommit,
     InputDone,
     InputText,
     ServerMessage,
@@ -38,7 +44,7 @@ MAX_MESSAGE_BYTES = 128 * 1024
 
 _decode_client = msgspec.json.Decoder(ClientMessage).decode
 _decode_any = msgspec.json.Decoder().decode
-_encode = msgspec.json.Encoder().encode
+_CONFIG_FIELDS: frozenset[str] = frozenset(SessionConfig.__struct_fields__) | {"type"}
 # msgspec names an unknown or missing top-level field without a path; client messages are flat.
 
 
@@ -60,6 +66,8 @@ _TRANSITIONS: dict[tuple[State, type[ClientMessage]], State] = {
     (State.SPEAKING, InputDone): State.READY,
     (State.READY, InputCancel): State.READY,
     (State.SPEAKING, InputCancel): State.READY,
+    (State.READY, InputCommit): State.READY,
+    (State.SPEAKING, InputCommit): State.SPEAKING,
     (State.READY, SessionClose): State.CLOSED,
     (State.SPEAKING, SessionClose): State.CLOSED,
 }
@@ -74,6 +82,7 @@ class ConfigAccepted(Event, frozen=True):
 
     config: SessionConfig
     first: bool
+    ignored_fields: tuple[str, ...] = ()
 
 
 class SegmentReady(Event, frozen=True):
@@ -103,6 +112,14 @@ class UtteranceCancelled(Event, frozen=True):
     utterance_index: int | None
 
 
+class Committed(Event, frozen=True):
+    """``input.commit`` cut the buffered text; ``sentence_index`` is its segment, None if no text."""
+
+    commit_id: str | None
+    utterance_index: int
+    sentence_index: int | None
+
+
 class CloseRequested(Event, frozen=True):
     """The client asked to close once the last utterance has played out."""
 
@@ -113,11 +130,17 @@ class Session:
     Args:
         max_config_bytes: largest accepted ``session.config`` message.
         max_message_bytes: largest accepted message of any other type.
+        extensions: the client opted in to voxgate's extensions (``protocol.dialect``).
     """
 
     def __init__(
-        self, *, max_config_bytes: int = MAX_CONFIG_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES
+        self,
+        *,
+        max_config_bytes: int = MAX_CONFIG_BYTES,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        extensions: bool = True,
     ) -> None:
+        self.extensions = extensions
         self.state = State.AWAITING_CONFIG
         self.config: SessionConfig | None = None
         self.max_config_bytes = max_config_bytes
@@ -138,13 +161,19 @@ class Session:
             ProtocolError: the message is refused; ``fatal`` says whether the session must close.
         """
         msg = self._decode(data)
+        if isinstance(msg, InputCancel) and not self.extensions:
+            raise self._error(
+                ErrorCode.UNKNOWN_TYPE,
+                "unknown message type: 'input.cancel' (a voxgate extension)",
+                field="$.type",
+            )
         key = (self.state, type(msg))
         if key not in _TRANSITIONS:
             raise self._illegal(msg)
         events: list[Event] = []
         match msg:
             case SessionConfig():
-                events.append(ConfigAccepted(msg, first=self.config is None))
+                events.append(ConfigAccepted(msg, self.config is None, _unknown_fields(data)))
             case InputText(text=text):
                 if not text:
                     return []  # an empty text is a keep-alive, as in ElevenLabs' protocol
@@ -153,6 +182,11 @@ class Session:
                 events.extend(self._segments(self._segmenter.push(text)))
             case InputDone():
                 events.extend(self._end_utterance())
+            case InputCommit(commit_id=commit_id):
+                texts = self._segmenter.commit()
+                events.extend(self._segments(texts))
+                last = self._sentences - 1 if texts else None
+                events.append(Committed(commit_id, self.utterance_index, last))
             case InputCancel():
                 open_index = self.utterance_index if self.state is State.SPEAKING else None
                 self._segmenter.reset()
@@ -175,7 +209,8 @@ class Session:
     def accept_config(self, config: SessionConfig) -> None:
         """Adopt a config once the gateway has checked it against the engine (after ``ConfigAccepted``)."""
         self.config = config
-        self._segmenter = Segmenter(config.split_granularity, eager_first=config.eager_first_segment)
+        granularity, eager = config.segmentation()
+        self._segmenter = Segmenter(granularity, eager_first=eager)
 
     def reject_config(self, error: ProtocolError) -> ProtocolError:
         """Turn an engine's refusal of a config into the error to report (fatal before the first config)."""
@@ -185,9 +220,13 @@ class Session:
             error.close_code = CloseCode.POLICY_VIOLATION
         return error
 
-    def send(self, msg: ServerMessage) -> str:
-        """Encode a server message as the text of a WebSocket message."""
-        return _encode(msg).decode()
+    def send(self, msg: ServerMessage, *, streamed: bool = True) -> str:
+        """Encode a server message as the text of a WebSocket message, in this session's dialect.
+
+        ``streamed`` says, for ``audio.start``, whether its audio goes out in frames (see
+        ``protocol.dialect.render``).
+        """
+        return render(msg, extensions=self.extensions, streamed=streamed)
 
     def audio_frame(self, header: FrameHeader | None, payload: bytes) -> bytes:
         """Build a binary audio message: the payload, behind the 24-byte header when it is on."""
@@ -270,3 +309,9 @@ class Session:
         field: str | None = None,
     ) -> ProtocolError:
         return ProtocolError(code, message, close_code=close_code, fatal=not self.configured, field=field)
+
+
+def _unknown_fields(data: str) -> tuple[str, ...]:
+    """The top-level fields of a ``session.config`` that the schema does not know (they are ignored)."""
+    raw = _decode_any(data)
+    return tuple(sorted(k for k in raw if k not in _CONFIG_FIELDS)) if isinstance(raw, dict) else ()

@@ -10,14 +10,13 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from protocol.messages import SpeechOptions
+from protocol.messages import DEFAULT_SAMPLE_RATE, SpeechOptions
 
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for this route
 SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
 #: Formats this gateway can produce; ``aac`` is in OpenAI's list but has no encoder here.
 PRODUCIBLE_FORMATS: frozenset[str] = frozenset({"wav", "pcm", "flac", "mp3", "opus"})
-#: Output rate when the request names none: voice-agent frameworks hard-code OpenAI's 24 kHz.
-DEFAULT_SAMPLE_RATE = 24000
+__all__ = ["DEFAULT_SAMPLE_RATE", "PRODUCIBLE_FORMATS", "SpeechRequest", "decode_speech_request"]
 
 
 class VoiceId(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -17,10 +17,12 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Subprotocol
 
 from engine.base import TTSEngine
 from gateway.app import create_app
 from gateway.settings import Settings
+from protocol.dialect import EXTENSIONS_SUBPROTOCOL
 
 # Every timeout in the tests is a multiple of this, so a slow machine can scale them all at once.
 MS = 0.001
@@ -114,10 +116,19 @@ def recv_until(
             return received
 
 
+def voxgate_connect(uri: str, **kwargs: Any) -> ClientConnection:
+    """Open a WebSocket that opts in to voxgate's extensions (subprotocol ``voxgate.v1``)."""
+    offered = [Subprotocol(EXTENSIONS_SUBPROTOCOL), *kwargs.pop("subprotocols", [])]
+    conn: ClientConnection = connect(uri, subprotocols=offered, **kwargs)
+    return conn
+
+
 @contextmanager
 def session(address: str, **config: object) -> Iterator[ClientConnection]:
-    """Open a WebSocket session, send session.config and wait for session.ready."""
-    with connect(f"ws://{address}/v1/audio/speech/stream", max_size=None, open_timeout=TIMEOUT_S) as ws:
+    """Open a WebSocket session opted in to voxgate's extensions, send session.config, await session.ready."""
+    with voxgate_connect(
+        f"ws://{address}/v1/audio/speech/stream", max_size=None, open_timeout=TIMEOUT_S
+    ) as ws:
         send(ws, type="session.config", **config)
         ready = recv(ws)
         assert isinstance(ready, dict) and ready["type"] == "session.ready", ready

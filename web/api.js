@@ -60,12 +60,15 @@ export async function apiFetch(path, key, options = {}) {
   return body;
 }
 
+/** Subprotocol that opts in to voxgate's extensions (session.ready, input.cancel, timings). */
+export const EXTENSIONS = "voxgate.v1";
+
 /** URL and subprotocols for the streaming WebSocket, carrying the key the way browsers can. */
 export function socketTarget(path, key) {
   const url = new URL(path, window.location.href);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-  if (!key) return { url: url.href, protocols: [] };
-  if (TOKEN_RE.test(key)) return { url: url.href, protocols: ["voxgate", `voxgate.key.${key}`] };
+  if (!key) return { url: url.href, protocols: [EXTENSIONS] };
+  if (TOKEN_RE.test(key)) return { url: url.href, protocols: [EXTENSIONS, `voxgate.key.${key}`] };
   url.searchParams.set("api_key", key); // not a valid subprotocol token: fall back to the query
-  return { url: url.href, protocols: [] };
+  return { url: url.href, protocols: [EXTENSIONS] };
 }

@@ -164,11 +164,11 @@ async function refreshVoices() {
 // ---- the session ------------------------------------------------------------------------------
 
 function sessionConfig() {
-  const config = { response_format: $("format").value, frame_header: true };
+  const config = { response_format: $("format").value, stream_audio: true, frame_header: true };
   if ($("voice").value) config.voice = $("voice").value;
   const rate = $("sample-rate").value;
   if (rate === "device") config.sample_rate = Math.min(MAX_RATE, Math.max(MIN_RATE, player.sampleRate));
-  else if (rate !== "native") config.sample_rate = Number(rate);
+  else config.sample_rate = rate === "native" ? "native" : Number(rate);
   const speed = Number($("speed").value);
   if (Number.isFinite(speed) && speed !== 1) config.speed = speed;
   return config;

@@ -60,9 +60,9 @@ def test_say_writes_a_wav(piper_gateway: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout == b""
     summary = done.stderr.decode()
-    assert "s of audio at 22050 Hz" in summary and "first audio after" in summary
+    assert "s of audio at 24000 Hz" in summary and "first audio after" in summary
     audio, rate = soundfile.read(out, dtype="float32")
-    assert rate == 22050
+    assert rate == 24000
     assert audio.ndim == 1 and len(audio) > rate
     assert float(np.sqrt(np.mean(np.square(audio)))) > 0.01  # speech, not silence
 

@@ -42,5 +42,17 @@ def test_streaming_pcm_arrives_in_several_chunks(piper_gateway: str) -> None:
 
 def test_sdk_sees_client_errors_as_4xx(piper_gateway: str) -> None:
     with client(piper_gateway) as sdk, pytest.raises(openai.BadRequestError) as error:
-        sdk.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, instructions="Speak like a pirate")
-    assert error.value.status_code == 400 and "instructions" in str(error.value)
+        sdk.audio.speech.create(model="tts-1", voice="nobody", input=TEXT)
+    assert error.value.status_code == 400 and "nobody" in str(error.value)
+
+
+def test_sdk_instructions_piper_cannot_follow_are_ignored(piper_gateway: str) -> None:
+    with client(piper_gateway) as sdk:
+        audio = sdk.audio.speech.create(
+            model="tts-1",
+            voice="alloy",
+            input=TEXT,
+            instructions="Speak like a pirate",
+            response_format="pcm",
+        ).content
+    assert len(audio) / 2 / 24000 > 1.0

@@ -39,12 +39,12 @@ def rms_dbfs(samples: np.ndarray) -> float:
 
 @pytest.mark.parametrize(("fmt", "rate"), [("pcm", None), ("f32", 24000), ("mulaw", 8000), ("wav", 16000)])
 def test_streamed_tokens_become_speech_in_each_format(piper_gateway: str, fmt: str, rate: int | None) -> None:
-    config: dict[str, object] = {"response_format": fmt, "frame_header": True}
+    config: dict[str, object] = {"response_format": fmt, "frame_header": True, "stream_audio": True}
     if rate:
         config["sample_rate"] = rate
     with session(piper_gateway, **config) as ws:
         got = speak(ws, TOKENS)
-    out_rate = rate or 22050
+    out_rate = rate or 24000  # the default output rate, resampled from Piper's 22050
     starts = got.messages("audio.start")
     assert [s["sentence_text"] for s in starts] == ["Hello there.", "The gateway speaks while you type."]
     assert all(s["sample_rate"] == out_rate for s in starts)
@@ -113,7 +113,7 @@ def test_bad_inputs_keep_the_session_usable(piper_gateway: str) -> None:
         for raw, code in [
             ("{oops", "invalid_json"),
             ('{"type":"nope"}', "unknown_type"),
-            ('{"type":"session.config","instructions":"sing"}', "unsupported_option"),
+            ('{"type":"session.config","max_new_tokens":5}', "unsupported_option"),
             ('{"type":"session.config","language":"fr"}', "unsupported_option"),
         ]:
             ws.send(raw)
@@ -152,7 +152,7 @@ def test_voxgate_serve_command(tmp_path: Path) -> None:
         with session(f"127.0.0.1:{port}", response_format="wav", stream_audio=False) as ws:
             got = speak(ws, ["Hello from the command line."])
         data, rate = soundfile.read(io.BytesIO(got.frames()[0]))
-        assert rate == 22050 and len(data) > rate // 2
+        assert rate == 24000 and len(data) > rate // 2
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(TIMEOUT_S) == 0

@@ -18,11 +18,21 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import soundfile
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection
 
 from engine.qwen3_tts import qwen_language
 from protocol.audio import decode
-from tests.conftest import TIMEOUT_S, Received, bound_socket, recv, recv_until, send, serve_engine, session
+from tests.conftest import (
+    TIMEOUT_S,
+    Received,
+    bound_socket,
+    recv,
+    recv_until,
+    send,
+    serve_engine,
+    session,
+    voxgate_connect,
+)
 from tests.engine.upstream_stub import (
     REFUSAL,
     SAMPLE_RATE,
@@ -68,7 +78,7 @@ def stubs(*stubs: StubUpstream) -> Iterator[list[str]]:
 @contextlib.contextmanager
 def configured(address: str, **config: object) -> Iterator[tuple[ClientConnection, dict[str, object]]]:
     """A WebSocket session like ``conftest.session``, also yielding its ``session.ready``."""
-    with connect(f"ws://{address}{URL}", max_size=None, open_timeout=TIMEOUT_S) as ws:
+    with voxgate_connect(f"ws://{address}{URL}", max_size=None, open_timeout=TIMEOUT_S) as ws:
         send(ws, type="session.config", **config)
         ready = recv(ws)
         assert isinstance(ready, dict) and ready["type"] == "session.ready", ready
@@ -273,7 +283,7 @@ def test_the_engine_learns_voices_and_rate_from_the_upstream() -> None:
         assert stub.requests == []  # no start-up probe: a Base checkpoint would refuse it
         with configured(b) as (ws, ready):
             got = speak(ws, "Hello.")
-        with connect(f"ws://{b}{URL}") as refused_ws:
+        with voxgate_connect(f"ws://{b}{URL}") as refused_ws:
             send(refused_ws, type="session.config", voice="nobody")
             refused = recv(refused_ws)
     # vllm-omni's placeholder ``default`` is not a voice.
@@ -320,7 +330,7 @@ def test_an_upstream_whose_voice_list_is_not_json_still_serves() -> None:
 
 
 def test_word_timestamps_are_refused_by_name() -> None:
-    with stubs(StubUpstream()) as urls, gateway(*urls) as b, connect(f"ws://{b}{URL}") as ws:
+    with stubs(StubUpstream()) as urls, gateway(*urls) as b, voxgate_connect(f"ws://{b}{URL}") as ws:
         send(ws, type="session.config", word_timestamps=True)
         refused = recv(ws)
     assert isinstance(refused, dict) and refused["code"] == "unsupported_option"
@@ -578,7 +588,7 @@ def test_voices_learned_after_a_late_start_are_served() -> None:
         with gateway(url) as b, serve_stub(StubUpstream(), sock):
             wait_for(lambda: readyz(b).status_code == 200)
             listed = httpx.get(f"http://{b}/v1/audio/voices", timeout=TIMEOUT_S).json()
-            with connect(f"ws://{b}{URL}") as ws:
+            with voxgate_connect(f"ws://{b}{URL}") as ws:
                 send(ws, type="session.config", voice="ryan")
                 answer = recv(ws)
     assert isinstance(answer, dict) and answer["type"] == "session.ready", answer

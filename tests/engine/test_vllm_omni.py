@@ -684,7 +684,7 @@ def test_the_gateway_streams_audio_from_the_engine() -> None:
 def test_a_cancel_through_the_gateway_aborts_the_request() -> None:
     omni = FakeOmni(delta_script(chunks=200, size=2400), delay_s=0.02)
     with serve_engine(make_engine(omni)) as address, session(address, voice="vivian") as ws:
-        send(ws, type="input.text", text="A long sentence that takes a while to speak.")
+        send(ws, type="input.text", text="A long sentence that takes a while to speak and goes on and on.")
         send(ws, type="input.done")
         recv_until(ws, "audio.start")
         send(ws, type="input.cancel")

@@ -7,11 +7,10 @@ from typing import Any
 import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
-from websockets.sync.client import connect
 from websockets.typing import Origin
 
 from engine.fake import FakeEngine
-from tests.conftest import recv_message, send, serve_engine
+from tests.conftest import recv_message, send, serve_engine, voxgate_connect
 
 URL = "/v1/audio/speech/stream"
 
@@ -40,22 +39,22 @@ def test_rest_routes_need_a_key_when_keys_are_set() -> None:
 def test_websocket_is_refused_before_accept_without_a_key() -> None:
     with serve_engine(FakeEngine(), api_keys=("secret",)) as address:
         with pytest.raises(InvalidStatus) as refused:
-            connect(f"ws://{address}{URL}")
+            voxgate_connect(f"ws://{address}{URL}")
         assert refused.value.response.status_code == 403
         with pytest.raises(InvalidStatus):
-            connect(f"ws://{address}{URL}?api_key=wrong")
+            voxgate_connect(f"ws://{address}{URL}?api_key=wrong")
         # The three ways a client can present the key.
         kwargs: dict[str, Any]
         for kwargs in (
             {"additional_headers": {"Authorization": "Bearer secret"}},
-            {"subprotocols": ["voxgate", "voxgate.key.secret"]},
+            {"subprotocols": ["voxgate.key.secret"]},
         ):
-            with connect(f"ws://{address}{URL}", **kwargs) as ws:
+            with voxgate_connect(f"ws://{address}{URL}", **kwargs) as ws:
                 send(ws, type="session.config")
                 assert recv_message(ws)["type"] == "session.ready"
                 if "subprotocols" in kwargs:
-                    assert ws.subprotocol == "voxgate"
-        with connect(f"ws://{address}{URL}?api_key=secret") as ws:
+                    assert ws.subprotocol == "voxgate.v1"
+        with voxgate_connect(f"ws://{address}{URL}?api_key=secret") as ws:
             send(ws, type="session.config")
             assert recv_message(ws)["type"] == "session.ready"
 
@@ -74,19 +73,19 @@ def test_websocket_origin_allowlist(origin: str | None, allowed: bool) -> None:
     with serve_engine(FakeEngine(), allowed_origins=("https://app.example",)) as address:
         url = f"ws://{address}{URL}"
         if allowed:
-            with connect(url, origin=Origin(origin) if origin else None) as ws:
+            with voxgate_connect(url, origin=Origin(origin) if origin else None) as ws:
                 send(ws, type="session.config")
                 assert recv_message(ws)["type"] == "session.ready"
         else:
             with pytest.raises(InvalidStatus) as refused:
-                connect(url, origin=Origin(origin) if origin else None)
+                voxgate_connect(url, origin=Origin(origin) if origin else None)
             assert refused.value.response.status_code == 403
 
 
 def test_same_origin_is_allowed() -> None:
     with serve_engine(FakeEngine()) as address:
         host = address.replace("127.0.0.1", "gateway.internal")
-        with connect(
+        with voxgate_connect(
             f"ws://{address}{URL}",
             origin=Origin(f"http://{host}"),
             additional_headers={"Host": host},

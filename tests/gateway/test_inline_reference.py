@@ -9,10 +9,9 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
-from websockets.sync.client import connect
 
 from engine.fake import FakeEngine
-from tests.conftest import recv_message, recv_until, send, serve_engine, session
+from tests.conftest import recv_message, recv_until, send, serve_engine, session, voxgate_connect
 
 URL = "/v1/audio/speech/stream"
 
@@ -61,7 +60,7 @@ def test_bad_ref_audio_is_refused_by_name(config: dict[str, object], code: str, 
 
 
 def test_ref_audio_on_an_engine_that_cannot_clone() -> None:
-    with serve_engine(FakeEngine(clones=False)) as address, connect(f"ws://{address}{URL}") as ws:
+    with serve_engine(FakeEngine(clones=False)) as address, voxgate_connect(f"ws://{address}{URL}") as ws:
         send(ws, type="session.config", ref_audio=data_url(clip()), ref_text="words")
         error = recv_message(ws)
     assert error["code"] == "voice_requires_cloning" and error["field"] == "$.ref_audio"

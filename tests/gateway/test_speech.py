@@ -58,7 +58,20 @@ def test_sse_stream_format() -> None:
         "type"
     ] == "speech.audio.done"
     audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
-    assert events[-1]["usage"]["output_audio_ms"] == pytest.approx(len(audio) / 2 / 24, abs=1)
+    usage = events[-1]["usage"]
+    assert set(usage) == {"input_tokens", "output_tokens", "total_tokens"}  # OpenAI's names
+    assert usage["input_tokens"] == len(TEXT)
+    assert usage["output_tokens"] == round(len(audio) / 2 / 24000 * 12.5)
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+def test_instructions_an_engine_cannot_follow_are_ignored_with_a_warning_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="gateway.speech"), serve_engine(FakeEngine()) as address:
+        response = post(address, input=TEXT, response_format="pcm", instructions="whisper")
+    assert response.status_code == 200 and response.content
+    assert any("'instructions'" in r.getMessage() and "ignored" in r.getMessage() for r in caplog.records)
 
 
 def test_voice_forms_and_aliases() -> None:
@@ -79,7 +92,7 @@ def test_voice_forms_and_aliases() -> None:
         ({"input": "hi", "response_format": "ogg"}, 400, "response_format", "invalid_value"),
         ({"input": "hi", "speed": 9}, 400, "speed", "invalid_value"),
         ({"input": "hi", "voice": "nobody"}, 400, "voice", "voice_not_found"),
-        ({"input": "hi", "instructions": "whisper"}, 400, "instructions", "unsupported_option"),
+        ({"input": "hi", "non_streaming_mode": True}, 400, "non_streaming_mode", "unsupported_option"),
         ({"input": "hi", "task_type": "VoiceDesign"}, 400, "task_type", "unsupported_option"),
         ({"input": "hi", "bogus": 1}, 400, "bogus", "invalid_value"),
         (

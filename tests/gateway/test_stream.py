@@ -17,7 +17,17 @@ from websockets.sync.client import connect
 from engine.fake import SECONDS_PER_CHAR, FakeEngine
 from protocol.audio import decode
 from protocol.frames import HEADER_BYTES, FrameHeader
-from tests.conftest import TIMEOUT_S, Received, recv, recv_message, recv_until, send, serve_engine, session
+from tests.conftest import (
+    TIMEOUT_S,
+    Received,
+    recv,
+    recv_message,
+    recv_until,
+    send,
+    serve_engine,
+    session,
+    voxgate_connect,
+)
 
 URL = "/v1/audio/speech/stream"
 
@@ -43,7 +53,7 @@ def closed_with(ws: object) -> tuple[list[dict[str, object]], int | None]:
 
 def test_session_ready_reports_effective_config_and_limits() -> None:
     with serve_engine(FakeEngine(), idle_timeout_s=42.0) as address:
-        with connect(f"ws://{address}{URL}") as ws:
+        with voxgate_connect(f"ws://{address}{URL}") as ws:
             send(ws, type="session.config", response_format="mulaw", sample_rate=8000, frame_header=True)
             ready = recv(ws)
     assert isinstance(ready, dict) and ready["type"] == "session.ready"
@@ -71,10 +81,10 @@ def test_streamed_tokens_give_segments_in_order_with_headers() -> None:
     for header, frame in zip(headers, frames, strict=True):
         assert header.start_sample == position and header.utterance_index == 0
         position += (len(frame) - HEADER_BYTES) // 2
-    frame_samples = 16000 * 40 // 1000
+    frame_samples = 24000 * 40 // 1000  # the default output rate
     assert all((len(f) - HEADER_BYTES) // 2 <= frame_samples for f in frames)
     done = got.messages("session.done")[0]
-    assert done["total_sentences"] == 2 and done["audio_ms"] == pytest.approx(position / 16.0, abs=0.1)
+    assert done["total_sentences"] == 2 and done["audio_ms"] == pytest.approx(position / 24.0, abs=0.1)
     assert sum(int(m["total_bytes"]) for m in dones) == position * 2  # type: ignore[call-overload]
     assert all(m["text_to_first_audio_ms"] is not None and not m["error"] for m in dones)
     # Each segment's audio is announced before its frames and closed after them.
@@ -164,7 +174,11 @@ def test_disconnect_stops_engine_work() -> None:
         (json.dumps({"type": "input.text", "text": "x" * 200_000}), "message_too_large", None),
         (b"\x00\x01", "binary_not_accepted", None),
         ('{"type": "session.config", "sample_rate": 100}', "invalid_message", "$.sample_rate"),
-        ('{"type": "session.config", "instructions": "whisper"}', "unsupported_option", "$.instructions"),
+        (
+            '{"type": "session.config", "non_streaming_mode": true}',
+            "unsupported_option",
+            "$.non_streaming_mode",
+        ),
         ('{"type": "session.config", "voice": "nobody"}', "unknown_voice", "$.voice"),
     ],
 )
@@ -193,12 +207,12 @@ def test_error_codes_are_distinct() -> None:
     [
         ('{"type": "input.text", "text": "hi"}', "config_required", 1008),
         ('{"type": "session.config", "sample_rate": 100}', "invalid_message", 1007),
-        ('{"type": "session.config", "instructions": "calm"}', "unsupported_option", 1008),
+        ('{"type": "session.config", "non_streaming_mode": true}', "unsupported_option", 1008),
         ("nope", "invalid_json", 1007),
     ],
 )
 def test_invalid_first_message_is_fatal(first: str, code: str, close: int) -> None:
-    with serve_engine(FakeEngine()) as address, connect(f"ws://{address}{URL}") as ws:
+    with serve_engine(FakeEngine()) as address, voxgate_connect(f"ws://{address}{URL}") as ws:
         ws.send(first)
         messages, close_code = closed_with(ws)
     assert messages[-1]["code"] == code and messages[-1]["fatal"] is True
@@ -253,7 +267,10 @@ def test_engine_failure_is_reported_and_not_fatal() -> None:
 
 
 def test_config_timeout_closes_with_error() -> None:
-    with serve_engine(FakeEngine(), config_timeout_s=0.3) as address, connect(f"ws://{address}{URL}") as ws:
+    with (
+        serve_engine(FakeEngine(), config_timeout_s=0.3) as address,
+        voxgate_connect(f"ws://{address}{URL}") as ws,
+    ):
         messages, code = closed_with(ws)
     assert messages[-1]["code"] == "config_timeout" and code == 4008
 
@@ -288,7 +305,7 @@ def test_next_segment_arrives_before_the_previous_one_has_played() -> None:
 def test_slow_consumer_is_closed_and_other_sessions_are_unaffected() -> None:
     engine = FakeEngine(sample_rate=48000, chunk_s=1.0)
     with serve_engine(engine, max_buffered_audio_s=2.0, send_timeout_s=1.5) as address:
-        with connect(f"ws://{address}{URL}", max_size=None, max_queue=1) as stuck:
+        with voxgate_connect(f"ws://{address}{URL}", max_size=None, max_queue=1) as stuck:
             send(stuck, type="session.config", response_format="f32", frame_ms=1000)
             send(stuck, type="input.text", text="word " * 4000)  # about 20 minutes of audio, 230 MB
             send(stuck, type="input.done")
@@ -313,7 +330,9 @@ def test_a_steady_slow_reader_pauses_synthesis_instead_of_being_closed() -> None
     engine = FakeEngine(sample_rate=48000, chunk_s=1.0)
     text = "Some words here. " * 120  # 120 segments of about 1 s: 23 MB of f32 at 48 kHz
     with serve_engine(engine, max_buffered_audio_s=1.0, send_timeout_s=5.0) as address:
-        with session(address, response_format="f32", frame_ms=1000, eager_first_segment=False) as ws:
+        with session(
+            address, response_format="f32", sample_rate=48000, frame_ms=1000, eager_first_segment=False
+        ) as ws:
             send(ws, type="input.text", text=text)
             send(ws, type="input.done")
             frames, finished_midway = 0, None
@@ -330,3 +349,36 @@ def test_a_steady_slow_reader_pauses_synthesis_instead_of_being_closed() -> None
                     assert item["type"] in ("audio.start", "audio.done"), item
     assert frames >= 110
     assert finished_midway is not None and finished_midway < 100  # synthesis waited for the reader
+
+
+def test_opted_in_clients_see_ignored_fields_and_warnings() -> None:
+    with serve_engine(FakeEngine()) as address, voxgate_connect(f"ws://{address}{URL}") as ws:
+        assert ws.subprotocol == "voxgate.v1"
+        send(ws, type="session.config", instructions="calm", voise="tone", streaming_mode="token_level")
+        ready, warning = recv(ws), recv(ws)
+    assert isinstance(ready, dict) and ready["type"] == "session.ready"
+    assert ready["ignored_fields"] == ["voise"]
+    assert isinstance(warning, dict) and warning["type"] == "warning" and warning["field"] == "$.instructions"
+
+
+def test_clients_without_the_subprotocol_get_no_extensions() -> None:
+    with serve_engine(FakeEngine()) as address, connect(f"ws://{address}{URL}") as ws:
+        assert ws.subprotocol is None
+        send(ws, type="session.config", instructions="calm", response_format="pcm", stream_audio=True)
+        send(ws, type="input.cancel")  # a voxgate extension: unknown here, as in vllm-omni
+        error = recv(ws)
+        got = speak(ws, "Hello there.")
+    assert error == {"type": "error", "message": "unknown message type: 'input.cancel' (a voxgate extension)"}
+    assert got.types()[0] == "audio.start" and got.types()[-1] == "session.done"
+    assert set(got.messages("audio.start")[0]) == {
+        "type",
+        "utterance_index",
+        "sentence_index",
+        "sentence_text",
+        "format",
+        "sample_rate",
+        "channels",
+    }
+    assert got.messages("session.done") == [
+        {"type": "session.done", "utterance_index": 0, "total_sentences": 1}
+    ]

@@ -7,10 +7,9 @@ import io
 import httpx
 import numpy as np
 import soundfile
-from websockets.sync.client import connect
 
 from engine.fake import FakeEngine
-from tests.conftest import recv, recv_until, send, serve_engine, session
+from tests.conftest import recv, recv_until, send, serve_engine, session, voxgate_connect
 
 URL = "/v1/audio/speech/stream"
 
@@ -36,7 +35,7 @@ def dominant_hz(frames: list[bytes], rate: int) -> float:
 def test_uploaded_voice_on_an_engine_that_cannot_clone_is_refused_by_name() -> None:
     with serve_engine(FakeEngine(clones=False)) as address:
         upload(address, "maria")
-        with connect(f"ws://{address}{URL}") as ws:
+        with voxgate_connect(f"ws://{address}{URL}") as ws:
             send(ws, type="session.config", voice="maria")
             error = recv(ws)
     assert isinstance(error, dict) and error["code"] == "voice_requires_cloning" and error["fatal"] is True
@@ -51,7 +50,7 @@ def test_uploaded_voice_reaches_a_cloning_engine_as_a_reference() -> None:
     engine = FakeEngine(clones=True)
     with serve_engine(engine) as address:
         upload(address, "maria")
-        with session(address, voice="maria") as ws:
+        with session(address, voice="maria", sample_rate=16000) as ws:
             send(ws, type="input.text", text="Speak as Maria.")
             send(ws, type="input.done")
             got = recv_until(ws, "session.done")
@@ -64,10 +63,10 @@ def test_uploaded_voice_reaches_a_cloning_engine_as_a_reference() -> None:
 def test_uploaded_voices_belong_to_their_key() -> None:
     with serve_engine(FakeEngine(clones=True), api_keys=("alice", "bob")) as address:
         upload(address, "private", headers={"Authorization": "Bearer alice"})
-        with connect(f"ws://{address}{URL}?api_key=bob") as ws:
+        with voxgate_connect(f"ws://{address}{URL}?api_key=bob") as ws:
             send(ws, type="session.config", voice="private")
             refused = recv(ws)
-        with connect(f"ws://{address}{URL}?api_key=alice") as ws:
+        with voxgate_connect(f"ws://{address}{URL}?api_key=alice") as ws:
             send(ws, type="session.config", voice="private")
             accepted = recv(ws)
     assert isinstance(refused, dict) and refused["code"] == "unknown_voice"
@@ -75,7 +74,7 @@ def test_uploaded_voices_belong_to_their_key() -> None:
 
 
 def test_unknown_voice_names_the_available_ones() -> None:
-    with serve_engine(FakeEngine()) as address, connect(f"ws://{address}{URL}") as ws:
+    with serve_engine(FakeEngine()) as address, voxgate_connect(f"ws://{address}{URL}") as ws:
         send(ws, type="session.config", speaker="nobody")
         error = recv(ws)
     assert isinstance(error, dict) and error["code"] == "unknown_voice" and error["field"] == "$.speaker"

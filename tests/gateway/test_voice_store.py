@@ -29,7 +29,7 @@ def clip(seed: int, seconds: float = 1.5, rate: int = 16000) -> npt.NDArray[np.f
 
 
 def file_of(name: str) -> str:
-    return hashlib.sha256(name.encode()).hexdigest()[:32] + ".safetensors"
+    return hashlib.sha256(name.casefold().encode()).hexdigest()[:32] + ".safetensors"
 
 
 def voice_files(root: Path) -> list[Path]:
@@ -67,6 +67,29 @@ def test_save_get_list_delete(tmp_path: Path) -> None:
     assert not store.delete(OWNER, "alice")
     assert store.get(OWNER, "alice") is None and store.info(OWNER, "alice") is None
     assert [v.name for v in store.list(OWNER)] == ["bob"]
+
+
+def test_names_match_in_any_case(tmp_path: Path) -> None:
+    store = VoiceStore(tmp_path)
+    store.save(OWNER, "Alice", audio=clip(1), sample_rate=16000, consent="c")
+    found = store.get(OWNER, "ALICE")
+    assert found is not None and found.info.name == "Alice"
+    assert store.info(OWNER, "alice") is not None
+    store.save(OWNER, "alice", audio=clip(2), sample_rate=16000, consent="c")  # replaces, not a second voice
+    assert [v.name for v in store.list(OWNER)] == ["alice"]
+    assert store.delete(OWNER, "ALICE") and store.list(OWNER) == []
+
+
+def test_voices_saved_before_names_ignored_case_are_still_found(tmp_path: Path) -> None:
+    store = VoiceStore(tmp_path)
+    store.save(OWNER, "Bob", audio=clip(1), sample_rate=16000, consent="c")
+    folder = tmp_path / OWNER
+    legacy = folder / (hashlib.sha256(b"Bob").hexdigest()[:32] + ".safetensors")
+    (folder / file_of("Bob")).rename(legacy)  # the file name an older gateway gave "Bob"
+    assert store.get(OWNER, "Bob") is not None and store.get(OWNER, "BOB") is None
+    store.save(OWNER, "Bob", audio=clip(2), sample_rate=16000, consent="c")
+    assert not legacy.exists() and len(store.list(OWNER)) == 1
+    assert store.delete(OWNER, "BOB")
 
 
 def test_owners_are_separate_and_names_never_become_paths(tmp_path: Path) -> None:

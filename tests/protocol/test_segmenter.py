@@ -77,7 +77,8 @@ def test_reset_drops_text_and_restarts_utterance() -> None:
     assert seg.pending == ""
     assert seg.flush() == []
     # Eager applies again after reset.
-    assert seg.push("a b c d e f g h i") == ["a b c d e f g h"]
+    assert seg.push("a b c d e f g h i j k") == []
+    assert seg.push(" l") == ["a b c d e f g h"]
 
 
 def test_flush_returns_rest_and_resets_eager() -> None:
@@ -215,13 +216,48 @@ def test_cjk_clauses() -> None:
 # --- eager first segment ---------------------------------------------------------------------
 
 
-def test_eager_cuts_after_eight_words_once_ninth_starts() -> None:
+def test_eager_cuts_after_eight_words_once_a_long_tail_follows() -> None:
     seg = Segmenter()
-    assert seg.push("one two three four five six seven eight") == []
-    assert seg.push(" ") == []  # the ninth word has not started yet
-    assert seg.push("n") == ["one two three four five six seven eight"]
-    assert seg.push("ine ten eleven twelve thirteen fourteen fifteen sixteen seventeen ") == []
+    assert seg.push("one two three four five six seven eight nine ten eleven") == []
+    assert seg.push(" ") == []  # three words follow the candidate: a sentence end may still be near
+    assert seg.push("t") == ["one two three four five six seven eight"]
+    assert seg.push("welve thirteen fourteen fifteen sixteen seventeen ") == []
     assert seg.flush() == ["nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen"]
+
+
+def test_eager_keeps_a_sentence_whole_when_its_end_is_in_sight() -> None:
+    text = "The quick brown fox jumps over the lazy dog."
+    assert segment(text) == [text]
+    assert segment(list(text)) == [text]
+    assert segment(text + " It barks.") == [text, "It barks."]
+    assert segment("Sure thing, I can.") == ["Sure thing, I can."]
+
+
+def test_eager_never_leaves_a_short_tail() -> None:
+    words = "one two three four five six seven eight nine ten eleven twelve thirteen"
+    for n in range(9, 14):
+        text = " ".join(words.split()[:n]) + "."
+        first, *rest = segment(text + " Next one.")
+        assert first == text or len(first.split()) == EAGER_WORDS and len(text.split()) - EAGER_WORDS > 3
+
+
+def test_eager_prefers_a_clause_to_the_word_count() -> None:
+    text = "Let me check that for you, it will take a moment or two to find."
+    assert segment(text) == ["Let me check that for you,", "it will take a moment or two to find."]
+
+
+def test_eager_moves_to_a_clause_that_follows_the_word_count() -> None:
+    text = "A long sentence that takes a while to speak, and then it goes on and on."
+    assert segment(text) == ["A long sentence that takes a while to speak,", "and then it goes on and on."]
+
+
+def test_commit_cuts_the_buffer_in_the_same_utterance() -> None:
+    seg = Segmenter("none", eager_first=False)
+    assert seg.push("Hello there, this is") == []
+    assert seg.commit() == ["Hello there, this is"]
+    assert seg.commit() == []
+    assert seg.push(" the rest.") == []
+    assert seg.flush() == ["the rest."]
 
 
 def test_eager_cuts_at_first_clause() -> None:
@@ -235,12 +271,13 @@ def test_eager_sentence_comes_first_when_short() -> None:
 
 
 def test_eager_words_parameter() -> None:
-    assert segment("a b c d e f", eager_words=3) == ["a b c", "d e f"]
+    assert segment("a b c d e f g", eager_words=3) == ["a b c", "d e f g"]
+    assert segment("a b c d e f", eager_words=3) == ["a b c d e f"]
 
 
 def test_eager_applies_to_granularity_none() -> None:
-    text = "one two three four five six seven eight nine ten. Eleven, twelve thirteen."
-    expected = ["one two three four five six seven eight", "nine ten. Eleven, twelve thirteen."]
+    text = "one two three four five six seven eight nine ten eleven twelve. Eleven, twelve thirteen."
+    expected = ["one two three four five six seven eight", "nine ten eleven twelve. Eleven, twelve thirteen."]
     assert segment(text, "none") == expected
     assert calm(text, "none") == [text]
 

@@ -7,6 +7,7 @@ import json
 import msgspec
 import pytest
 
+from protocol.dialect import sends
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
 from protocol.frames import FrameHeader
 from protocol.messages import (
@@ -26,6 +27,7 @@ from protocol.session import (
     MAX_CONFIG_BYTES,
     MAX_MESSAGE_BYTES,
     CloseRequested,
+    Committed,
     ConfigAccepted,
     Event,
     SegmentReady,
@@ -40,7 +42,7 @@ CONFIG = '{"type": "session.config"}'
 DONE = '{"type": "input.done"}'
 CANCEL = '{"type": "input.cancel"}'
 CLOSE = '{"type": "session.close"}'
-CLIENT_TYPES = ["session.config", "input.text", "input.done", "input.cancel", "session.close"]
+CLIENT_TYPES = ["session.config", "input.text", "input.done", "input.commit", "input.cancel", "session.close"]
 
 
 def message(kind: str, **fields: object) -> str:
@@ -115,7 +117,6 @@ def test_first_message_must_be_config(kind: str) -> None:
         (message("session.config", sample_rate=7000), ErrorCode.INVALID_MESSAGE, "$.sample_rate"),
         (message("session.config", speed=5), ErrorCode.INVALID_MESSAGE, "$.speed"),
         (message("session.config", response_format="mp3"), ErrorCode.INVALID_MESSAGE, "$.response_format"),
-        (message("session.config", voise="joe"), ErrorCode.INVALID_MESSAGE, "$.voise"),
         (
             message("session.config", speaker_embedding=[0.0] * 8193),
             ErrorCode.INVALID_MESSAGE,
@@ -159,13 +160,6 @@ def test_binary_before_config_is_fatal() -> None:
         (message("input.text", text=5), ErrorCode.INVALID_MESSAGE, CloseCode.INVALID_DATA, "$.text"),
         (message("input.text"), ErrorCode.INVALID_MESSAGE, CloseCode.INVALID_DATA, "$.text"),
         (
-            message("input.text", text="hi", lang="en"),
-            ErrorCode.INVALID_MESSAGE,
-            CloseCode.INVALID_DATA,
-            "$.lang",
-        ),
-        (message("input.done", flush=True), ErrorCode.INVALID_MESSAGE, CloseCode.INVALID_DATA, "$.flush"),
-        (
             message("session.config", frame_ms="40"),
             ErrorCode.INVALID_MESSAGE,
             CloseCode.INVALID_DATA,
@@ -189,8 +183,8 @@ def test_each_failure_kind_has_its_own_code() -> None:
         refused(session, "{not json"),
         refused(session, "[]"),
         refused(session, message("input.flush")),
-        refused(session, message("input.text", text=5)),  # a wrong field type and an unknown field are
-        refused(session, message("input.text", text="", x=1)),  # both invalid_message, told apart by field
+        refused(session, message("input.text", text=5)),  # a wrong type in two messages: both are
+        refused(session, message("session.config", frame_ms="x")),  # invalid_message, told apart by field
         refused(session, text("x" * 100)),
     ]
     with pytest.raises(ProtocolError) as info:
@@ -398,6 +392,7 @@ TRANSITIONS: dict[State, dict[str, State | None]] = {
         "session.config": State.READY,
         "input.text": None,
         "input.done": None,
+        "input.commit": None,
         "input.cancel": None,
         "session.close": None,
     },
@@ -405,6 +400,7 @@ TRANSITIONS: dict[State, dict[str, State | None]] = {
         "session.config": State.READY,
         "input.text": State.SPEAKING,
         "input.done": State.READY,
+        "input.commit": State.READY,
         "input.cancel": State.READY,
         "session.close": State.CLOSED,
     },
@@ -412,6 +408,7 @@ TRANSITIONS: dict[State, dict[str, State | None]] = {
         "session.config": None,
         "input.text": State.SPEAKING,
         "input.done": State.READY,
+        "input.commit": State.SPEAKING,
         "input.cancel": State.READY,
         "session.close": State.CLOSED,
     },
@@ -552,3 +549,99 @@ def test_audio_frame_puts_the_header_in_front() -> None:
     header = FrameHeader(1, 2, 3, 4)
     assert session.audio_frame(None, b"\x01\x02") == b"\x01\x02"
     assert session.audio_frame(header, b"\x01\x02") == header.serialize() + b"\x01\x02"
+
+
+# --- leniency, dialects and vllm-omni's text input modes ---------------------------------------------
+
+
+def test_unknown_fields_are_ignored_and_listed_back() -> None:
+    session = Session()
+    [event] = session.receive_text(message("session.config", voice="joe", voise="x", future={"a": 1}))
+    assert isinstance(event, ConfigAccepted)
+    assert event.config.voice == "joe" and event.ignored_fields == ("future", "voise")
+    session.accept_config(event.config)
+    assert feed(session, message("input.text", text="Hi there. ", lang="en"))[0] == UtteranceStarted(0)
+
+
+def test_cancel_is_an_extension() -> None:
+    session = configured(Session(extensions=False))
+    error = refused(session, CANCEL)
+    assert (error.code, error.field, error.fatal) == (ErrorCode.UNKNOWN_TYPE, "$.type", False)
+
+
+@pytest.mark.parametrize(
+    ("config", "granularity", "eager"),
+    [
+        ({}, "sentence", True),
+        ({"text_input_mode": "buffered"}, "none", False),
+        ({"text_input_mode": "commitment"}, "sentence", False),
+        ({"streaming_mode": "token_level"}, "sentence", True),
+        ({"streaming_mode": "sentence_commit"}, "none", False),
+        ({"split_granularity": "none"}, "none", False),
+        ({"split_granularity": "clause", "eager_first_segment": True}, "clause", True),
+        ({"text_input_mode": "buffered", "split_granularity": "sentence"}, "sentence", False),
+        ({"eager_first_segment": False}, "sentence", False),
+    ],
+)
+def test_segmentation_follows_explicit_fields(
+    config: dict[str, object], granularity: str, eager: bool
+) -> None:
+    assert msgspec.convert(config, SessionConfig).segmentation() == (granularity, eager)
+
+
+def test_wav_without_stream_audio_is_one_file_per_segment() -> None:
+    assert not msgspec.convert({"response_format": "wav"}, SessionConfig).streamed
+    assert msgspec.convert({"response_format": "wav", "stream_audio": True}, SessionConfig).streamed
+    assert msgspec.convert({"response_format": "pcm"}, SessionConfig).streamed
+
+
+def test_commitment_mode_cuts_only_at_confirmed_sentence_ends() -> None:
+    session = configured(text_input_mode="commitment")
+    assert feed(session, text("The total is 2026")) == [UtteranceStarted(0)]
+    assert feed(session, text(" dollars. ")) == [SegmentReady(0, 0, "The total is 2026 dollars.")]
+    assert feed(session, text("Thank you"), DONE) == [SegmentReady(0, 1, "Thank you"), UtteranceEnded(0, 2)]
+
+
+def test_commit_cuts_the_text_so_far() -> None:
+    session = configured(streaming_mode="sentence_commit")
+    events = feed(session, text("Hello there, this is"), message("input.commit", commit_id="c0"))
+    assert events == [UtteranceStarted(0), SegmentReady(0, 0, "Hello there, this is"), Committed("c0", 0, 0)]
+    assert feed(session, message("input.commit")) == [Committed(None, 0, None)]
+    assert feed(session, text(" more."), DONE) == [SegmentReady(0, 1, "more."), UtteranceEnded(0, 2)]
+
+
+def test_vllm_dialect_writes_vllm_omnis_field_sets() -> None:
+    vllm, ours = Session(extensions=False), Session()
+    start = AudioStart(
+        utterance_index=1, sentence_index=2, sentence_text="Hi.", format="pcm", sample_rate=24000
+    )
+    assert json.loads(vllm.send(start)) == {
+        "type": "audio.start",
+        "utterance_index": 1,
+        "sentence_index": 2,
+        "sentence_text": "Hi.",
+        "format": "pcm",
+        "sample_rate": 24000,
+        "channels": 1,
+    }
+    assert "sample_rate" not in json.loads(vllm.send(start, streamed=False))
+    done = AudioDone(utterance_index=1, sentence_index=2, total_bytes=10, synthesis_ms=3.0)
+    assert json.loads(vllm.send(done)) == {
+        "type": "audio.done",
+        "utterance_index": 1,
+        "sentence_index": 2,
+        "total_bytes": 10,
+        "error": False,
+    }
+    assert json.loads(vllm.send(SessionDone(utterance_index=1, total_sentences=3, audio_ms=5.0))) == {
+        "type": "session.done",
+        "utterance_index": 1,
+        "total_sentences": 3,
+    }
+    assert json.loads(vllm.send(Error(code="engine_error", message="boom"))) == {
+        "type": "error",
+        "message": "boom",
+    }
+    assert "synthesis_ms" in json.loads(ours.send(done))
+    assert not sends(SessionReady(), extensions=False) and sends(SessionReady(), extensions=True)
+    assert not sends(AudioCancelled(), extensions=False) and sends(done, extensions=False)
