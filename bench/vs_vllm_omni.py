@@ -52,6 +52,7 @@ import numpy as np
 from ttfa import PARAGRAPH, tokenize
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
+from websockets.typing import Subprotocol
 
 REPO = Path(__file__).resolve().parents[1]
 # The env .ci/vllm_omni_env.sh builds; VOXGATE_VLLM_OMNI_PYTHON overrides it (as in tests/vllm_omni/).
@@ -246,6 +247,8 @@ class Endpoint:
     # The line in the vllm-omni server's output that says this endpoint's engine work for a stopped session
     # is over: vllm-omni's handler noticing the disconnect; for voxgate, the abort of its upstream request.
     stopped_re: re.Pattern[str]
+    # WebSocket subprotocols offered: voxgate's input.cancel is a voxgate.v1 extension.
+    subprotocols: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -362,7 +365,13 @@ async def run_session(
     """One session: configure, wait for the others, stream the paragraph and record what arrives."""
     session = Session(stop=kind)
     stop = asyncio.Event()
-    async with connect(endpoint.url, max_size=None, open_timeout=30, close_timeout=2) as ws:
+    async with connect(
+        endpoint.url,
+        subprotocols=[Subprotocol(p) for p in endpoint.subprotocols] or None,
+        max_size=None,
+        open_timeout=30,
+        close_timeout=2,
+    ) as ws:
         await ws.send(json.dumps({"type": "session.config", **endpoint.config}))
         await barrier.wait()
         sender = asyncio.create_task(_send_text(ws, plan, session, stop, kind))
@@ -594,13 +603,14 @@ def _busy_cpu_s() -> float:
 
 def endpoints_for(upstream_port: int, gateway_port: int, voice: str) -> list[Endpoint]:
     vllm = f"ws://127.0.0.1:{upstream_port}{PATH}"
-    common = {"voice": voice, "response_format": "pcm"}
+    # stream_audio spelled out for all: vllm-omni's default is false, voxgate's depends on the format.
+    common = {"voice": voice, "response_format": "pcm", "stream_audio": True}
     return [
         Endpoint(
             "vllm-omni-none",
             'vllm-omni, `split_granularity: "none"` (its default)',
             vllm,
-            {**common, "stream_audio": True},
+            dict(common),
             ("disconnect",),
             DISCONNECTED_RE,
         ),
@@ -608,7 +618,7 @@ def endpoints_for(upstream_port: int, gateway_port: int, voice: str) -> list[End
             "vllm-omni-sentence",
             'vllm-omni, `split_granularity: "sentence"`',
             vllm,
-            {**common, "stream_audio": True, "split_granularity": "sentence"},
+            {**common, "split_granularity": "sentence"},
             ("disconnect",),
             DISCONNECTED_RE,
         ),
@@ -619,6 +629,7 @@ def endpoints_for(upstream_port: int, gateway_port: int, voice: str) -> list[End
             dict(common),
             ("cancel", "disconnect"),
             ABORT_RE,
+            ("voxgate.v1",),
         ),
     ]
 
