@@ -487,10 +487,12 @@ async def stop_round(
     """A round of stopped sessions, matched to the server's lines; also how many requests were aborted."""
     mark = upstream.mark()
     results = await run_round(endpoint, plan, sessions, kind)
-    stopped = sum(1 for s in results if s.t_stop is not None)
+    stops = [s.t_stop for s in results if s.t_stop is not None]
+    # Lines from before the first stop (a previous round's sessions closing) do not count.
+    first = min(stops, default=math.inf)
     deadline = time.perf_counter() + ABORT_WAIT_S
     while time.perf_counter() < deadline:
-        if len(events(endpoint.stopped_re, upstream.lines(mark))) >= stopped:
+        if len([t for t in events(endpoint.stopped_re, upstream.lines(mark)) if t >= first]) >= len(stops):
             break
         await asyncio.sleep(0.1)
     lines = upstream.lines(mark)
