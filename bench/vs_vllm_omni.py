@@ -10,9 +10,10 @@ records:
 - underruns of a player that plays the audio in real time behind a 150 ms jitter buffer, between the first
   and the last audio frame (count and total ms);
 - time from a stop to silence. voxgate stops with ``input.cancel``: the bench measures when the last audio
-  byte arrives after it, and when the engine logs the abort of its request. vllm-omni has no cancel, so the
-  client disconnects, and the bench reads the engine's abort from the server's log. voxgate is measured
-  with a disconnect too.
+  byte arrives after it, and when the engine client logs the abort of voxgate's upstream request. vllm-omni
+  has no cancel, so the client disconnects, and the bench reads from the server's log when vllm-omni's
+  handler has stopped working for it (``Streaming speech: client disconnected``, logged after the abort of
+  the request in flight, or after that request's end). voxgate is measured with a disconnect too.
 
 The endpoints are vllm-omni with its default ``split_granularity: "none"`` (it buffers until
 ``input.done``), vllm-omni with ``split_granularity: "sentence"``, and voxgate with its defaults.
