@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from engine.base import EngineError, RequestRefused, UnknownVoice, UnsupportedOption
-from gateway.catalog import Catalog, Resolved, VoiceNotServable
+from engine.base import EngineError
+from gateway.catalog import Catalog, Resolved
+from gateway.failures import REFUSALS, error_for
 from gateway.jobs import Close, End, Job, JobQueue, Segment, Utterance
 from gateway.outbox import Item, Outbox, Payload, SlowConsumer
 from gateway.settings import Settings
-from gateway.voices import Rejected
 from protocol.dialect import sends
 from protocol.errors import CloseCode, ErrorCode, ProtocolError
 from protocol.messages import (
@@ -217,23 +217,9 @@ class Connection:
                 ref_audio=config.ref_audio,
                 ref_text=config.ref_text,
             )
-        except Rejected as exc:
-            raise self.session.reject_config(
-                ProtocolError(ErrorCode.INVALID_REF_AUDIO, exc.message, field=f"$.{exc.param}")
-            ) from None
-        except UnknownVoice as exc:
-            raise self.session.reject_config(
-                ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc), field=voice_field)
-            ) from None
-        except VoiceNotServable as exc:
-            field = "$.ref_audio" if config.ref_audio is not None else voice_field
-            raise self.session.reject_config(
-                ProtocolError(ErrorCode.VOICE_REQUIRES_CLONING, str(exc), field=field)
-            ) from None
-        except UnsupportedOption as exc:
-            raise self.session.reject_config(
-                ProtocolError(ErrorCode.UNSUPPORTED_OPTION, str(exc), field=f"$.{exc.field}")
-            ) from None
+        except REFUSALS as exc:
+            error = error_for(exc, voice_field=voice_field, ref_audio=config.ref_audio is not None)
+            raise self.session.reject_config(error) from None
         self.session.accept_config(config)
         self.resolved = resolved
         engine = resolved.engine
@@ -399,10 +385,8 @@ class Connection:
         self._put(u, done)
         if failure is not None:
             self.log.warning("engine failed on segment %d/%d: %s", u.index, seg.sentence_index, failure)
-            refused = failure if isinstance(failure, RequestRefused) else None
-            code = ErrorCode.REQUEST_REFUSED if refused else ErrorCode.ENGINE_ERROR
-            field = refused.field if refused else None
-            self._put(u, Error(code=code, message=str(failure), utterance_index=u.index, field=field))
+            err = error_for(failure)
+            self._put(u, Error(code=err.code, message=err.message, utterance_index=u.index, field=err.field))
 
     async def _put_frames(self, seg: Segment, frames: list[bytes]) -> None:
         packer = seg.utterance.packer

@@ -29,19 +29,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.base import (
-    AudioChunk,
-    EngineError,
-    RequestRefused,
-    SynthesisRequest,
-    UnknownVoice,
-    UnsupportedOption,
-)
-from gateway.catalog import Catalog, Resolved, VoiceNotServable
-from gateway.http import BodyTooLarge, api_error, read_body
-from gateway.voices import Rejected
+from engine.base import AudioChunk, SynthesisRequest
+from gateway.catalog import Catalog, Resolved
+from gateway.failures import REFUSALS, error_for
+from gateway.http import BodyTooLarge, error_response, read_body
 from protocol.audio import Resampler, Samples
-from protocol.errors import field_path
+from protocol.errors import ErrorCode, ProtocolError, field_path
 from protocol.packer import AudioPacker
 from protocol.segmenter import Segmenter
 from protocol.speech import PRODUCIBLE_FORMATS, SpeechRequest, decode_speech_request
@@ -77,8 +70,8 @@ class _Piece:
     chunk: AudioChunk | None
 
 
-#: What the producer hands the body: pieces, an engine failure, then None at the very end.
-_Item = _Piece | EngineError | None
+#: What the producer hands the body: pieces, a synthesis failure, then None at the very end.
+_Item = _Piece | ProtocolError | None
 
 
 class _Body:
@@ -157,8 +150,11 @@ async def _produce(
                 async for chunk in chunks:
                     await queue.put(_Piece(index, chunk))
             await queue.put(_Piece(index, None))
-    except EngineError as exc:
-        await queue.put(exc)
+    except Exception as exc:  # the task's boundary: any failure must reach the response, or it hangs
+        error = error_for(exc)
+        if error.code is ErrorCode.INTERNAL_ERROR:
+            logger.exception("engine %s raised an unexpected error", resolved.engine.name)
+        await queue.put(error)
     await queue.put(None)
 
 
@@ -167,12 +163,12 @@ async def _stream(
     first: _Item,
     queue: asyncio.Queue[_Item],
     producer: asyncio.Task[None],
-) -> AsyncIterator[bytes | EngineError]:
-    """Body pieces in order; an EngineError after the first byte is yielded for the caller to report."""
+) -> AsyncIterator[bytes | ProtocolError]:
+    """Body pieces in order; a failure after the first byte is yielded for the caller to report."""
     item, started = first, -1
     try:
         while item is not None:
-            if isinstance(item, EngineError):
+            if isinstance(item, ProtocolError):
                 yield item
                 break
             if item.index != started:
@@ -196,19 +192,17 @@ async def create_speech(request: Request) -> Response:
     try:
         req = decode_speech_request(await read_body(request, MAX_BODY_BYTES))
     except BodyTooLarge as exc:
-        return api_error(413, str(exc), code="body_too_large")
+        return error_response(ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc), field="$"))
     except msgspec.ValidationError as exc:
-        return api_error(400, str(exc), param=(field_path(exc) or "$.")[2:] or None, code="invalid_value")
+        return error_response(ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)))
     except msgspec.DecodeError as exc:
-        return api_error(400, f"invalid JSON body: {exc}", code="invalid_json")
+        return error_response(ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON body: {exc}"))
     if req.response_format not in PRODUCIBLE_FORMATS:
-        return api_error(
-            400,
+        message = (
             f"response_format {req.response_format!r} cannot be produced here; use one of "
-            f"{sorted(PRODUCIBLE_FORMATS)}",
-            param="response_format",
-            code="unsupported_format",
+            f"{sorted(PRODUCIBLE_FORMATS)}"
         )
+        return error_response(ProtocolError(ErrorCode.UNSUPPORTED_FORMAT, message))
     catalog: Catalog = request.state.catalog
     try:
         resolved = await catalog.prepare(
@@ -219,41 +213,29 @@ async def create_speech(request: Request) -> Response:
             ref_audio=req.ref_audio,
             ref_text=req.ref_text,
         )
-    except Rejected as exc:
-        return api_error(exc.status, exc.message, param=exc.param, code=exc.code)
-    except UnknownVoice as exc:
-        return api_error(400, str(exc), param="voice", code="voice_not_found")
-    except VoiceNotServable as exc:
-        param = "ref_audio" if req.ref_audio is not None else "voice"
-        return api_error(400, str(exc), param=param, code="voice_requires_cloning")
-    except UnsupportedOption as exc:
-        return api_error(400, str(exc), param=exc.field, code="unsupported_option")
+    except REFUSALS as exc:
+        return error_response(error_for(exc, ref_audio=req.ref_audio is not None))
     for name in resolved.ignored:
         logger.warning("engine %r cannot follow %r; it is ignored", resolved.engine.name, name)
     rate = req.output_rate(resolved.engine.sample_rate)
     if rate not in _CODEC_RATES.get(req.response_format, {rate}):
-        return api_error(
-            400,
+        message = (
             f"{req.response_format} cannot be encoded at {rate} Hz; use one of "
-            f"{sorted(_CODEC_RATES[req.response_format])}",
-            param="sample_rate",
-            code="unsupported_rate",
+            f"{sorted(_CODEC_RATES[req.response_format])}"
         )
+        return error_response(ProtocolError(ErrorCode.UNSUPPORTED_RATE, message))
 
     segmenter = Segmenter("sentence", eager_first=True)
     texts = segmenter.push(req.input) + segmenter.flush()
     if not texts:
-        return api_error(400, "input has no text to speak", param="input", code="empty_input")
+        return error_response(ProtocolError(ErrorCode.EMPTY_INPUT, "input has no text to speak"))
     queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=AHEAD_CHUNKS)
     producer = asyncio.create_task(_produce(resolved, req, texts, queue))
     first = await queue.get()
-    if isinstance(first, RequestRefused):
-        producer.cancel()
-        return api_error(first.status, str(first), param=first.field, code="request_refused")
-    if isinstance(first, EngineError):
+    if isinstance(first, ProtocolError):
         producer.cancel()
         logger.warning("engine %s failed before the first audio: %s", resolved.engine.name, first)
-        return api_error(502, f"engine {resolved.engine.name!r} failed: {first}", code="engine_error")
+        return error_response(first)
     body = _Body(req.response_format, rate)
     headers = {"x-sample-rate": str(rate), "x-voxgate-engine": resolved.engine.name}
     if req.stream_format == "sse":
@@ -274,7 +256,7 @@ async def _audio(
     producer: asyncio.Task[None],
 ) -> AsyncIterator[bytes]:
     async for piece in _stream(body, first, queue, producer):
-        if isinstance(piece, EngineError):
+        if isinstance(piece, ProtocolError):
             # The status is already sent: the body ends early, and the log says why.
             logger.warning("engine failed mid-stream; response truncated: %s", piece)
             return
@@ -289,9 +271,9 @@ async def _sse(
     body: _Body, first: _Item, queue: asyncio.Queue[_Item], producer: asyncio.Task[None], characters: int
 ) -> AsyncIterator[bytes]:
     async for piece in _stream(body, first, queue, producer):
-        if isinstance(piece, EngineError):
-            code = "request_refused" if isinstance(piece, RequestRefused) else "engine_error"
-            yield _event({"type": "speech.audio.error", "error": {"message": str(piece), "code": code}})
+        if isinstance(piece, ProtocolError):
+            error = {"message": piece.message, "code": piece.code}
+            yield _event({"type": "speech.audio.error", "error": error})
             return
         yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
     # OpenAI's usage fields. No tokenizer runs here: a character counts as an input token and 80 ms of
