@@ -161,6 +161,19 @@ class Session:
             ProtocolError: the message is refused; ``fatal`` says whether the session must close.
         """
         msg = self._decode(data)
+        ignored = _unknown_fields(data) if isinstance(msg, SessionConfig) else ()
+        return self.receive(msg, ignored_fields=ignored)
+
+    def receive(self, msg: ClientMessage, *, ignored_fields: tuple[str, ...] = ()) -> list[Event]:
+        """Take one decoded client message: how a surface without JSON messages (REST) feeds its text.
+
+        Args:
+            msg: the message.
+            ignored_fields: for a ``session.config``, the unknown fields it came with.
+
+        Raises:
+            ProtocolError: the message is illegal in the current state.
+        """
         if isinstance(msg, InputCancel) and not self.extensions:
             raise self._error(
                 ErrorCode.UNKNOWN_TYPE,
@@ -173,7 +186,7 @@ class Session:
         events: list[Event] = []
         match msg:
             case SessionConfig():
-                events.append(ConfigAccepted(msg, self.config is None, _unknown_fields(data)))
+                events.append(ConfigAccepted(msg, self.config is None, ignored_fields))
             case InputText(text=text):
                 if not text:
                     return []  # an empty text is a keep-alive, as in ElevenLabs' protocol
