@@ -43,8 +43,8 @@ from protocol.messages import (
     SessionConfig,
     SessionReady,
 )
-from protocol.output import Audio, Drop, Finish, Message, OutputFormat, Speak
-from protocol.session import CloseRequested, ConfigAccepted, Event, Session, UtteranceStarted
+from protocol.output import Audio, Configure, Drop, Finish, Message, OutputFormat, Speak
+from protocol.session import Session, State
 
 logger = logging.getLogger(__name__)
 
@@ -83,15 +83,16 @@ class Connection:
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.session = Session(
+        session = Session(
             max_config_bytes=s.max_config_bytes,
             max_message_bytes=s.max_message_bytes,
             extensions=self.extensions,
         )
+        self.core = Core(OutputFormat("pcm", 24000), session)  # the first session.config sets the format
+        self.session = session
         self.log = _SessionLog(logger, {"session": self.id})
         self.outbox = Outbox(s.max_buffered_audio_s)
         self.jobs = JobQueue()
-        self.core = Core(OutputFormat("pcm", 24000))  # configured with the first session.config
         self.speaking: Utterance | None = None  # the utterance the client has open
         self.current: asyncio.Task[None] | None = None
         self.resolved: Resolved | None = None
@@ -122,20 +123,19 @@ class Connection:
             if message["type"] == "websocket.disconnect":
                 raise _Stop()
             self.last_activity = time.monotonic()
-            events: list[Event] = []
             try:
                 text, data = message.get("text"), message.get("bytes")
+                now = time.perf_counter()
                 if isinstance(text, str):
-                    events = self.session.receive_text(text)
+                    self.core.receive_text(text, now)
                 else:
-                    events = self.session.receive_bytes(data if isinstance(data, bytes) else b"")
-                for event in events:
-                    await self._handle(event)
+                    self.core.receive_bytes(data if isinstance(data, bytes) else b"", now)
+                await self._flush()
             except ProtocolError as err:
                 if err.fatal:
                     raise _Stop(err) from None
                 self._report(err)
-            if any(isinstance(e, CloseRequested) for e in events):
+            if self.session.state is State.CLOSED:
                 return
 
     async def _receive(self) -> dict[str, object]:
@@ -174,23 +174,16 @@ class Connection:
     def _busy(self) -> bool:
         return bool(len(self.outbox) or len(self.jobs) or self.current is not None or self.sending)
 
-    async def _handle(self, event: Event) -> None:
-        match event:
-            case ConfigAccepted(config=config, ignored_fields=ignored_fields):
-                await self._configure(config, ignored_fields)
-                return
-            case UtteranceStarted(utterance_index=u):
-                self.speaking = self._utterance(u)
-        self.core.receive(event, time.perf_counter())
-        await self._flush()
-
     async def _flush(self) -> None:
         """Move the core's outputs, in order, to the job queue and the outbox (never waits on room)."""
         dropped: list[Segment] = []
         for output in self.core.data_to_send():
             match output:
+                case Configure(config=config, ignored_fields=ignored_fields):
+                    await self._configure(config, ignored_fields)  # only the reader's outputs hold one
                 case Speak(utterance=u, sentence=s, text=text):
-                    assert self.speaking is not None and self.speaking.index == u  # segments follow a start
+                    if self.speaking is None or self.speaking.index != u:
+                        self.speaking = self._utterance(u)  # its config: none can come in mid-utterance
                     self.jobs.put(Segment(self.speaking, s, text))
                 case Drop(utterances=victims):
                     dropped += self.jobs.drain()
@@ -217,15 +210,15 @@ class Connection:
             )
         except REFUSALS as exc:
             error = error_for(exc, voice_field=voice_field, ref_audio=config.ref_audio is not None)
-            raise self.session.reject_config(error) from None
-        self.session.accept_config(config)
+            raise self.core.reject_config(error) from None
         self.resolved = resolved
         engine = resolved.engine
         s = self.settings
         granularity, eager = config.segmentation()
         rate = config.output_rate(engine.sample_rate)
-        self.core.configure(
-            OutputFormat(config.response_format, rate, config.frame_ms, config.frame_header, config.streamed)
+        self.core.accept_config(
+            config,
+            OutputFormat(config.response_format, rate, config.frame_ms, config.frame_header, config.streamed),
         )
         effective = EffectiveConfig(
             voice=resolved.voice,

@@ -40,7 +40,6 @@ from protocol.core import Core
 from protocol.errors import ErrorCode, ProtocolError, field_path
 from protocol.messages import InputDone, InputText, SessionConfig, SessionDone
 from protocol.output import Audio, Message, Output, OutputFormat, Report, Speak
-from protocol.session import Event, Session
 from protocol.speech import PRODUCIBLE_FORMATS, SpeechRequest, decode_speech_request
 
 logger = logging.getLogger(__name__)
@@ -106,15 +105,6 @@ def _encode(audio: Samples, rate: int, fmt: str) -> bytes:
     out = io.BytesIO()
     soundfile.write(out, np.clip(audio, -1.0, 1.0), rate, format=container, subtype=subtype)
     return out.getvalue()
-
-
-def _utterance(text: str) -> list[Event]:
-    """The text side's events for the whole input as one utterance, cut as the WebSocket cuts it."""
-    config = SessionConfig(split_granularity="sentence", eager_first_segment=True)
-    session = Session()
-    session.receive(config)
-    session.accept_config(config)
-    return session.receive(InputText(text=text)) + session.receive(InputDone())
 
 
 async def _produce(
@@ -236,10 +226,15 @@ async def create_speech(request: Request) -> Response:
         )
         return error_response(ProtocolError(ErrorCode.UNSUPPORTED_RATE, message))
 
-    core = Core(OutputFormat(_STREAMED_FORMATS.get(req.response_format, "f32"), rate, frame_ms=100))
+    core_format = OutputFormat(_STREAMED_FORMATS.get(req.response_format, "f32"), rate, frame_ms=100)
+    core = Core(core_format)
     now = time.perf_counter()
-    for event in _utterance(req.input):
-        core.receive(event, now)
+    # The whole input is one utterance, cut as the WebSocket cuts it by default.
+    config = SessionConfig(split_granularity="sentence", eager_first_segment=True)
+    core.receive_message(config, now)
+    core.accept_config(config, core_format)
+    core.receive_message(InputText(text=req.input), now)
+    core.receive_message(InputDone(), now)
     speaks = [output for output in core.data_to_send() if isinstance(output, Speak)]
     if not speaks:
         return error_response(ProtocolError(ErrorCode.EMPTY_INPUT, "input has no text to speak"))

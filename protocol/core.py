@@ -1,11 +1,13 @@
 """The sans-I/O session core: utterances in flight, their audio, the cancel rules, outputs and timings.
 
 One ``Core`` per session, on every surface: the WebSocket connection and the REST speech route both
-drive it. Text side events (``protocol.session``: ``UtteranceStarted``, ``SegmentReady``, ...) go in
-through ``receive``; the shell's engine work goes in through ``segment_started`` / ``audio`` /
-``segment_done``; typed outputs (``protocol.output``) come out of ``data_to_send``, in the order they
-take effect. Time is an argument (``now``, in seconds of one monotonic clock): the core never reads a
-clock, and never awaits. Flow control (a bounded outbox, send timeouts) and timeouts are the shell's.
+drive it. Client messages go in through ``receive_text`` / ``receive_bytes`` (WebSocket) or
+``receive_message`` (REST, already decoded); the core's ``Session`` (``protocol.session``: states and
+segmentation) turns them into events, which ``receive`` applies. The shell's engine work goes in
+through ``segment_started`` / ``audio`` / ``segment_done``; typed outputs (``protocol.output``) come
+out of ``data_to_send``, in the order they take effect. Time is an argument (``now``, in seconds of
+one monotonic clock): the core never reads a clock, and never awaits. Flow control (a bounded outbox,
+send timeouts) and timeouts are the shell's.
 
 The rules it owns:
 
@@ -22,14 +24,25 @@ from dataclasses import dataclass, field
 
 from protocol.audio import Samples
 from protocol.errors import ProtocolError
-from protocol.messages import AudioCancelled, AudioDone, AudioStart, Error, InputCommitted, SessionDone
-from protocol.output import Audio, Drop, Finish, Message, Output, OutputFormat, Report, Speak
+from protocol.messages import (
+    AudioCancelled,
+    AudioDone,
+    AudioStart,
+    ClientMessage,
+    Error,
+    InputCommitted,
+    SessionConfig,
+    SessionDone,
+)
+from protocol.output import Audio, Configure, Drop, Finish, Message, Output, OutputFormat, Report, Speak
 from protocol.packer import AudioPacker
 from protocol.session import (
     CloseRequested,
     Committed,
+    ConfigAccepted,
     Event,
     SegmentReady,
+    Session,
     UtteranceCancelled,
     UtteranceEnded,
     UtteranceStarted,
@@ -70,18 +83,49 @@ class Core:
     """The state of one session's speech, independent of the surface and its I/O.
 
     Args:
-        fmt: the output format of the utterances that start before ``configure`` is called again.
+        fmt: the output format of the utterances that start before ``accept_config`` sets another.
+        session: the text side (its limits and dialect); a default ``Session`` if omitted.
     """
 
-    def __init__(self, fmt: OutputFormat) -> None:
+    def __init__(self, fmt: OutputFormat, session: Session | None = None) -> None:
+        self.session = session or Session()
         self._format = fmt
         self._utterances: dict[int, _Utterance] = {}
         self._out: list[Output] = []
         self._closing = False
 
-    def configure(self, fmt: OutputFormat) -> None:
-        """Set the output format of the utterances that start from now on (after a new config)."""
+    def receive_text(self, data: str, now: float) -> None:
+        """Take one text WebSocket message, received at ``now``.
+
+        Raises:
+            ProtocolError: the message is refused; ``fatal`` says whether the session must close.
+        """
+        self._apply(self.session.receive_text(data), now)
+
+    def receive_bytes(self, data: bytes, now: float) -> None:
+        """Take one binary WebSocket message (always refused: clients send JSON text).
+
+        Raises:
+            ProtocolError: always.
+        """
+        self._apply(self.session.receive_bytes(data), now)
+
+    def receive_message(self, msg: ClientMessage, now: float) -> None:
+        """Take one decoded client message, as a surface without JSON messages (REST) feeds its text.
+
+        Raises:
+            ProtocolError: the message is illegal in the session's state.
+        """
+        self._apply(self.session.receive(msg), now)
+
+    def accept_config(self, config: SessionConfig, fmt: OutputFormat) -> None:
+        """Adopt a config the shell checked (after ``Configure``): it applies from the next utterance."""
+        self.session.accept_config(config)
         self._format = fmt
+
+    def reject_config(self, error: ProtocolError) -> ProtocolError:
+        """Turn the engines' refusal of a config into the error to report (fatal before the first one)."""
+        return self.session.reject_config(error)
 
     @property
     def in_flight(self) -> tuple[int, ...]:
@@ -89,13 +133,15 @@ class Core:
         return tuple(self._utterances)
 
     def receive(self, event: Event, now: float) -> None:
-        """Take a text-side event of ``protocol.session``; ``ConfigAccepted`` is the shell's to answer.
+        """Apply a text-side event of ``protocol.session``; a ``ConfigAccepted`` becomes ``Configure``.
 
         Args:
             event: what the session's text side decided.
             now: the time it was received.
         """
         match event:
+            case ConfigAccepted(config=config, ignored_fields=ignored):
+                self._out.append(Configure(config, ignored))
             case UtteranceStarted(utterance_index=u):
                 self._open(u, now)
             case SegmentReady(utterance_index=u, sentence_index=s, text=text):
@@ -110,7 +156,7 @@ class Core:
                 self._out.append(
                     Message(InputCommitted(commit_id=commit_id, utterance_index=u, sentence_index=s))
                 )
-            case CloseRequested():
+            case CloseRequested():  # pragma: no branch - the last kind of Event
                 self._closing = True
                 self._settle()
 
@@ -201,6 +247,10 @@ class Core:
                 u = self._utterances.get(index)
                 return None if u is None else Message(self._audio_done(u, sentence), index)
         return output
+
+    def _apply(self, events: list[Event], now: float) -> None:
+        for event in events:
+            self.receive(event, now)
 
     def _open(self, index: int, now: float | None) -> _Utterance:
         fmt = self._format

@@ -2,6 +2,8 @@
 
 The shell takes them with ``Core.data_to_send()`` and acts on each in order:
 
+- ``Configure``: a ``session.config`` passed validation: check it against the engines, then call
+  ``Core.accept_config`` or ``Core.reject_config``;
 - ``Speak``: synthesize this segment (the shell queues it for its engine);
 - ``Message``: a server message, rendered by the surface's dialect (``protocol.dialect``, the REST codec);
 - ``Audio``: encoded audio of a segment, sent as it is;
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.audio import AudioFormat
-from protocol.messages import ServerMessage
+from protocol.messages import ServerMessage, SessionConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,14 @@ class OutputFormat:
     frame_ms: int = 40
     frame_header: bool = False
     streamed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Configure:
+    """A config to check against the engines; ``ignored_fields`` are its unknown fields."""
+
+    config: SessionConfig
+    ignored_fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,4 +98,4 @@ class Finish:
     """Close normally: the client asked to, and everything before this is written."""
 
 
-Output = Speak | Message | Audio | Report | Drop | Finish
+Output = Configure | Speak | Message | Audio | Report | Drop | Finish

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from protocol.audio import Samples
 from protocol.core import Core
@@ -13,10 +14,11 @@ from protocol.messages import (
     AudioStart,
     Error,
     InputCommitted,
+    InputDone,
     SessionConfig,
     SessionDone,
 )
-from protocol.output import Audio, Drop, Finish, Message, Output, OutputFormat, Report, Speak
+from protocol.output import Audio, Configure, Drop, Finish, Message, Output, OutputFormat, Report, Speak
 from protocol.session import (
     CloseRequested,
     Committed,
@@ -152,19 +154,44 @@ def test_cancel_with_nothing_in_flight_is_still_confirmed() -> None:
     assert core.data_to_send() == [Drop(()), Message(AudioCancelled(utterance_index=None))]
 
 
-def test_commit_is_answered_and_config_accepted_is_left_to_the_shell() -> None:
+def test_commit_is_answered_and_a_valid_config_is_left_to_the_shell_to_check() -> None:
     core = Core(PCM)
     core.receive(Committed("c1", 0, 2), 0.0)
-    core.receive(ConfigAccepted(SessionConfig(), True), 0.0)
+    core.receive(ConfigAccepted(SessionConfig(), True, ("lang",)), 0.0)
     assert core.data_to_send() == [
-        Message(InputCommitted(commit_id="c1", utterance_index=0, sentence_index=2))
+        Message(InputCommitted(commit_id="c1", utterance_index=0, sentence_index=2)),
+        Configure(SessionConfig(), ("lang",)),
     ]
+
+
+def test_wire_messages_go_through_the_text_side() -> None:
+    core = Core(PCM)
+    core.receive_text('{"type": "session.config", "voice": "tone", "lang": "en"}', 0.0)
+    (configure,) = core.data_to_send()
+    assert isinstance(configure, Configure) and configure.ignored_fields == ("lang",)
+    core.accept_config(configure.config, PCM)
+    core.receive_text('{"type": "input.text", "text": "One. Two"}', 1.0)
+    core.receive_message(InputDone(), 2.0)
+    assert [o for o in core.data_to_send() if isinstance(o, Speak)] == [
+        Speak(0, 0, "One."),
+        Speak(0, 1, "Two"),
+    ]
+    with pytest.raises(ProtocolError) as binary:
+        core.receive_bytes(b"\x00", 3.0)
+    assert binary.value.code is ErrorCode.BINARY_NOT_ACCEPTED and not binary.value.fatal
+
+
+def test_a_refused_first_config_is_fatal() -> None:
+    core = Core(PCM)
+    core.receive_message(SessionConfig(voice="nobody"), 0.0)
+    error = core.reject_config(ProtocolError(ErrorCode.VOICE_NOT_FOUND, "no voice 'nobody'"))
+    assert error.fatal and error.close_code == 1008
 
 
 def test_a_new_format_applies_from_the_next_utterance_and_wav_segments_are_whole() -> None:
     core = Core(PCM)
     core.receive(UtteranceStarted(0), 0.0)
-    core.configure(OutputFormat("wav", RATE, streamed=False))
+    core.accept_config(SessionConfig(response_format="wav"), OutputFormat("wav", RATE, streamed=False))
     speak_one(core, 1)
     core.segment_started(1, 0)
     core.audio(1, 0, tone(0.2), RATE)
