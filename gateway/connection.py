@@ -156,7 +156,6 @@ class Connection:
                         ProtocolError(
                             ErrorCode.CONFIG_TIMEOUT,
                             f"no session.config within {limit:g} s",
-                            close_code=CloseCode.TIMEOUT,
                             fatal=True,
                         )
                     ) from None
@@ -166,7 +165,6 @@ class Connection:
                     ProtocolError(
                         ErrorCode.IDLE_TIMEOUT,
                         f"no message and no audio for {limit:g} s",
-                        close_code=CloseCode.TIMEOUT,
                         fatal=True,
                     )
                 ) from None
@@ -370,4 +368,4 @@ class Connection:
 
 def slow_consumer_error(exc: SlowConsumer) -> ProtocolError:
     """The fatal error that ends a session whose client stopped reading."""
-    return ProtocolError(ErrorCode.SLOW_CONSUMER, str(exc), close_code=CloseCode.SLOW_CONSUMER, fatal=True)
+    return ProtocolError(ErrorCode.SLOW_CONSUMER, str(exc), fatal=True)
