@@ -48,8 +48,8 @@ logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # Output tokens reported per second of audio: Qwen3-TTS's codec rate (12.5 frames a second).
 OUTPUT_TOKENS_PER_S = 12.5
-# Chunks the producer may run ahead of a slow reader before it waits (backpressure).
-AHEAD_CHUNKS = 32
+# Core outputs (100 ms frames, messages) the producer may run ahead of a slow reader before it waits.
+AHEAD_OUTPUTS = 32
 MEDIA_TYPES = {
     "pcm": "audio/pcm",
     "wav": "audio/wav",
@@ -238,7 +238,7 @@ async def create_speech(request: Request) -> Response:
     speaks = [output for output in core.data_to_send() if isinstance(output, Speak)]
     if not speaks:
         return error_response(ProtocolError(ErrorCode.EMPTY_INPUT, "input has no text to speak"))
-    queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=AHEAD_CHUNKS)
+    queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=AHEAD_OUTPUTS)
     producer = asyncio.create_task(_produce(resolved, req, core, speaks, queue))
     head = await _head(queue)
     if isinstance(failure := head[-1], ProtocolError):
