@@ -34,8 +34,9 @@ class FakeEngine:
         sample_rate: native rate of the tone.
         chunk_s: audio per yielded chunk.
         delay_s: sleep before each chunk.
-        fail_on: text that makes synthesis raise ``EngineError`` ...
+        fail_on: text that makes synthesis raise ``failure`` ...
         fail_after_chunks: ... after this many chunks (0: before any audio).
+        failure: the exception class raised (``ValueError`` stands for an engine's bug).
         supported: options it honours (others are refused by name).
         clones: whether it accepts uploaded voices (it then speaks them as a 330 Hz tone).
         name: registry name, so that tests can configure two fake engines.
@@ -51,6 +52,7 @@ class FakeEngine:
         delay_s: float = 0.0,
         fail_on: str | None = None,
         fail_after_chunks: int = 1,
+        failure: type[Exception] = EngineError,
         supported: frozenset[str] = frozenset({"speed", "seed", "language"}),
         clones: bool = False,
         name: str = "fake",
@@ -62,6 +64,7 @@ class FakeEngine:
         self.delay_s = delay_s
         self.fail_on = fail_on
         self.fail_after_chunks = fail_after_chunks
+        self.failure = failure
         self.supported = supported
         self.gate: asyncio.Event | None = None
         self.requests: list[SynthesisRequest] = []
@@ -94,7 +97,7 @@ class FakeEngine:
             failing = self.fail_on is not None and self.fail_on in req.text
             for n, i in enumerate(range(0, total, step)):
                 if failing and n == self.fail_after_chunks:
-                    raise EngineError(f"fake failure on {self.fail_on!r}")
+                    raise self.failure(f"fake failure on {self.fail_on!r}")
                 if self.gate is not None:
                     await self.gate.wait()
                 if self.delay_s:

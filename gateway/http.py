@@ -9,6 +9,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from protocol.errors import ProtocolError
+
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -24,6 +26,11 @@ def api_error(
     return JSONResponse(
         {"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status
     )
+
+
+def error_response(err: ProtocolError) -> JSONResponse:
+    """A ``ProtocolError`` as an HTTP error: its status and code from ``protocol.errors.FAILURES``."""
+    return api_error(err.status, err.message, param=err.param, code=err.code)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -1,9 +1,11 @@
 """OpenAI-compatible ``POST /v1/audio/speech``: the whole input in, audio streamed out as it is made.
 
-The input goes through the same segmenter as the WebSocket (sentence cuts, eager first segment), and
-a producer task synthesizes the segments in order ahead of the response body, so the next segment
-is being made while the current one is sent. The first audio is awaited before the response starts,
-so an engine that fails at once gets a proper error status instead of an empty 200.
+The route drives the same text side and core as the WebSocket (``protocol.session``, ``protocol.core``):
+the input is one utterance (sentence cuts, eager first segment), a producer task synthesizes its
+segments in order ahead of the response body, feeding the core, so the next segment is being made
+while the current one is sent, and ``_Body`` is the codec that renders the core's outputs as the body.
+The first audio is awaited before the response starts, so an engine that fails at once, whatever it
+raises, gets a proper error status instead of an empty 200 (or no answer at all).
 
 ``pcm`` and ``wav`` stream chunk by chunk. ``mp3``, ``opus`` and ``flac`` are encoded once the
 whole signal is there (their encoders write headers that describe the whole stream: a Xing frame,
@@ -19,8 +21,8 @@ import contextlib
 import io
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import msgspec
 import numpy as np
@@ -29,21 +31,15 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.base import (
-    AudioChunk,
-    EngineError,
-    RequestRefused,
-    SynthesisRequest,
-    UnknownVoice,
-    UnsupportedOption,
-)
-from gateway.catalog import Catalog, Resolved, VoiceNotServable
-from gateway.http import BodyTooLarge, api_error, read_body
-from gateway.voices import Rejected
-from protocol.audio import Resampler, Samples
-from protocol.errors import field_path
-from protocol.packer import AudioPacker
-from protocol.segmenter import Segmenter
+from engine.base import SynthesisRequest
+from gateway.catalog import Catalog, Resolved
+from gateway.failures import REFUSALS, error_for
+from gateway.http import BodyTooLarge, error_response, read_body
+from protocol.audio import AudioFormat, Samples, decode
+from protocol.core import Core
+from protocol.errors import ErrorCode, ProtocolError, field_path
+from protocol.messages import InputDone, InputText, SessionConfig, SessionDone
+from protocol.output import Audio, Message, Output, OutputFormat, Report, Speak
 from protocol.speech import PRODUCIBLE_FORMATS, SpeechRequest, decode_speech_request
 
 logger = logging.getLogger(__name__)
@@ -52,8 +48,8 @@ logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # Output tokens reported per second of audio: Qwen3-TTS's codec rate (12.5 frames a second).
 OUTPUT_TOKENS_PER_S = 12.5
-# Chunks the producer may run ahead of a slow reader before it waits (backpressure).
-AHEAD_CHUNKS = 32
+# Core outputs (100 ms frames, messages) the producer may run ahead of a slow reader before it waits.
+AHEAD_OUTPUTS = 32
 MEDIA_TYPES = {
     "pcm": "audio/pcm",
     "wav": "audio/wav",
@@ -69,66 +65,39 @@ _CODEC_RATES = {
 _SOUNDFILE = {"mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS"), "flac": ("FLAC", "PCM_16")}
 
 
-@dataclass(frozen=True, slots=True)
-class _Piece:
-    """A chunk of segment ``index``; ``chunk`` None marks the segment's end."""
-
-    index: int
-    chunk: AudioChunk | None
-
-
-#: What the producer hands the body: pieces, an engine failure, then None at the very end.
-_Item = _Piece | EngineError | None
+#: What the producer hands the body: core outputs, a synthesis failure, then None at the very end.
+_Item = Output | ProtocolError | None
+_STREAMED_FORMATS: dict[str, AudioFormat] = {"pcm": "pcm", "wav": "wav"}
 
 
 class _Body:
-    """Turns engine chunks into body bytes of one format at one rate."""
+    """The REST codec: renders the core's outputs as the body of one format.
 
-    def __init__(self, fmt: str, rate: int) -> None:
-        self.fmt, self.rate = fmt, rate
-        self.packer = AudioPacker(
-            0,
-            fmt="wav" if fmt == "wav" else "pcm",
-            sample_rate=rate,
-            frame_ms=100,
-            frame_header=False,
-            stream_audio=True,
-        )
-        self._resampler: Resampler | None = None
-        self._segment: list[Samples] = []
-        self._all: list[Samples] = []
-        self.samples = 0
+    ``pcm`` and ``wav`` stream as they come; the compressed formats collect the core's float32 audio
+    and are encoded whole at the end.
+    """
 
-    def start_segment(self, index: int) -> None:
-        self.packer.start_segment(index)
-        self._resampler, self._segment = None, []
+    def __init__(self, core: Core, fmt: str, rate: int) -> None:
+        self.core, self.fmt, self.rate = core, fmt, rate
+        self._f32: list[bytes] = []
+        self.audio_ms = 0.0
 
-    def push(self, chunk: AudioChunk) -> bytes:
-        if self.fmt in ("pcm", "wav"):
-            return b"".join(self.packer.push(chunk.samples, chunk.sample_rate))
-        if self._resampler is None:
-            self._resampler = Resampler(chunk.sample_rate, self.rate)
-        self._segment.append(self._resampler.process(chunk.samples))
-        return b""
-
-    def end_segment(self) -> bytes:
-        if self.fmt in ("pcm", "wav"):
-            data = b"".join(self.packer.end_segment())
-            self.samples = self.packer.samples_sent
-            return data
-        if self._resampler is not None:
-            self._segment.append(self._resampler.process(np.zeros(0, np.float32), last=True))
-        audio = np.concatenate(self._segment) if self._segment else np.zeros(0, np.float32)
-        self.samples += len(audio)
-        self._all.append(audio)
+    def render(self, output: Output) -> bytes:
+        match output:
+            case Audio(data=data) if self.fmt in _STREAMED_FORMATS:
+                return data
+            case Audio(data=data):
+                self._f32.append(data)
+            case Report():
+                done = self.core.sending(output, time.perf_counter())
+                if isinstance(done, Message) and isinstance(done.msg, SessionDone):
+                    self.audio_ms = done.msg.audio_ms
         return b""
 
     def finish(self) -> bytes:
-        if self.fmt not in ("pcm", "wav"):
-            return _encode(
-                np.concatenate(self._all) if self._all else np.zeros(0, np.float32), self.rate, self.fmt
-            )
-        return b""
+        if self.fmt in _STREAMED_FORMATS:
+            return b""
+        return _encode(decode(b"".join(self._f32), "f32"), self.rate, self.fmt)
 
 
 def _encode(audio: Samples, rate: int, fmt: str) -> bytes:
@@ -139,49 +108,77 @@ def _encode(audio: Samples, rate: int, fmt: str) -> bytes:
 
 
 async def _produce(
-    resolved: Resolved, req: SpeechRequest, texts: list[str], queue: asyncio.Queue[_Item]
+    resolved: Resolved, req: SpeechRequest, core: Core, speaks: list[Speak], queue: asyncio.Queue[_Item]
 ) -> None:
-    """Synthesize the segments in order into ``queue``: (index, chunk), (index, None) at a segment's end."""
-    try:
-        for index, text in enumerate(texts):
-            request = SynthesisRequest(
-                text=text,
-                voice=resolved.voice,
-                speed=req.speed,
-                seed=req.seed,
-                options=resolved.options,
-                reference=resolved.reference,
-                priority=index,
-            )
+    """Synthesize the segments in order, feeding the core; its outputs go to ``queue``, None at the end.
+
+    The first failure ends the response: the error goes to ``queue`` after the core's outputs.
+    """
+
+    async def flush() -> None:
+        for output in core.data_to_send():
+            await queue.put(output)
+
+    for job in speaks:
+        request = SynthesisRequest(
+            text=job.text,
+            voice=resolved.voice,
+            speed=req.speed,
+            seed=req.seed,
+            options=resolved.options,
+            reference=resolved.reference,
+            priority=job.sentence,
+        )
+        core.segment_started(job.utterance, job.sentence)
+        await flush()
+        error: ProtocolError | None = None
+        synthesis_s = 0.0
+        try:
             async with contextlib.aclosing(resolved.engine.synthesize(request)) as chunks:
+                t = time.perf_counter()
                 async for chunk in chunks:
-                    await queue.put(_Piece(index, chunk))
-            await queue.put(_Piece(index, None))
-    except EngineError as exc:
-        await queue.put(exc)
+                    synthesis_s += time.perf_counter() - t
+                    core.audio(job.utterance, job.sentence, chunk.samples, chunk.sample_rate)
+                    await flush()
+                    t = time.perf_counter()
+        except Exception as exc:  # the task's boundary: any failure must reach the response, or it hangs
+            error = error_for(exc)
+            if error.code is ErrorCode.INTERNAL_ERROR:
+                logger.exception("engine %s raised an unexpected error", resolved.engine.name)
+        core.segment_done(job.utterance, job.sentence, synthesis_s=synthesis_s, error=error)
+        await flush()
+        if error is not None:
+            await queue.put(error)
+            break
     await queue.put(None)
+
+
+async def _head(queue: asyncio.Queue[_Item]) -> list[_Item]:
+    """The outputs up to the first audio, failure or end: what decides the response's status."""
+    head: list[_Item] = []
+    while not head or isinstance(head[-1], Message | Report):
+        head.append(await queue.get())
+    return head
 
 
 async def _stream(
     body: _Body,
-    first: _Item,
+    head: list[_Item],
     queue: asyncio.Queue[_Item],
     producer: asyncio.Task[None],
-) -> AsyncIterator[bytes | EngineError]:
-    """Body pieces in order; an EngineError after the first byte is yielded for the caller to report."""
-    item, started = first, -1
+) -> AsyncIterator[bytes | ProtocolError]:
+    """Body pieces in order; a failure after the first byte is yielded for the caller to report."""
     try:
-        while item is not None:
-            if isinstance(item, EngineError):
-                yield item
+        pending = list(head)
+        while True:
+            item = pending.pop(0) if pending else await queue.get()
+            if item is None:
                 break
-            if item.index != started:
-                body.start_segment(item.index)
-                started = item.index
-            data = body.push(item.chunk) if item.chunk is not None else body.end_segment()
-            if data:
+            if isinstance(item, ProtocolError):
+                yield item
+                return
+            if data := body.render(item):
                 yield data
-            item = await queue.get()
         if tail := body.finish():
             yield tail
     finally:
@@ -196,19 +193,17 @@ async def create_speech(request: Request) -> Response:
     try:
         req = decode_speech_request(await read_body(request, MAX_BODY_BYTES))
     except BodyTooLarge as exc:
-        return api_error(413, str(exc), code="body_too_large")
+        return error_response(ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc), field="$"))
     except msgspec.ValidationError as exc:
-        return api_error(400, str(exc), param=(field_path(exc) or "$.")[2:] or None, code="invalid_value")
+        return error_response(ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)))
     except msgspec.DecodeError as exc:
-        return api_error(400, f"invalid JSON body: {exc}", code="invalid_json")
+        return error_response(ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON body: {exc}"))
     if req.response_format not in PRODUCIBLE_FORMATS:
-        return api_error(
-            400,
+        message = (
             f"response_format {req.response_format!r} cannot be produced here; use one of "
-            f"{sorted(PRODUCIBLE_FORMATS)}",
-            param="response_format",
-            code="unsupported_format",
+            f"{sorted(PRODUCIBLE_FORMATS)}"
         )
+        return error_response(ProtocolError(ErrorCode.UNSUPPORTED_FORMAT, message))
     catalog: Catalog = request.state.catalog
     try:
         resolved = await catalog.prepare(
@@ -219,62 +214,58 @@ async def create_speech(request: Request) -> Response:
             ref_audio=req.ref_audio,
             ref_text=req.ref_text,
         )
-    except Rejected as exc:
-        return api_error(exc.status, exc.message, param=exc.param, code=exc.code)
-    except UnknownVoice as exc:
-        return api_error(400, str(exc), param="voice", code="voice_not_found")
-    except VoiceNotServable as exc:
-        param = "ref_audio" if req.ref_audio is not None else "voice"
-        return api_error(400, str(exc), param=param, code="voice_requires_cloning")
-    except UnsupportedOption as exc:
-        return api_error(400, str(exc), param=exc.field, code="unsupported_option")
+    except REFUSALS as exc:
+        return error_response(error_for(exc, ref_audio=req.ref_audio is not None))
     for name in resolved.ignored:
         logger.warning("engine %r cannot follow %r; it is ignored", resolved.engine.name, name)
     rate = req.output_rate(resolved.engine.sample_rate)
     if rate not in _CODEC_RATES.get(req.response_format, {rate}):
-        return api_error(
-            400,
+        message = (
             f"{req.response_format} cannot be encoded at {rate} Hz; use one of "
-            f"{sorted(_CODEC_RATES[req.response_format])}",
-            param="sample_rate",
-            code="unsupported_rate",
+            f"{sorted(_CODEC_RATES[req.response_format])}"
         )
+        return error_response(ProtocolError(ErrorCode.UNSUPPORTED_RATE, message))
 
-    segmenter = Segmenter("sentence", eager_first=True)
-    texts = segmenter.push(req.input) + segmenter.flush()
-    if not texts:
-        return api_error(400, "input has no text to speak", param="input", code="empty_input")
-    queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=AHEAD_CHUNKS)
-    producer = asyncio.create_task(_produce(resolved, req, texts, queue))
-    first = await queue.get()
-    if isinstance(first, RequestRefused):
+    core_format = OutputFormat(_STREAMED_FORMATS.get(req.response_format, "f32"), rate, frame_ms=100)
+    core = Core(core_format)
+    now = time.perf_counter()
+    # The whole input is one utterance, cut as the WebSocket cuts it by default.
+    config = SessionConfig(split_granularity="sentence", eager_first_segment=True)
+    core.receive_message(config, now)
+    core.accept_config(config, core_format)
+    core.receive_message(InputText(text=req.input), now)
+    core.receive_message(InputDone(), now)
+    speaks = [output for output in core.data_to_send() if isinstance(output, Speak)]
+    if not speaks:
+        return error_response(ProtocolError(ErrorCode.EMPTY_INPUT, "input has no text to speak"))
+    queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=AHEAD_OUTPUTS)
+    producer = asyncio.create_task(_produce(resolved, req, core, speaks, queue))
+    head = await _head(queue)
+    if isinstance(failure := head[-1], ProtocolError):
         producer.cancel()
-        return api_error(first.status, str(first), param=first.field, code="request_refused")
-    if isinstance(first, EngineError):
-        producer.cancel()
-        logger.warning("engine %s failed before the first audio: %s", resolved.engine.name, first)
-        return api_error(502, f"engine {resolved.engine.name!r} failed: {first}", code="engine_error")
-    body = _Body(req.response_format, rate)
+        logger.warning("engine %s failed before the first audio: %s", resolved.engine.name, failure.message)
+        return error_response(failure)
+    body = _Body(core, req.response_format, rate)
     headers = {"x-sample-rate": str(rate), "x-voxgate-engine": resolved.engine.name}
     if req.stream_format == "sse":
         return StreamingResponse(
-            _sse(body, first, queue, producer, len(req.input)),
+            _sse(body, head, queue, producer, len(req.input)),
             media_type="text/event-stream",
             headers=headers,
         )
     return StreamingResponse(
-        _audio(body, first, queue, producer), media_type=MEDIA_TYPES[req.response_format], headers=headers
+        _audio(body, head, queue, producer), media_type=MEDIA_TYPES[req.response_format], headers=headers
     )
 
 
 async def _audio(
     body: _Body,
-    first: _Item,
+    head: list[_Item],
     queue: asyncio.Queue[_Item],
     producer: asyncio.Task[None],
 ) -> AsyncIterator[bytes]:
-    async for piece in _stream(body, first, queue, producer):
-        if isinstance(piece, EngineError):
+    async for piece in _stream(body, head, queue, producer):
+        if isinstance(piece, ProtocolError):
             # The status is already sent: the body ends early, and the log says why.
             logger.warning("engine failed mid-stream; response truncated: %s", piece)
             return
@@ -286,17 +277,17 @@ def _event(payload: dict[str, object]) -> bytes:
 
 
 async def _sse(
-    body: _Body, first: _Item, queue: asyncio.Queue[_Item], producer: asyncio.Task[None], characters: int
+    body: _Body, head: list[_Item], queue: asyncio.Queue[_Item], producer: asyncio.Task[None], characters: int
 ) -> AsyncIterator[bytes]:
-    async for piece in _stream(body, first, queue, producer):
-        if isinstance(piece, EngineError):
-            code = "request_refused" if isinstance(piece, RequestRefused) else "engine_error"
-            yield _event({"type": "speech.audio.error", "error": {"message": str(piece), "code": code}})
+    async for piece in _stream(body, head, queue, producer):
+        if isinstance(piece, ProtocolError):
+            error = {"message": piece.message, "code": piece.code}
+            yield _event({"type": "speech.audio.error", "error": error})
             return
         yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
     # OpenAI's usage fields. No tokenizer runs here: a character counts as an input token and 80 ms of
     # audio (one frame of Qwen3-TTS's 12.5 Hz codec) as an output token.
-    output_tokens = round(body.samples / body.rate * OUTPUT_TOKENS_PER_S)
+    output_tokens = round(body.audio_ms / 1000.0 * OUTPUT_TOKENS_PER_S)
     usage = {
         "input_tokens": characters,
         "output_tokens": output_tokens,

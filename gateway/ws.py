@@ -11,7 +11,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from gateway.auth import SUBPROTOCOL
 from gateway.connection import CLOSE_TIMEOUT_S, Connection
 from protocol.dialect import EXTENSIONS_SUBPROTOCOL
-from protocol.errors import CloseCode, ErrorCode
+from protocol.errors import INTERNAL_ERROR_MESSAGE, CloseCode, ErrorCode
 from protocol.messages import Error
 
 logger = logging.getLogger(__name__)
@@ -34,9 +34,7 @@ async def speech_stream(websocket: WebSocket) -> None:
     except Exception:
         logger.exception("session %s failed", connection.id)
         if websocket.application_state is not WebSocketState.DISCONNECTED:
-            error = Error(
-                code=ErrorCode.INTERNAL_ERROR, message="internal error; see the server log", fatal=True
-            )
+            error = Error(code=ErrorCode.INTERNAL_ERROR, message=INTERNAL_ERROR_MESSAGE, fatal=True)
             with contextlib.suppress(RuntimeError, WebSocketDisconnect, TimeoutError):
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
                     await websocket.send_text(connection.session.send(error))

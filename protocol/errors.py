@@ -1,19 +1,25 @@
-"""Errors of the voxgate wire protocol.
+"""Errors of voxgate's surfaces, and the one table that says how each is reported.
 
 Hierarchy::
 
-    ProtocolError                 a client broke the protocol; carries an ErrorCode and a CloseCode
-    └── (raised by Session.receive_text / receive_bytes)
+    ProtocolError     a request or message was refused, or the session failed; carries an ErrorCode
+    └── (raised by Session.receive_text / receive_bytes, and built by the gateway from its exceptions)
 
-Whether an error ends the session is the ``fatal`` flag: errors before a session is configured are
-fatal (as in vllm-omni), errors after it are not, except those the gateway raises itself (timeouts,
-slow consumer). The shell closes the socket with ``close_code`` when ``fatal`` is true.
+Each ``ErrorCode`` is one failure kind. ``FAILURES`` maps it to how every surface reports it: the
+WebSocket close code (when the error is fatal), the HTTP status of ``POST /v1/audio/speech`` and the
+field it is usually about. A dialect renders a ``ProtocolError`` from that table, so the same failure
+gets the same code everywhere (h11's ``error_status_hint``).
+
+Whether an error ends a WebSocket session is the ``fatal`` flag: errors before a session is configured
+are fatal (as in vllm-omni), errors after it are not, except those the gateway raises itself (timeouts,
+slow consumer, internal errors). The shell closes the socket with ``close_code`` when ``fatal`` is true.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+from typing import NamedTuple
 
 import msgspec
 
@@ -36,18 +42,23 @@ class CloseCode(enum.IntEnum):
 
 
 class ErrorCode(enum.StrEnum):
-    """Machine-readable ``code`` of an ``error`` message; each failure kind has its own."""
+    """Machine-readable ``code`` of an error, on every surface; each failure kind has its own."""
 
     INVALID_JSON = "invalid_json"
     NOT_AN_OBJECT = "not_an_object"
     UNKNOWN_TYPE = "unknown_type"
     MESSAGE_TOO_LARGE = "message_too_large"
+    #: An HTTP request body over the route's limit.
+    REQUEST_TOO_LARGE = "request_too_large"
     INVALID_MESSAGE = "invalid_message"
     BINARY_NOT_ACCEPTED = "binary_not_accepted"
     CONFIG_REQUIRED = "config_required"
     INVALID_STATE = "invalid_state"
     UNSUPPORTED_OPTION = "unsupported_option"
-    UNKNOWN_VOICE = "unknown_voice"
+    UNSUPPORTED_FORMAT = "unsupported_format"
+    UNSUPPORTED_RATE = "unsupported_rate"
+    EMPTY_INPUT = "empty_input"
+    VOICE_NOT_FOUND = "voice_not_found"
     VOICE_REQUIRES_CLONING = "voice_requires_cloning"
     INVALID_REF_AUDIO = "invalid_ref_audio"
     ENGINE_ERROR = "engine_error"
@@ -57,6 +68,45 @@ class ErrorCode(enum.StrEnum):
     IDLE_TIMEOUT = "idle_timeout"
     SLOW_CONSUMER = "slow_consumer"
     INTERNAL_ERROR = "internal_error"
+
+
+class Failure(NamedTuple):
+    """How one failure kind is reported: close code (fatal WebSocket errors), HTTP status, usual field."""
+
+    close_code: CloseCode
+    http_status: int
+    field: str | None = None
+
+
+_INVALID, _POLICY = CloseCode.INVALID_DATA, CloseCode.POLICY_VIOLATION
+#: The one error table: every surface renders its errors from it (docs/protocol.md section 6).
+FAILURES: dict[ErrorCode, Failure] = {
+    ErrorCode.INVALID_JSON: Failure(_INVALID, 400),
+    ErrorCode.NOT_AN_OBJECT: Failure(_INVALID, 400),
+    ErrorCode.UNKNOWN_TYPE: Failure(_POLICY, 400, "$.type"),
+    ErrorCode.MESSAGE_TOO_LARGE: Failure(CloseCode.MESSAGE_TOO_BIG, 413),
+    ErrorCode.REQUEST_TOO_LARGE: Failure(CloseCode.MESSAGE_TOO_BIG, 413),
+    ErrorCode.INVALID_MESSAGE: Failure(_INVALID, 400),
+    ErrorCode.BINARY_NOT_ACCEPTED: Failure(_POLICY, 400),
+    ErrorCode.CONFIG_REQUIRED: Failure(_POLICY, 400),
+    ErrorCode.INVALID_STATE: Failure(_POLICY, 409),
+    ErrorCode.UNSUPPORTED_OPTION: Failure(_POLICY, 400),
+    ErrorCode.UNSUPPORTED_FORMAT: Failure(_POLICY, 400, "$.response_format"),
+    ErrorCode.UNSUPPORTED_RATE: Failure(_POLICY, 400, "$.sample_rate"),
+    ErrorCode.EMPTY_INPUT: Failure(_POLICY, 400, "$.input"),
+    ErrorCode.VOICE_NOT_FOUND: Failure(_POLICY, 400, "$.voice"),
+    ErrorCode.VOICE_REQUIRES_CLONING: Failure(_POLICY, 400, "$.voice"),
+    ErrorCode.INVALID_REF_AUDIO: Failure(_POLICY, 400, "$.ref_audio"),
+    ErrorCode.ENGINE_ERROR: Failure(CloseCode.INTERNAL_ERROR, 502),
+    # The upstream's own 4xx replaces the 400 (``ProtocolError.status``).
+    ErrorCode.REQUEST_REFUSED: Failure(_POLICY, 400),
+    ErrorCode.CONFIG_TIMEOUT: Failure(CloseCode.TIMEOUT, 408),
+    ErrorCode.IDLE_TIMEOUT: Failure(CloseCode.TIMEOUT, 408),
+    ErrorCode.SLOW_CONSUMER: Failure(CloseCode.SLOW_CONSUMER, 408),
+    ErrorCode.INTERNAL_ERROR: Failure(CloseCode.INTERNAL_ERROR, 500),
+}
+#: The message of an ``internal_error``: the details stay in the server log.
+INTERNAL_ERROR_MESSAGE = "internal error; see the server log"
 
 
 def field_path(exc: msgspec.ValidationError) -> str | None:
@@ -72,14 +122,15 @@ def field_path(exc: msgspec.ValidationError) -> str | None:
 
 
 class ProtocolError(Exception):
-    """A message the session cannot accept.
+    """A refused request or message, or a failed session, as every surface reports it.
 
     Args:
         code: what went wrong, for clients to branch on.
         message: human-readable detail, safe to show to the client.
-        close_code: the close code to use when the error is fatal.
+        close_code: the close code to use when the error is fatal; the code's ``FAILURES`` entry if omitted.
         fatal: whether the session must close after reporting it.
-        field: the offending field path (``$.sample_rate``) when one is known.
+        field: the offending field path (``$.sample_rate``); the code's usual field if omitted.
+        status: the HTTP status; the code's ``FAILURES`` entry if omitted (an upstream's 4xx sets it).
     """
 
     def __init__(
@@ -87,13 +138,21 @@ class ProtocolError(Exception):
         code: ErrorCode,
         message: str,
         *,
-        close_code: CloseCode = CloseCode.POLICY_VIOLATION,
+        close_code: CloseCode | None = None,
         fatal: bool = False,
         field: str | None = None,
+        status: int | None = None,
     ) -> None:
         super().__init__(message)
+        failure = FAILURES[code]
         self.code = code
         self.message = message
-        self.close_code = close_code
+        self.close_code = failure.close_code if close_code is None else close_code
         self.fatal = fatal
-        self.field = field
+        self.field = failure.field if field is None else field
+        self.status = failure.http_status if status is None else status
+
+    @property
+    def param(self) -> str | None:
+        """The field as OpenAI's ``param`` names it: ``sample_rate`` for ``$.sample_rate``."""
+        return None if self.field is None else self.field.removeprefix("$").removeprefix(".") or None

@@ -161,6 +161,19 @@ class Session:
             ProtocolError: the message is refused; ``fatal`` says whether the session must close.
         """
         msg = self._decode(data)
+        ignored = _unknown_fields(data) if isinstance(msg, SessionConfig) else ()
+        return self.receive(msg, ignored_fields=ignored)
+
+    def receive(self, msg: ClientMessage, *, ignored_fields: tuple[str, ...] = ()) -> list[Event]:
+        """Take one decoded client message: how a surface without JSON messages (REST) feeds its text.
+
+        Args:
+            msg: the message.
+            ignored_fields: for a ``session.config``, the unknown fields it came with.
+
+        Raises:
+            ProtocolError: the message is illegal in the current state.
+        """
         if isinstance(msg, InputCancel) and not self.extensions:
             raise self._error(
                 ErrorCode.UNKNOWN_TYPE,
@@ -173,7 +186,7 @@ class Session:
         events: list[Event] = []
         match msg:
             case SessionConfig():
-                events.append(ConfigAccepted(msg, self.config is None, _unknown_fields(data)))
+                events.append(ConfigAccepted(msg, self.config is None, ignored_fields))
             case InputText(text=text):
                 if not text:
                     return []  # an empty text is a keep-alive, as in ElevenLabs' protocol
@@ -253,23 +266,18 @@ class Session:
         size = len(data) if data.isascii() else len(data.encode())
         if size > self.max_config_bytes:
             raise self._error(
-                ErrorCode.MESSAGE_TOO_LARGE,
-                f"message of {size} bytes exceeds {self.max_config_bytes}",
-                close_code=CloseCode.MESSAGE_TOO_BIG,
+                ErrorCode.MESSAGE_TOO_LARGE, f"message of {size} bytes exceeds {self.max_config_bytes}"
             )
         try:
             msg = _decode_client(data)
         except msgspec.ValidationError as exc:
             raise self._classify(data, exc) from None
         except msgspec.DecodeError as exc:
-            raise self._error(
-                ErrorCode.INVALID_JSON, f"invalid JSON: {exc}", close_code=CloseCode.INVALID_DATA
-            ) from None
+            raise self._error(ErrorCode.INVALID_JSON, f"invalid JSON: {exc}") from None
         if not isinstance(msg, SessionConfig) and size > self.max_message_bytes:
             raise self._error(
                 ErrorCode.MESSAGE_TOO_LARGE,
                 f"{msg.__struct_config__.tag} message of {size} bytes exceeds {self.max_message_bytes}",
-                close_code=CloseCode.MESSAGE_TOO_BIG,
             )
         return msg
 
@@ -278,19 +286,15 @@ class Session:
             raw = _decode_any(data)
         except msgspec.DecodeError as err:
             # The typed decoder stops at the first schema error, before it reaches malformed JSON after it.
-            return self._error(
-                ErrorCode.INVALID_JSON, f"invalid JSON: {err}", close_code=CloseCode.INVALID_DATA
-            )
+            return self._error(ErrorCode.INVALID_JSON, f"invalid JSON: {err}")
         if not isinstance(raw, dict):
-            return self._error(
-                ErrorCode.NOT_AN_OBJECT, "messages must be JSON objects", close_code=CloseCode.INVALID_DATA
-            )
+            return self._error(ErrorCode.NOT_AN_OBJECT, "messages must be JSON objects")
         kind = raw.get("type")
         if not isinstance(kind, str) or kind not in CLIENT_TYPES:
             return self._error(ErrorCode.UNKNOWN_TYPE, f"unknown message type: {kind!r}", field="$.type")
         field = field_path(exc)
         code = ErrorCode.INVALID_MESSAGE
-        return self._error(code, f"invalid {kind}: {exc}", close_code=CloseCode.INVALID_DATA, field=field)
+        return self._error(code, f"invalid {kind}: {exc}", field=field)
 
     def _illegal(self, msg: ClientMessage) -> ProtocolError:
         kind = msg.__struct_config__.tag
@@ -305,10 +309,9 @@ class Session:
         code: ErrorCode,
         message: str,
         *,
-        close_code: CloseCode = CloseCode.POLICY_VIOLATION,
         field: str | None = None,
     ) -> ProtocolError:
-        return ProtocolError(code, message, close_code=close_code, fatal=not self.configured, field=field)
+        return ProtocolError(code, message, fatal=not self.configured, field=field)
 
 
 def _unknown_fields(data: str) -> tuple[str, ...]:

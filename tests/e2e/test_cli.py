@@ -139,7 +139,7 @@ def test_say_reports_a_server_error(piper_gateway: str, tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     err = done.stderr.decode()
-    assert "unknown_voice" in err and "nobody" in err and "Traceback" not in err
+    assert "voice_not_found" in err and "nobody" in err and "Traceback" not in err
 
 
 def test_say_usage_error_exits_2(piper_gateway: str) -> None:

@@ -293,7 +293,9 @@ def test_the_engine_learns_voices_and_rate_from_the_upstream() -> None:
     audio = decode(b"".join(got.frames()), "pcm")
     assert len(audio) == pytest.approx(stub.seconds * SAMPLE_RATE, abs=SAMPLE_RATE * 0.01)
     assert (
-        isinstance(refused, dict) and refused["code"] == "unknown_voice" and "ryan" in str(refused["message"])
+        isinstance(refused, dict)
+        and refused["code"] == "voice_not_found"
+        and "ryan" in str(refused["message"])
     )
 
 

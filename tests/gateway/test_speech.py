@@ -86,15 +86,15 @@ def test_voice_forms_and_aliases() -> None:
 @pytest.mark.parametrize(
     ("body", "status", "param", "code"),
     [
-        ({"input": ""}, 400, "input", "invalid_value"),
-        ({"input": "x" * 4097}, 400, "input", "invalid_value"),
+        ({"input": ""}, 400, "input", "invalid_message"),
+        ({"input": "x" * 4097}, 400, "input", "invalid_message"),
         ({"input": "hi", "response_format": "aac"}, 400, "response_format", "unsupported_format"),
-        ({"input": "hi", "response_format": "ogg"}, 400, "response_format", "invalid_value"),
-        ({"input": "hi", "speed": 9}, 400, "speed", "invalid_value"),
+        ({"input": "hi", "response_format": "ogg"}, 400, "response_format", "invalid_message"),
+        ({"input": "hi", "speed": 9}, 400, "speed", "invalid_message"),
         ({"input": "hi", "voice": "nobody"}, 400, "voice", "voice_not_found"),
         ({"input": "hi", "non_streaming_mode": True}, 400, "non_streaming_mode", "unsupported_option"),
         ({"input": "hi", "task_type": "VoiceDesign"}, 400, "task_type", "unsupported_option"),
-        ({"input": "hi", "bogus": 1}, 400, "bogus", "invalid_value"),
+        ({"input": "hi", "bogus": 1}, 400, "bogus", "invalid_message"),
         (
             {"input": "hi", "response_format": "opus", "sample_rate": 22050},
             400,
@@ -120,7 +120,7 @@ def test_invalid_json_and_oversized_body() -> None:
         bad = httpx.post(f"http://{address}/v1/audio/speech", content=b"{nope", timeout=30)
         big = httpx.post(f"http://{address}/v1/audio/speech", content=b"x" * (17 * 1024 * 1024), timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
-    assert big.status_code == 413
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
 
 
 def test_model_may_name_an_engine_and_is_otherwise_ignored() -> None:
@@ -147,6 +147,28 @@ def test_engine_failure_after_first_audio_ends_the_stream() -> None:
     assert 0 < len(response.content) < len(text) * SECONDS_PER_CHAR * 24000 * 2 * 0.8
     events = [json.loads(line[6:]) for line in sse.text.splitlines() if line.startswith("data: ")]
     assert events[0]["type"] == "speech.audio.delta" and events[-1]["type"] == "speech.audio.error"
+
+
+def test_an_engine_bug_before_the_first_audio_is_a_500() -> None:
+    engine = FakeEngine(fail_on="boom", fail_after_chunks=0, failure=ValueError)
+    with serve_engine(engine) as address:
+        response = post(address, input="boom", response_format="pcm")
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+
+
+def test_an_engine_bug_mid_stream_truncates_the_body_or_ends_sse_with_an_error() -> None:
+    text = "This is fine. Then boom here."
+    with serve_engine(FakeEngine(fail_on="boom", chunk_s=0.1, failure=ValueError)) as address:
+        response = post(address, input=text, response_format="pcm")
+        sse = post(address, input=text, response_format="pcm", stream_format="sse")
+    assert response.status_code == 200
+    assert 0 < len(response.content) < len(text) * SECONDS_PER_CHAR * 24000 * 2 * 0.8
+    events = [json.loads(line[6:]) for line in sse.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == {
+        "type": "speech.audio.error",
+        "error": {"message": "internal error; see the server log", "code": "internal_error"},
+    }
 
 
 def test_request_id_is_echoed() -> None:

@@ -179,7 +179,7 @@ def test_disconnect_stops_engine_work() -> None:
             "unsupported_option",
             "$.non_streaming_mode",
         ),
-        ('{"type": "session.config", "voice": "nobody"}', "unknown_voice", "$.voice"),
+        ('{"type": "session.config", "voice": "nobody"}', "voice_not_found", "$.voice"),
     ],
 )
 def test_bad_input_after_config_is_reported_and_session_stays_usable(
@@ -264,6 +264,17 @@ def test_engine_failure_is_reported_and_not_fatal() -> None:
     error = got.messages("error")[0]
     assert error["code"] == "engine_error" and error["utterance_index"] == 0 and error["fatal"] is False
     assert again.frames()
+
+
+@pytest.mark.parametrize("after_chunks", [0, 1])
+def test_an_engine_bug_closes_the_session_with_internal_error(after_chunks: int) -> None:
+    engine = FakeEngine(fail_on="boom", fail_after_chunks=after_chunks, failure=ValueError)
+    with serve_engine(engine) as address, session(address) as ws:
+        send(ws, type="input.text", text="This goes boom.")
+        send(ws, type="input.done")
+        messages, code = closed_with(ws)
+    assert messages[-1]["code"] == "internal_error" and messages[-1]["fatal"] is True
+    assert code == 1011
 
 
 def test_config_timeout_closes_with_error() -> None:

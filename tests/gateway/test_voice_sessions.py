@@ -69,7 +69,7 @@ def test_uploaded_voices_belong_to_their_key() -> None:
         with voxgate_connect(f"ws://{address}{URL}?api_key=alice") as ws:
             send(ws, type="session.config", voice="private")
             accepted = recv(ws)
-    assert isinstance(refused, dict) and refused["code"] == "unknown_voice"
+    assert isinstance(refused, dict) and refused["code"] == "voice_not_found"
     assert isinstance(accepted, dict) and accepted["type"] == "session.ready"
 
 
@@ -77,5 +77,5 @@ def test_unknown_voice_names_the_available_ones() -> None:
     with serve_engine(FakeEngine()) as address, voxgate_connect(f"ws://{address}{URL}") as ws:
         send(ws, type="session.config", speaker="nobody")
         error = recv(ws)
-    assert isinstance(error, dict) and error["code"] == "unknown_voice" and error["field"] == "$.speaker"
+    assert isinstance(error, dict) and error["code"] == "voice_not_found" and error["field"] == "$.speaker"
     assert "tone" in str(error["message"])

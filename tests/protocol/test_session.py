@@ -444,7 +444,7 @@ def test_rejected_first_config_is_fatal() -> None:
     session = Session()
     feed(session, message("session.config", voice="nobody"))
     error = ProtocolError(
-        ErrorCode.UNKNOWN_VOICE, "no voice 'nobody'", close_code=CloseCode.INVALID_DATA, field="$.voice"
+        ErrorCode.VOICE_NOT_FOUND, "no voice 'nobody'", close_code=CloseCode.INVALID_DATA, field="$.voice"
     )
     assert session.reject_config(error) is error
     assert (error.fatal, error.close_code, error.field) == (True, CloseCode.POLICY_VIOLATION, "$.voice")
@@ -455,7 +455,7 @@ def test_rejected_later_config_keeps_the_previous_one() -> None:
     session = configured(voice="joe")
     previous = session.config
     feed(session, message("session.config", voice="nobody"))
-    error = ProtocolError(ErrorCode.UNKNOWN_VOICE, "no voice 'nobody'", field="$.voice")
+    error = ProtocolError(ErrorCode.VOICE_NOT_FOUND, "no voice 'nobody'", field="$.voice")
     assert session.reject_config(error) is error
     assert (error.fatal, error.close_code) == (False, CloseCode.POLICY_VIOLATION)
     assert state(session) is State.READY and session.config is previous

@@ -1,0 +1,47 @@
+"""The one place that turns the gateway's and the engines' exceptions into ``ProtocolError``.
+
+Both surfaces call it (the WebSocket session and ``POST /v1/audio/speech``), and each renders the
+result from ``protocol.errors.FAILURES``, so the same failure gets the same code on both.
+"""
+
+from __future__ import annotations
+
+from engine.base import EngineError, RequestRefused, UnknownVoice, UnsupportedOption
+from gateway.catalog import VoiceNotServable
+from gateway.voices import Rejected
+from protocol.errors import INTERNAL_ERROR_MESSAGE, ErrorCode, ProtocolError
+
+#: What ``Catalog.prepare`` raises when it refuses a request's voice, reference or options.
+REFUSALS = (Rejected, UnknownVoice, VoiceNotServable, UnsupportedOption)
+
+
+def error_for(exc: Exception, *, voice_field: str = "$.voice", ref_audio: bool = False) -> ProtocolError:
+    """The error to report for ``exc``: a refusal (``REFUSALS``) or a synthesis failure.
+
+    Args:
+        exc: what ``Catalog.prepare`` or an engine raised.
+        voice_field: where the voice name came from (``$.voice``, or ``$.speaker``).
+        ref_audio: the request carried ``ref_audio``, so a voice that cannot be cloned is about it.
+    """
+    match exc:
+        case Rejected(param=param):
+            return ProtocolError(
+                ErrorCode.INVALID_REF_AUDIO,
+                exc.message,
+                field=f"$.{param}" if param else None,
+                status=exc.status,
+            )
+        case UnknownVoice():
+            return ProtocolError(ErrorCode.VOICE_NOT_FOUND, str(exc), field=voice_field)
+        case VoiceNotServable():
+            field = "$.ref_audio" if ref_audio else voice_field
+            return ProtocolError(ErrorCode.VOICE_REQUIRES_CLONING, str(exc), field=field)
+        case UnsupportedOption(field=name):
+            return ProtocolError(ErrorCode.UNSUPPORTED_OPTION, str(exc), field=f"$.{name}")
+    # While synthesizing: an upstream's refusal keeps its own status and field; any other EngineError
+    # is an engine_error; anything else is a bug, an internal_error (the details go to the log).
+    if isinstance(exc, RequestRefused):
+        return ProtocolError(ErrorCode.REQUEST_REFUSED, str(exc), field=exc.field, status=exc.status)
+    if isinstance(exc, EngineError):
+        return ProtocolError(ErrorCode.ENGINE_ERROR, str(exc))
+    return ProtocolError(ErrorCode.INTERNAL_ERROR, INTERNAL_ERROR_MESSAGE, fatal=True)

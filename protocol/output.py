@@ -1,0 +1,101 @@
+"""What the session core (``protocol.core``) hands its shell: typed outputs, in the order they take effect.
+
+The shell takes them with ``Core.data_to_send()`` and acts on each in order:
+
+- ``Configure``: a ``session.config`` passed validation: check it against the engines, then call
+  ``Core.accept_config`` or ``Core.reject_config``;
+- ``Speak``: synthesize this segment (the shell queues it for its engine);
+- ``Message``: a server message, rendered by the surface's dialect (``protocol.dialect``, the REST codec);
+- ``Audio``: encoded audio of a segment, sent as it is;
+- ``Report``: a timing report whose numbers are known only when it is written: pass it through
+  ``Core.sending`` just before writing, which turns it into a ``Message``;
+- ``Drop``: a cancel: stop the engine work of these utterances and discard what is queued for them;
+- ``Finish``: everything before it is written: close normally.
+
+``utterance`` on an output says which utterance it belongs to, so that a ``Drop`` can discard it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.audio import AudioFormat
+from protocol.messages import ServerMessage, SessionConfig
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFormat:
+    """How the audio of the utterances that start from now on is encoded and framed.
+
+    Args:
+        fmt: the wire format.
+        sample_rate: the output rate (the engine's audio is resampled to it).
+        frame_ms: audio per ``Audio`` output when streamed.
+        frame_header: put the 24-byte frame header in front of each ``Audio`` (``protocol.frames``).
+        streamed: False makes one ``Audio`` of each whole segment (a complete WAV for ``wav``).
+    """
+
+    fmt: AudioFormat
+    sample_rate: int
+    frame_ms: int = 40
+    frame_header: bool = False
+    streamed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Configure:
+    """A config to check against the engines; ``ignored_fields`` are its unknown fields."""
+
+    config: SessionConfig
+    ignored_fields: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Speak:
+    """Synthesize segment ``sentence`` of ``utterance``: ``text``."""
+
+    utterance: int
+    sentence: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A server message; ``streamed`` tells the dialect how ``audio.start``'s audio goes out."""
+
+    msg: ServerMessage
+    utterance: int | None = None
+    streamed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Audio:
+    """Encoded audio of one segment, ``audio_s`` seconds of it (what the shell's bound counts)."""
+
+    data: bytes
+    utterance: int
+    sentence: int
+    audio_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """``audio.done`` of segment ``sentence``, or ``session.done`` of the utterance when it is None."""
+
+    utterance: int
+    sentence: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Cancel: stop the engine work of ``utterances`` and discard their queued outputs."""
+
+    utterances: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """Close normally: the client asked to, and everything before this is written."""
+
+
+Output = Configure | Speak | Message | Audio | Report | Drop | Finish

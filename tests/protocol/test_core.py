@@ -1,0 +1,214 @@
+"""The session core: events and engine audio in, typed outputs out; time is an argument."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from protocol.audio import Samples
+from protocol.core import Core
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.messages import (
+    AudioCancelled,
+    AudioDone,
+    AudioStart,
+    Error,
+    InputCommitted,
+    InputDone,
+    SessionConfig,
+    SessionDone,
+)
+from protocol.output import Audio, Configure, Drop, Finish, Message, Output, OutputFormat, Report, Speak
+from protocol.session import (
+    CloseRequested,
+    Committed,
+    ConfigAccepted,
+    SegmentReady,
+    UtteranceCancelled,
+    UtteranceEnded,
+    UtteranceStarted,
+)
+
+RATE = 8000
+PCM = OutputFormat("pcm", RATE, frame_ms=100)
+
+
+def tone(seconds: float) -> Samples:
+    return np.full(int(seconds * RATE), 0.25, dtype=np.float32)
+
+
+def kinds(outputs: list[Output]) -> list[str]:
+    return [type(o.msg).__name__ if isinstance(o, Message) else type(o).__name__ for o in outputs]
+
+
+def speak_one(core: Core, u: int = 0, text: str = "Hi.", now: float = 0.0) -> list[Output]:
+    core.receive(UtteranceStarted(u), now)
+    core.receive(SegmentReady(u, 0, text), now)
+    core.receive(UtteranceEnded(u, 1), now)
+    return core.data_to_send()
+
+
+def test_a_segment_is_spoken_announced_framed_and_reported() -> None:
+    core = Core(PCM)
+    assert speak_one(core) == [Speak(0, 0, "Hi.")]
+    core.segment_started(0, 0)
+    core.audio(0, 0, tone(0.25), RATE)
+    core.segment_done(0, 0, synthesis_s=0.5)
+    out = core.data_to_send()
+    assert kinds(out) == ["AudioStart", "Audio", "Audio", "Audio", "Report", "Report"]
+    start = out[0]
+    assert isinstance(start, Message) and isinstance(start.msg, AudioStart)
+    assert start.msg.sentence_text == "Hi." and start.utterance == 0 and start.streamed
+    frames = [o for o in out if isinstance(o, Audio)]
+    assert [len(f.data) for f in frames] == [1600, 1600, 800]  # 100 ms of pcm16, the last one short
+    assert sum(f.audio_s for f in frames) == 0.25
+    assert out[4:] == [Report(0, 0), Report(0)]
+
+
+def test_timings_are_stamped_when_written() -> None:
+    core = Core(PCM)
+    core.receive(UtteranceStarted(0), 10.0)
+    core.receive(SegmentReady(0, 0, "Hi."), 10.5)
+    core.receive(UtteranceEnded(0, 1), 10.5)
+    core.segment_started(0, 0)
+    core.audio(0, 0, tone(0.2), RATE)
+    core.segment_done(0, 0, synthesis_s=0.125)
+    sent = [core.sending(o, 11.0 + n) for n, o in enumerate(core.data_to_send()[1:])]
+    done, session_done = sent[-2], sent[-1]
+    assert isinstance(done, Message) and isinstance(done.msg, AudioDone)
+    assert done.msg.text_to_first_audio_ms == 1500.0 and done.msg.duration_ms == 200.0
+    assert done.msg.synthesis_ms == 125.0 and done.msg.total_bytes == 3200 and not done.msg.error
+    assert isinstance(session_done, Message) and isinstance(session_done.msg, SessionDone)
+    assert session_done.msg.first_text_to_first_audio_ms == 2000.0 and session_done.msg.total_sentences == 1
+    assert core.in_flight == ()  # forgotten once session.done is written
+
+
+def test_an_utterance_without_text_is_done_at_once_without_timings() -> None:
+    core = Core(PCM)
+    core.receive(UtteranceEnded(0, 0), 0.0)
+    (report,) = core.data_to_send()
+    done = core.sending(report, 1.0)
+    assert isinstance(done, Message) and done.msg == SessionDone(utterance_index=0)
+
+
+def test_session_done_waits_for_earlier_utterances_and_finish_comes_last() -> None:
+    core = Core(PCM)
+    speak_one(core, 0)
+    core.receive(UtteranceEnded(1, 0), 0.0)
+    core.receive(CloseRequested(), 0.0)
+    assert core.data_to_send() == []  # utterance 0 still speaks
+    core.segment_started(0, 0)
+    core.segment_done(0, 0, synthesis_s=0.0)
+    assert kinds(core.data_to_send()) == ["AudioStart", "Report", "Report", "Report", "Finish"]
+
+
+def test_close_with_nothing_in_flight_finishes_at_once() -> None:
+    core = Core(PCM)
+    core.receive(CloseRequested(), 0.0)
+    assert core.data_to_send() == [Finish()]
+
+
+def test_a_failed_segment_reports_its_error_after_audio_done() -> None:
+    core = Core(PCM)
+    speak_one(core)
+    core.segment_started(0, 0)
+    error = ProtocolError(ErrorCode.REQUEST_REFUSED, "bad language", field="language", status=422)
+    core.segment_done(0, 0, synthesis_s=0.0, error=error)
+    out = core.data_to_send()
+    assert kinds(out) == ["AudioStart", "Report", "Error", "Report"]
+    failed = out[2]
+    assert isinstance(failed, Message) and failed.utterance == 0
+    assert failed.msg == Error(
+        code="request_refused", message="bad language", utterance_index=0, field="language"
+    )
+    done = core.sending(out[1], 1.0)
+    assert isinstance(done, Message) and isinstance(done.msg, AudioDone) and done.msg.error
+
+
+def test_cancel_drops_everything_in_flight_and_later_engine_work_produces_nothing() -> None:
+    core = Core(PCM)
+    speak_one(core, 0)
+    core.receive(UtteranceStarted(1), 0.0)
+    core.receive(SegmentReady(1, 0, "More."), 0.0)
+    core.data_to_send()
+    core.segment_started(0, 0)
+    core.audio(0, 0, tone(0.1), RATE)
+    queued = core.data_to_send()
+    core.receive(UtteranceCancelled(1), 0.0)
+    assert core.data_to_send() == [
+        Drop((0, 1)),
+        Message(AudioCancelled(utterance_index=0)),
+        Message(AudioCancelled(utterance_index=1)),
+    ]
+    core.segment_started(0, 0)
+    core.audio(0, 0, tone(0.1), RATE)
+    core.segment_done(0, 0, synthesis_s=0.0)
+    assert core.data_to_send() == []
+    assert [core.sending(o, 1.0) for o in (Report(0, 0), Report(0))] == [None, None]
+    assert core.sending(queued[1], 1.0) == queued[1]  # audio of a forgotten utterance stamps nothing
+
+
+def test_cancel_with_nothing_in_flight_is_still_confirmed() -> None:
+    core = Core(PCM)
+    core.cancel()
+    assert core.data_to_send() == [Drop(()), Message(AudioCancelled(utterance_index=None))]
+
+
+def test_commit_is_answered_and_a_valid_config_is_left_to_the_shell_to_check() -> None:
+    core = Core(PCM)
+    core.receive(Committed("c1", 0, 2), 0.0)
+    core.receive(ConfigAccepted(SessionConfig(), True, ("lang",)), 0.0)
+    assert core.data_to_send() == [
+        Message(InputCommitted(commit_id="c1", utterance_index=0, sentence_index=2)),
+        Configure(SessionConfig(), ("lang",)),
+    ]
+
+
+def test_wire_messages_go_through_the_text_side() -> None:
+    core = Core(PCM)
+    core.receive_text('{"type": "session.config", "voice": "tone", "lang": "en"}', 0.0)
+    (configure,) = core.data_to_send()
+    assert isinstance(configure, Configure) and configure.ignored_fields == ("lang",)
+    core.accept_config(configure.config, PCM)
+    core.receive_text('{"type": "input.text", "text": "One. Two"}', 1.0)
+    core.receive_message(InputDone(), 2.0)
+    assert [o for o in core.data_to_send() if isinstance(o, Speak)] == [
+        Speak(0, 0, "One."),
+        Speak(0, 1, "Two"),
+    ]
+    with pytest.raises(ProtocolError) as binary:
+        core.receive_bytes(b"\x00", 3.0)
+    assert binary.value.code is ErrorCode.BINARY_NOT_ACCEPTED and not binary.value.fatal
+
+
+def test_a_refused_first_config_is_fatal() -> None:
+    core = Core(PCM)
+    core.receive_message(SessionConfig(voice="nobody"), 0.0)
+    error = core.reject_config(ProtocolError(ErrorCode.VOICE_NOT_FOUND, "no voice 'nobody'"))
+    assert error.fatal and error.close_code == 1008
+
+
+def test_a_new_format_applies_from_the_next_utterance_and_wav_segments_are_whole() -> None:
+    core = Core(PCM)
+    core.receive(UtteranceStarted(0), 0.0)
+    core.accept_config(SessionConfig(response_format="wav"), OutputFormat("wav", RATE, streamed=False))
+    speak_one(core, 1)
+    core.segment_started(1, 0)
+    core.audio(1, 0, tone(0.2), RATE)
+    assert core.data_to_send() == [core_start(1)]
+    core.segment_done(1, 0, synthesis_s=0.0)
+    (audio, *_) = core.data_to_send()
+    assert isinstance(audio, Audio) and audio.data[:4] == b"RIFF" and audio.audio_s == 0.2
+
+
+def core_start(u: int) -> Message:
+    msg = AudioStart(utterance_index=u, sentence_index=0, sentence_text="Hi.", format="wav", sample_rate=RATE)
+    return Message(msg, u, streamed=False)
+
+
+def test_an_utterance_reported_but_not_yet_written_is_reported_once() -> None:
+    core = Core(PCM)
+    core.receive(UtteranceEnded(0, 0), 0.0)
+    core.receive(UtteranceEnded(1, 0), 0.0)
+    assert core.data_to_send() == [Report(0), Report(1)]
+    assert core.in_flight == (0, 1)
