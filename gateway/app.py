@@ -77,7 +77,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
         if engine is None:
-            engines = [ENGINES[name](settings) for name in engine_names(settings)]
+            engines = [ENGINES[name](settings.engine_settings(name)) for name in engine_names(settings)]
         else:
             engines = [engine] if not isinstance(engine, Sequence) else list(engine)
         store = VoiceStore(settings.resolved_voices_dir(), max_voices=settings.max_voices)

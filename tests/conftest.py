@@ -67,7 +67,7 @@ def serve_engine(tts: TTSEngine | Sequence[TTSEngine] | None = None, **settings:
     """
     with tempfile.TemporaryDirectory(prefix="voxgate-voices-") as voices_dir:
         settings.setdefault("voices_dir", voices_dir)
-        with serve(create_app(Settings(**settings), engine=tts)) as address:  # type: ignore[arg-type]
+        with serve(create_app(Settings.from_env({}, **settings), engine=tts)) as address:
             yield address
 
 

@@ -711,9 +711,9 @@ def test_the_next_segment_is_submitted_while_the_first_streams() -> None:
 
 def test_engine_is_registered_and_needs_the_extra_only_when_started() -> None:
     from engine import ENGINES
-    from gateway.settings import Settings
+    from engine.vllm_omni import VllmOmniSettings
 
-    engine = ENGINES["vllm-omni"](Settings(vllm_model="Qwen/Qwen3-TTS-12Hz-0.6B-Base"))
+    engine = ENGINES["vllm-omni"](VllmOmniSettings(vllm_model="Qwen/Qwen3-TTS-12Hz-0.6B-Base"))
     assert engine.name == "vllm-omni"
 
 
