@@ -12,6 +12,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
+class Rejected(Exception):
+    """A client error, answered with ``api_error``."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.param = status, code, message, param
+
+
 class BodyTooLarge(Exception):
     """The request body is over the route's limit."""
 

@@ -38,8 +38,7 @@ from engine.base import (
     UnsupportedOption,
 )
 from gateway.catalog import Catalog, Resolved, VoiceNotServable
-from gateway.http import BodyTooLarge, api_error, read_body
-from gateway.voices import Rejected
+from gateway.http import BodyTooLarge, Rejected, api_error, read_body
 from protocol.audio import Resampler, Samples
 from protocol.errors import field_path
 from protocol.packer import AudioPacker
