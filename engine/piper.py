@@ -53,7 +53,8 @@ class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Settings of engine ``piper``."""
 
     # One intra-op thread per inference and two inferences at once use both cores of a small
-    # machine without oversubscription (REFERENCE.md E: RTF 0.089 at 1 thread).
+    # machine without oversubscription (measured on a 2-core machine like CI's: RTF 0.089 at 1 thread,
+    # 0.063 at 2).
     piper_threads: Annotated[int, option("ONNX Runtime threads per Piper inference", flag=True)] = 1
     piper_workers: Annotated[
         int,
