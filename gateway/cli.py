@@ -12,9 +12,13 @@ import os
 import sys
 import typing
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from engine import ENGINES
-from gateway.settings import ClientSettings, Settings, options
+from gateway.settings import Settings, options
+
+if TYPE_CHECKING:
+    from gateway.client import ClientSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from gateway import client
 
-    settings = ClientSettings.from_env(url=args.url, api_key=args.api_key)
+    settings = client.ClientSettings.from_env(url=args.url, api_key=args.api_key)
     try:
         _run_client(args, settings)
     except client.ClientError as exc:

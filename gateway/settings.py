@@ -11,7 +11,6 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 
 from engine import ENGINES
-from engine.options import ENV_PREFIX as _PREFIX
 from engine.options import Option, option, options_of
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -207,25 +206,6 @@ def markdown_table() -> str:
             meaning += " (flag repeatable, variable comma-separated)"
         rows.append(f"| {flag} | `{opt.env}` | {opt.shown_default()} | {meaning} |")
     return "\n".join(rows) + "\n"
-
-
-class ClientSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Settings of the command-line client (``voxgate say`` / ``voxgate voices``)."""
-
-    url: str = "http://127.0.0.1:8000"
-    api_key: str = ""
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> ClientSettings:
-        """``VOXGATE_URL`` and ``VOXGATE_API_KEY``, then explicit overrides (CLI flags)."""
-        env = os.environ if environ is None else environ
-        raw: dict[str, object] = {
-            name: env[_PREFIX + name.upper()]
-            for name in cls.__struct_fields__
-            if _PREFIX + name.upper() in env
-        }
-        raw.update({k: v for k, v in overrides.items() if v is not None})
-        return msgspec.convert(raw, cls, strict=False)
 
 
 if __name__ == "__main__":
