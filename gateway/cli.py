@@ -48,6 +48,7 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             opt.flag,
             dest=opt.name,
+            metavar=opt.flag.removeprefix("--").replace("-", "_").upper(),
             type=kind,
             action="append" if opt.repeat else "store",
             help=help.replace("%", "%%") + (" (repeatable)" if opt.repeat else ""),

@@ -368,6 +368,8 @@ class VoiceStore:
             return hit[1]
         info: VoiceInfo | None = None
         try:
+            if stat.st_size > MAX_FILE_BYTES:
+                raise _Unreadable(f"{stat.st_size} bytes is larger than any voice")
             meta, tensors = _read_header(path)
             info = _info(meta, tensors, size=stat.st_size, owner=owner, file_name=path.name)
         except FileNotFoundError:
