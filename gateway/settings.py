@@ -1,7 +1,13 @@
-"""Gateway settings: the only place that reads the environment."""
+"""Server settings: the gateway's own fields composed with the settings each engine declares.
+
+The only place the server reads the environment. ``options()`` lists every setting once; the ``voxgate
+serve`` flags (``gateway.cli``) and the README's configuration table (``python -m gateway.settings``) are
+generated from it.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 import typing
 from collections.abc import Mapping
@@ -151,11 +157,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             name: msgspec.convert(_fields(raw, entry.settings), entry.settings, strict=False)
             for name, entry in ENGINES.items()
         }
-        return msgspec.convert({**_fields(raw, cls), "engines": {}}, cls, strict=False).with_engines(engines)
-
-    def with_engines(self, engines: dict[str, Any]) -> Settings:
-        """A copy with these engine settings."""
-        return msgspec.structs.replace(self, engines={**self.engines, **engines})
+        gateway = msgspec.convert({**_fields(raw, cls), "engines": {}}, cls, strict=False)
+        return msgspec.structs.replace(gateway, engines=engines)
 
     def engine_settings(self, name: str) -> msgspec.Struct:
         """The settings of engine ``name``, its defaults where none were given."""
@@ -188,12 +191,13 @@ def _fields(raw: Mapping[str, object], kind: type[msgspec.Struct]) -> dict[str, 
     return {k: v for k, v in raw.items() if k in kind.__struct_fields__ and k != "engines"}
 
 
-def options() -> list[Option]:
+@functools.cache
+def options() -> tuple[Option, ...]:
     """Every declared setting, the gateway's then each engine's: the CLI and the docs are built from these."""
     found = options_of(Settings)
     for name, entry in ENGINES.items():
         found += options_of(entry.settings, group=name)
-    return found
+    return tuple(found)
 
 
 def markdown_table() -> str:
