@@ -40,7 +40,8 @@ TEXT = (
 # Both servers default to 24 kHz for Qwen3-TTS; audio.start says otherwise if it differs.
 DEFAULT_RATE = 24000
 WHISPER_RATE = 16000
-# First audio of a warm 0.6B model is well under a second on a datacentre GPU (REFERENCE.md C: 40-233 ms);
+# First audio of a warm model is well under a second on a datacentre GPU (40 ms on an H200, llm-d-router
+# PR #2484; 233 ms for the 1.7B on an RTX 3090, vllm-project/vllm-omni#938);
 # anything past this is a hang, not a slow run.
 TIMEOUT_S = 120.0
 

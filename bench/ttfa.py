@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import uvicorn
 from starlette.applications import Starlette
@@ -36,8 +37,9 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
+from engine import piper
 from engine.base import SynthesisRequest
-from engine.piper import PiperEngine
+from engine.piper import PiperSettings
 from gateway.app import create_app
 from gateway.settings import Settings
 from protocol.audio import BYTES_PER_SAMPLE
@@ -333,7 +335,7 @@ class DirectEngine:
     def __init__(self, settings: Settings, seed: int | None) -> None:
         self._seed = seed
         self._runner = asyncio.Runner()
-        self._engine = PiperEngine(threads=settings.piper_threads, workers=settings.piper_workers)
+        self._engine = piper.create(settings.of(PiperSettings))
         self._runner.run(self._engine.start())
 
     def first_chunk_ms(self, text: str) -> float:
@@ -533,8 +535,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     load_before = os.getloadavg()
     print(
-        f"starting gateway and a direct Piper engine (threads={settings.piper_threads}, "
-        f"workers={settings.piper_workers}) ...",
+        f"starting gateway and a direct Piper engine (threads={settings.of(PiperSettings).piper_threads}, "
+        f"workers={settings.of(PiperSettings).piper_workers}) ...",
         file=sys.stderr,
     )
     direct = DirectEngine(settings, args.seed)
@@ -576,7 +578,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "first_segment_token": complete_at,
         "segments": runs[0].segments,
         "paragraph": PARAGRAPH,
-        "settings": {"piper_threads": settings.piper_threads, "piper_workers": settings.piper_workers},
+        "settings": msgspec.to_builtins(settings.of(PiperSettings)),
         "elapsed_s": round(time.perf_counter() - started, 1),
         "cpus": os.cpu_count(),
         "load_average_before": load_before,

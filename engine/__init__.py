@@ -1,10 +1,18 @@
-"""TTS engine adapters behind one interface (``engine.base.TTSEngine``), and their registry."""
+"""TTS engine adapters behind one interface (``engine.base.TTSEngine``), and their registry.
+
+Each engine module declares its own settings Struct (``engine.options``) and a ``create(settings)``;
+heavy imports (Piper's ONNX Runtime, vllm) happen only when an engine starts.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
+import msgspec
+
+from engine import fake, piper, remote, vllm_omni
 from engine.base import (
     AudioChunk,
     EngineError,
@@ -15,58 +23,36 @@ from engine.base import (
     Voice,
 )
 
-if TYPE_CHECKING:
-    from gateway.settings import Settings
+S = TypeVar("S", bound=msgspec.Struct)
 
 
-def _piper(settings: Settings) -> TTSEngine:
-    from engine.piper import PiperEngine
+@dataclass(frozen=True)
+class EngineEntry(Generic[S]):
+    """An engine as ``--engine`` names it: its settings Struct and how to build it from them."""
 
-    return PiperEngine(threads=settings.piper_threads, workers=settings.piper_workers)
+    settings: type[S]
+    create: Callable[[S], TTSEngine]
 
-
-def _fake(settings: Settings) -> TTSEngine:
-    from engine.fake import FakeEngine
-
-    return FakeEngine()
-
-
-def _remote(settings: Settings) -> TTSEngine:
-    from engine.remote import RemoteEngine
-
-    return RemoteEngine(
-        list(settings.upstreams),
-        model=settings.upstream_model,
-        api_key=settings.upstream_api_key,
-        connect_timeout_s=settings.upstream_connect_timeout_s,
-        read_timeout_s=settings.upstream_read_timeout_s,
-        health_interval_s=settings.upstream_health_interval_s,
-        breaker_failures=settings.upstream_breaker_failures,
-        breaker_cooldown_s=settings.upstream_breaker_cooldown_s,
-    )
+    def __call__(self, settings: msgspec.Struct | None = None) -> TTSEngine:
+        """The engine, built from ``settings`` (an instance of ``self.settings``; None: the defaults)."""
+        chosen = self.settings() if settings is None else settings
+        if not isinstance(chosen, self.settings):
+            raise TypeError(f"expected {self.settings.__name__}, got {type(chosen).__name__}")
+        return self.create(chosen)
 
 
-def _vllm_omni(settings: Settings) -> TTSEngine:
-    from engine.vllm_omni import VllmOmniEngine
-
-    return VllmOmniEngine(
-        model=settings.vllm_model,
-        deploy_config=settings.vllm_deploy_config,
-        stage_init_timeout_s=settings.vllm_stage_init_timeout_s,
-    )
-
-
-#: Engines by the name used in ``--engine``; heavy imports happen only in the chosen factory.
-ENGINES: dict[str, Callable[[Settings], TTSEngine]] = {
-    "piper": _piper,
-    "remote": _remote,
-    "vllm-omni": _vllm_omni,
-    "fake": _fake,
+#: Engines by the name used in ``--engine``.
+ENGINES: dict[str, EngineEntry[Any]] = {
+    "piper": EngineEntry(piper.PiperSettings, piper.create),
+    "remote": EngineEntry(remote.RemoteSettings, remote.create),
+    "vllm-omni": EngineEntry(vllm_omni.VllmOmniSettings, vllm_omni.create),
+    "fake": EngineEntry(fake.FakeSettings, fake.create),
 }
 
 __all__ = [
     "ENGINES",
     "AudioChunk",
+    "EngineEntry",
     "EngineError",
     "SynthesisRequest",
     "TTSEngine",

@@ -91,7 +91,6 @@ class Voice(msgspec.Struct, frozen=True, kw_only=True):
     language: str = ""
     description: str = ""
     sample_rate: int = 0
-    cloned: bool = False
 
 
 class VoiceReference(msgspec.Struct, frozen=True, kw_only=True):

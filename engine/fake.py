@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 
+import msgspec
 import numpy as np
 
 from engine.base import (
@@ -25,6 +26,10 @@ from engine.base import (
 
 # 60 ms of audio per character is close to natural speech (about 15 characters a second).
 SECONDS_PER_CHAR = 0.06
+
+
+class FakeSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Engine ``fake`` has no settings."""
 
 
 class FakeEngine:
@@ -112,3 +117,8 @@ class FakeEngine:
 
     async def aclose(self) -> None:
         return None
+
+
+def create(settings: FakeSettings) -> FakeEngine:
+    """The engine ``--engine fake`` runs: a test tone."""
+    return FakeEngine()

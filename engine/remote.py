@@ -26,8 +26,10 @@ import json
 import logging
 import re
 from collections.abc import AsyncGenerator
+from typing import Annotated
 
 import httpx
+import msgspec
 import numpy as np
 
 from engine.base import (
@@ -40,6 +42,7 @@ from engine.base import (
     Voice,
     VoiceReference,
 )
+from engine.options import option
 from engine.qwen3_tts import qwen_language, variant_of
 from engine.upstreams import Upstream, UpstreamPool
 from engine.wav_stream import WavStream
@@ -97,6 +100,35 @@ def _voice_names(payload: object) -> list[str]:
         v if isinstance(v, str) else str(v.get("name", "")) if isinstance(v, dict) else "" for v in listed
     ]
     return [n for n in names if n and n.lower() != _PLACEHOLDER_VOICE]
+
+
+class RemoteSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Settings of engine ``remote``: vllm-omni (or any OpenAI-compatible) speech servers."""
+
+    upstreams: Annotated[
+        tuple[str, ...], option("speech servers (base URLs)", flag="--upstream", repeat=True)
+    ] = ()
+    upstream_model: Annotated[str, option("`model` sent to the upstreams", flag=True)] = ""
+    # Sent as "Authorization: Bearer" to every upstream (a gateway with API keys, or a vllm-omni --api-key).
+    upstream_api_key: Annotated[str, option("sent as `Authorization: Bearer` to every upstream")] = ""
+    # No first byte within this time fails over to another upstream; no byte for this long mid-stream
+    # is a stall. A TTS server on a warm GPU answers within a few hundred ms.
+    upstream_connect_timeout_s: Annotated[
+        float, option("seconds to an upstream's first byte before failing over to another")
+    ] = 5.0
+    upstream_read_timeout_s: Annotated[
+        float, option("seconds without a byte mid-stream: a stalled upstream")
+    ] = 30.0
+    upstream_health_interval_s: Annotated[float, option("how often each upstream's `/health` is checked")] = (
+        5.0
+    )
+    # Consecutive failures that open an upstream's circuit, and how long it then stays out.
+    upstream_breaker_failures: Annotated[
+        int, option("consecutive failures that open an upstream's circuit breaker")
+    ] = 3
+    upstream_breaker_cooldown_s: Annotated[
+        float, option("seconds an upstream with an open circuit stays out")
+    ] = 30.0
 
 
 class _UpstreamFailed(Exception):
@@ -355,3 +387,17 @@ class RemoteEngine:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def create(settings: RemoteSettings) -> RemoteEngine:
+    """The engine ``--engine remote`` runs."""
+    return RemoteEngine(
+        list(settings.upstreams),
+        model=settings.upstream_model,
+        api_key=settings.upstream_api_key,
+        connect_timeout_s=settings.upstream_connect_timeout_s,
+        read_timeout_s=settings.upstream_read_timeout_s,
+        health_interval_s=settings.upstream_health_interval_s,
+        breaker_failures=settings.upstream_breaker_failures,
+        breaker_cooldown_s=settings.upstream_breaker_cooldown_s,
+    )

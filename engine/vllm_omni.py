@@ -29,8 +29,9 @@ import math
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -47,6 +48,7 @@ from engine.base import (
 if TYPE_CHECKING:
     pass
 
+from engine.options import option
 from engine.qwen3_tts import (
     CODEC_FRAMES_PER_TEXT_TOKEN,
     DEFAULT_DEPLOY_CONFIG,
@@ -68,6 +70,26 @@ from engine.qwen3_tts import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+class VllmOmniSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Settings of engine ``vllm-omni``: AsyncOmni in this process (GPU)."""
+
+    # The Qwen3-TTS checkpoint that AsyncOmni loads, vllm-omni's deploy YAML (a name under
+    # vllm_omni/deploy/ or a path), and how long each stage may take to start (a cold start of the 0.6B
+    # model, weights plus CUDA graphs, took ~2.5 min; vllm-omni's default is 300 s).
+    vllm_model: Annotated[
+        str,
+        option(
+            "Qwen3-TTS checkpoint loaded in this process (GPU)", flag=True, shown="Qwen3-TTS 0.6B CustomVoice"
+        ),
+    ] = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
+    vllm_deploy_config: Annotated[
+        str, option("vllm-omni deploy YAML, a name under `vllm_omni/deploy/` or a path", flag=True)
+    ] = "qwen3_tts.yaml"
+    vllm_stage_init_timeout_s: Annotated[float, option("seconds each vllm-omni stage may take to start")] = (
+        300.0
+    )
 
 
 class OmniClient(Protocol):
@@ -393,3 +415,12 @@ class VllmOmniEngine:
         omni, self._omni, self._tools = self._omni, None, None
         if omni is not None:
             omni.shutdown()
+
+
+def create(settings: VllmOmniSettings) -> VllmOmniEngine:
+    """The engine ``--engine vllm-omni`` runs."""
+    return VllmOmniEngine(
+        model=settings.vllm_model,
+        deploy_config=settings.vllm_deploy_config,
+        stage_init_timeout_s=settings.vllm_stage_init_timeout_s,
+    )

@@ -20,7 +20,7 @@ from engine import ENGINES, TTSEngine
 from gateway import speech, voices
 from gateway.auth import AuthMiddleware
 from gateway.catalog import Catalog
-from gateway.http import RequestIdMiddleware
+from gateway.http import HttpOnly, RequestIdMiddleware, not_found, not_found_error
 from gateway.settings import Settings
 from gateway.store import VoiceStore
 from gateway.ws import speech_stream
@@ -77,7 +77,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
         if engine is None:
-            engines = [ENGINES[name](settings) for name in engine_names(settings)]
+            engines = [ENGINES[name](settings.engine_settings(name)) for name in engine_names(settings)]
         else:
             engines = [engine] if not isinstance(engine, Sequence) else list(engine)
         store = VoiceStore(settings.resolved_voices_dir(), max_voices=settings.max_voices)
@@ -99,9 +99,13 @@ def create_app(
         *speech.routes,
     ]
     if WEB_DIR.is_dir():
-        routes.append(Mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web"))
+        routes.append(Mount("/", HttpOnly(StaticFiles(directory=WEB_DIR, html=True)), name="web"))
     middleware = [
         Middleware(RequestIdMiddleware),
         Middleware(AuthMiddleware, keys=settings.all_api_keys(), allowed_origins=settings.allowed_origins),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+    app = Starlette(
+        routes=routes, lifespan=lifespan, middleware=middleware, exception_handlers={404: not_found_error}
+    )
+    app.router.default = not_found  # a WebSocket to an unknown path: 404, not Starlette's close (403)
+    return app

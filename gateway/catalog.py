@@ -13,8 +13,9 @@ import logging
 from dataclasses import dataclass, field
 
 from engine.base import TTSEngine, UnknownVoice, UnsupportedOption, Voice, VoiceReference
+from gateway.clips import inline_reference
+from gateway.http import Rejected
 from gateway.store import VoiceStore
-from gateway.voices import Rejected, inline_reference
 
 logger = logging.getLogger(__name__)
 

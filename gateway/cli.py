@@ -10,10 +10,15 @@ import json
 import logging
 import os
 import sys
+import typing
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from engine import ENGINES
-from gateway.settings import ClientSettings, Settings
+from gateway.settings import Settings, options
+
+if TYPE_CHECKING:
+    from gateway.client import ClientSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,50 +26,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="voxgate", description="Real-time streaming TTS gateway")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the gateway")
-    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 8000)")
-    serve.add_argument(
-        "--engine",
-        type=_engines,
-        help=f"TTS engine(s), comma-separated, first is the default: {', '.join(sorted(ENGINES))}",
-    )
-    serve.add_argument(
-        "--upstream",
-        dest="upstreams",
-        action="append",
-        help="speech server URL for --engine remote (repeatable)",
-    )
-    serve.add_argument("--upstream-model", help="model name sent to the upstreams")
-    serve.add_argument("--vllm-model", help="checkpoint for --engine vllm-omni (in-process, GPU)")
-    serve.add_argument("--vllm-deploy-config", help="vllm-omni deploy YAML for --engine vllm-omni")
-    serve.add_argument(
-        "--voices-dir", help="where uploaded voices are stored (default under ~/.cache/voxgate)"
-    )
-    serve.add_argument("--max-voices", type=int, help="uploaded voices allowed per API key (default 1000)")
-    serve.add_argument("--api-keys-file", help="file of API keys, one a line (also VOXGATE_API_KEYS)")
-    serve.add_argument(
-        "--allowed-origin",
-        dest="allowed_origins",
-        action="append",
-        help="extra browser origin allowed to open WebSockets (repeatable)",
-    )
-    serve.add_argument("--piper-threads", type=int, help="ONNX Runtime threads per Piper inference")
-    serve.add_argument("--piper-workers", type=int, help="Piper inferences that may run at once")
-    serve.add_argument("--config-timeout-s", type=float, help="seconds to wait for session.config")
-    serve.add_argument(
-        "--idle-timeout-s", type=float, help="seconds without messages or audio before closing"
-    )
-    serve.add_argument(
-        "--send-timeout-s",
-        type=float,
-        help="seconds a write may make no progress before the client is closed",
-    )
-    serve.add_argument(
-        "--max-buffered-audio-s", type=float, help="audio a client may leave unread before closing"
-    )
-    serve.add_argument("--log-level", help="debug, info, warning, error")
+    add_setting_flags(serve)
     _add_client_commands(commands)
     return parser
+
+
+def add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting declared with one (``gateway.settings.options()``); unset flags stay None."""
+    for opt in options():
+        if opt.flag is None:
+            continue
+        help = opt.help + (f" (engine {opt.group})" if opt.group else "")
+        if shown := opt.shown_default().replace("`", ""):
+            help += f"; default {shown}"
+        if opt.name == "engine":
+            kind: Callable[[str], object] = _engines
+        elif typing.get_origin(opt.type) is tuple:
+            kind = typing.get_args(opt.type)[0]
+        else:
+            kind = opt.type
+        parser.add_argument(
+            opt.flag,
+            dest=opt.name,
+            metavar=opt.flag.removeprefix("--").replace("-", "_").upper(),
+            type=kind,
+            action="append" if opt.repeat else "store",
+            help=help.replace("%", "%%") + (" (repeatable)" if opt.repeat else ""),
+        )
 
 
 def _engines(text: str) -> str:
@@ -161,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from gateway import client
 
-    settings = ClientSettings.from_env(url=args.url, api_key=args.api_key)
+    settings = client.ClientSettings.from_env(url=args.url, api_key=args.api_key)
     try:
         _run_client(args, settings)
     except client.ClientError as exc:

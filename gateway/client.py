@@ -13,7 +13,7 @@ import mimetypes
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO, Protocol, TextIO, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -32,7 +32,6 @@ from websockets.exceptions import (
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
-from gateway.settings import ClientSettings
 from protocol.dialect import EXTENSIONS_SUBPROTOCOL
 from protocol.messages import (
     Error,
@@ -44,6 +43,29 @@ from protocol.messages import (
     SessionDone,
     SessionReady,
 )
+
+# The server's prefix (engine.options.ENV_PREFIX), repeated: the client imports nothing of the server.
+_ENV_PREFIX = "VOXGATE_"
+
+
+class ClientSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Settings of the command-line client (``voxgate say`` / ``voxgate voices``)."""
+
+    url: str = "http://127.0.0.1:8000"
+    api_key: str = ""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> ClientSettings:
+        """``VOXGATE_URL`` and ``VOXGATE_API_KEY``, then explicit overrides (CLI flags)."""
+        env = os.environ if environ is None else environ
+        raw: dict[str, object] = {
+            name: env[_ENV_PREFIX + name.upper()]
+            for name in cls.__struct_fields__
+            if _ENV_PREFIX + name.upper() in env
+        }
+        raw.update({k: v for k, v in overrides.items() if v is not None})
+        return msgspec.convert(raw, cls, strict=False)
+
 
 STREAM_PATH = "/v1/audio/speech/stream"
 VOICES_PATH = "/v1/audio/voices"

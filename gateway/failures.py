@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.base import EngineError, RequestRefused, UnknownVoice, UnsupportedOption
 from gateway.catalog import VoiceNotServable
-from gateway.voices import Rejected
+from gateway.http import Rejected
 from protocol.errors import INTERNAL_ERROR_MESSAGE, ErrorCode, ProtocolError
 
 #: What ``Catalog.prepare`` raises when it refuses a request's voice, reference or options.

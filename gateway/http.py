@@ -6,12 +6,20 @@ import re
 import uuid
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from protocol.errors import ProtocolError
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class Rejected(Exception):
+    """A client error, answered with ``api_error``."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.param = status, code, message, param
 
 
 class BodyTooLarge(Exception):
@@ -67,3 +75,34 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
+    """What a path no route serves gets: a 404 in OpenAI's error shape, over HTTP and WebSocket alike.
+
+    A WebSocket is denied before it is accepted, with the 404 as its HTTP response (ASGI's
+    ``websocket.http.response`` extension, which uvicorn supports); a server without the extension can
+    only close it, which its client sees as a 403.
+    """
+    response = api_error(404, f"no route for {scope.get('path', '')!r}", code="not_found")
+    if scope["type"] == "websocket":
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await receive()  # websocket.connect
+    await response(scope, receive, send)
+
+
+async def not_found_error(request: Request, exc: Exception) -> Response:
+    """The 404 of a route or of the static files (an ``HTTPException``), in OpenAI's error shape."""
+    return api_error(404, f"no route for {request.url.path!r}", code="not_found")
+
+
+class HttpOnly:
+    """Serves HTTP with ``app`` (static files); any other scope reaching it gets ``not_found``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await (self.app if scope["type"] == "http" else not_found)(scope, receive, send)

@@ -1,14 +1,25 @@
-"""Gateway settings: the only place that reads the environment."""
+"""Server settings: the gateway's own fields composed with the settings each engine declares.
+
+The only place the server reads the environment. ``options()`` lists every setting once; the ``voxgate
+serve`` flags (``gateway.cli``) and the README's configuration table (``python -m gateway.settings``) are
+generated from it.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
+import typing
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-_PREFIX = "VOXGATE_"
+from engine import ENGINES
+from engine.options import Option, option, options_of
+
+S = TypeVar("S", bound=msgspec.Struct)
 
 #: OpenAI's and vllm-omni's voice names, which some clients insist on, spoken by the default voice.
 DEFAULT_VOICE_ALIASES: dict[str, str] = {
@@ -38,77 +49,128 @@ def _default_voices_dir(env: Mapping[str, str]) -> str:
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything configurable; each field can be set as ``VOXGATE_<FIELD>`` or a CLI flag."""
+    """Everything configurable: the gateway's own fields and, under ``engines``, each engine's settings.
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    engine: str = "piper"
-    # One intra-op thread per inference and two inferences at once use both cores of a small
-    # machine without oversubscription (REFERENCE.md E: RTF 0.089 at 1 thread).
-    piper_threads: int = 1
-    piper_workers: int = 2
+    Each setting is read from ``VOXGATE_<NAME>``; those declared with a flag are also ``voxgate serve``
+    flags. ``options()`` lists them all, gateway first, then engine by engine.
+    """
+
+    host: Annotated[str, option("address to listen on", flag=True)] = "127.0.0.1"
+    port: Annotated[int, option("port to listen on", flag=True)] = 8000
+    engine: Annotated[
+        str,
+        option(
+            "engine(s), comma-separated, the first is the default: `piper`, `remote`, `vllm-omni` "
+            "(`fake` is a test tone)",
+            flag=True,
+        ),
+    ] = "piper"
     # vllm-omni waits 10 s for the first config; 60 s idle tolerates pauses of a voice agent's turn.
-    config_timeout_s: float = 10.0
-    idle_timeout_s: float = 60.0
-    max_message_bytes: int = 128 * 1024
-    max_config_bytes: int = 4 * 1024 * 1024
+    config_timeout_s: Annotated[float, option("seconds a client has to send `session.config`", flag=True)] = (
+        10.0
+    )
+    idle_timeout_s: Annotated[
+        float, option("seconds without a message or audio that close the session (4008)", flag=True)
+    ] = 60.0
+    max_message_bytes: Annotated[int, option("largest client message other than `session.config`")] = (
+        128 * 1024
+    )
+    max_config_bytes: Annotated[int, option("largest `session.config`")] = 4 * 1024 * 1024
     # Audio held for a client before synthesis pauses for it: a minute of speech, so a client reading
     # at playback pace never starves, while a long text does not pile up in memory.
-    max_buffered_audio_s: float = 60.0
+    max_buffered_audio_s: Annotated[
+        float,
+        option("seconds of audio held for a client before synthesis pauses until it reads", flag=True),
+    ] = 60.0
     # A write that makes no progress for this long means the client stopped reading: it is closed
     # (4001). Long enough for a congested mobile link, short enough to free the session soon.
-    send_timeout_s: float = 15.0
-    log_level: str = "info"
-    voices_dir: str = ""
+    send_timeout_s: Annotated[
+        float,
+        option("seconds a write may make no progress before the client is closed (4001)", flag=True),
+    ] = 15.0
+    log_level: Annotated[str, option("`debug`, `info`, `warning`, `error`", flag=True)] = "info"
+    voices_dir: Annotated[
+        str, option("where uploaded voices are stored", flag=True, shown="`~/.cache/voxgate/voices`")
+    ] = ""
     # A cap keeps one key from filling the disk; 1000 clips of 30 s are about 2.6 GB at 22 kHz.
-    max_voices: int = 1000
-    api_keys: tuple[str, ...] = ()
-    api_keys_file: str = ""
-    allowed_origins: tuple[str, ...] = ()
-    # Engine "remote": base URLs of vllm-omni (or any OpenAI-compatible) speech servers.
-    upstreams: tuple[str, ...] = ()
-    upstream_model: str = ""
-    # Sent as "Authorization: Bearer" to every upstream (a gateway with API keys, or a vllm-omni --api-key).
-    upstream_api_key: str = ""
-    # No first byte within this time fails over to another upstream; no byte for this long mid-stream
-    # is a stall. A TTS server on a warm GPU answers within a few hundred ms.
-    upstream_connect_timeout_s: float = 5.0
-    upstream_read_timeout_s: float = 30.0
-    upstream_health_interval_s: float = 5.0
-    # Consecutive failures that open an upstream's circuit, and how long it then stays out.
-    upstream_breaker_failures: int = 3
-    upstream_breaker_cooldown_s: float = 30.0
-    # Engine "vllm-omni": the Qwen3-TTS checkpoint that AsyncOmni loads in this process, vllm-omni's
-    # deploy YAML (a name under vllm_omni/deploy/ or a path), and how long each stage may take to start
-    # (a cold start of the 0.6B model, weights plus CUDA graphs, took ~2.5 min; vllm-omni's default is 300 s).
-    vllm_model: str = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
-    vllm_deploy_config: str = "qwen3_tts.yaml"
-    vllm_stage_init_timeout_s: float = 300.0
+    max_voices: Annotated[int, option("uploaded voices allowed per API key", flag=True)] = 1000
+    api_keys: Annotated[
+        tuple[str, ...],
+        option(
+            "API keys, comma-separated; when any key is set (here or in the keys file), every route under "
+            "`/v1/` needs one (`/healthz`, `/health`, `/readyz` and the demo page do not): "
+            "`Authorization: Bearer KEY`, or for browsers `?api_key=KEY` or the WebSocket subprotocols "
+            "`voxgate, voxgate.key.KEY`",
+            shown="none",
+        ),
+    ] = ()
+    api_keys_file: Annotated[str, option("file of API keys, one a line (`#` comments)", flag=True)] = ""
+    allowed_origins: Annotated[
+        tuple[str, ...],
+        option(
+            "extra browser origin allowed to open WebSockets",
+            flag="--allowed-origin",
+            repeat=True,
+            shown="same origin and localhost",
+        ),
+    ] = ()
     # name -> voice; "" means the engine's default voice.
-    voice_aliases: dict[str, str] = msgspec.field(default_factory=lambda: dict(DEFAULT_VOICE_ALIASES))
+    voice_aliases: Annotated[
+        dict[str, str],
+        option(
+            'JSON object of extra voice aliases (name → voice, `""` for the default voice), merged over the '
+            "defaults; names match in any case",
+            shown="OpenAI/vllm-omni names → default voice",
+        ),
+    ] = msgspec.field(default_factory=lambda: dict(DEFAULT_VOICE_ALIASES))
+    #: Each engine's settings by engine name: an instance of ``engine.ENGINES[name].settings``.
+    engines: dict[str, Any] = msgspec.field(
+        default_factory=lambda: {n: e.settings() for n, e in ENGINES.items()}
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Build settings from ``VOXGATE_*`` variables, then apply explicit overrides (CLI flags).
 
-        List settings take comma-separated values; ``VOXGATE_VOICE_ALIASES`` is a JSON object merged
-        over the default alias table.
+        Settings of every engine are given flat, by their own names (``upstreams=...``). List settings
+        take comma-separated values; ``VOXGATE_VOICE_ALIASES`` is a JSON object merged over the default
+        alias table.
         """
         env = os.environ if environ is None else environ
         raw: dict[str, object] = {}
-        for name in cls.__struct_fields__:
-            value = env.get(_PREFIX + name.upper())
+        for opt in options():
+            value = env.get(opt.env)
             if value is not None:
-                raw[name] = value
+                raw[opt.name] = value
+        unknown = set(overrides) - {opt.name for opt in options()}
+        if unknown:
+            raise TypeError(f"unknown setting(s) {sorted(unknown)}")
         raw.update({k: v for k, v in overrides.items() if v is not None})
-        for name in ("api_keys", "allowed_origins", "upstreams"):
-            if isinstance(raw.get(name), str):
-                raw[name] = [v.strip() for v in str(raw[name]).split(",") if v.strip()]
+        for opt in options():
+            if isinstance(raw.get(opt.name), str) and typing.get_origin(opt.type) is tuple:
+                raw[opt.name] = [v.strip() for v in str(raw[opt.name]).split(",") if v.strip()]
         if isinstance(raw.get("voice_aliases"), str):
             raw["voice_aliases"] = {**DEFAULT_VOICE_ALIASES, **msgspec.json.decode(str(raw["voice_aliases"]))}
         if not raw.get("voices_dir"):
             raw["voices_dir"] = _default_voices_dir(env)
-        return msgspec.convert(raw, cls, strict=False)
+        engines = {
+            name: msgspec.convert(_fields(raw, entry.settings), entry.settings, strict=False)
+            for name, entry in ENGINES.items()
+        }
+        gateway = msgspec.convert({**_fields(raw, cls), "engines": {}}, cls, strict=False)
+        return msgspec.structs.replace(gateway, engines=engines)
+
+    def engine_settings(self, name: str) -> msgspec.Struct:
+        """The settings of engine ``name``, its defaults where none were given."""
+        found: msgspec.Struct | None = self.engines.get(name)
+        return found if found is not None else ENGINES[name].settings()
+
+    def of(self, kind: type[S]) -> S:
+        """The one engine's settings of type ``kind`` (``settings.of(RemoteSettings).upstreams``)."""
+        for found in self.engines.values():
+            if isinstance(found, kind):
+                return found
+        return kind()
 
     def resolved_voices_dir(self) -> Path:
         """``voices_dir``, or the default under the user's cache folder when it is empty."""
@@ -125,20 +187,30 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         return tuple(keys)
 
 
-class ClientSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Settings of the command-line client (``voxgate say`` / ``voxgate voices``)."""
+def _fields(raw: Mapping[str, object], kind: type[msgspec.Struct]) -> dict[str, object]:
+    return {k: v for k, v in raw.items() if k in kind.__struct_fields__ and k != "engines"}
 
-    url: str = "http://127.0.0.1:8000"
-    api_key: str = ""
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> ClientSettings:
-        """``VOXGATE_URL`` and ``VOXGATE_API_KEY``, then explicit overrides (CLI flags)."""
-        env = os.environ if environ is None else environ
-        raw: dict[str, object] = {
-            name: env[_PREFIX + name.upper()]
-            for name in cls.__struct_fields__
-            if _PREFIX + name.upper() in env
-        }
-        raw.update({k: v for k, v in overrides.items() if v is not None})
-        return msgspec.convert(raw, cls, strict=False)
+@functools.cache
+def options() -> tuple[Option, ...]:
+    """Every declared setting, the gateway's then each engine's: the CLI and the docs are built from these."""
+    found = options_of(Settings)
+    for name, entry in ENGINES.items():
+        found += options_of(entry.settings, group=name)
+    return tuple(found)
+
+
+def markdown_table() -> str:
+    """The README's configuration table (``python -m gateway.settings`` prints it)."""
+    rows = ["| flag | env | default | meaning |", "|---|---|---|---|"]
+    for opt in options():
+        flag = f"`{opt.flag}`" if opt.flag else ""
+        meaning = f"engine `{opt.group}`: {opt.help}" if opt.group else opt.help
+        if opt.repeat:
+            meaning += " (flag repeatable, variable comma-separated)"
+        rows.append(f"| {flag} | `{opt.env}` | {opt.shown_default()} | {meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

@@ -19,19 +19,18 @@ import hashlib
 import logging
 import os
 import re
-import struct
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 import safetensors.numpy
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 
 logger = logging.getLogger(__name__)
 
@@ -42,15 +41,12 @@ TEMP_SUFFIX = ".tmp"
 LOCK_NAME = ".lock"
 # Long enough for a descriptive name, short enough to fit one line of a voice picker.
 MAX_NAME_CHARS = 64
-# Our headers hold a few short strings; a bigger one is not ours and is not read into memory.
-MAX_HEADER_BYTES = 1 << 20
 # 30 s of audio at 192 kHz is 23 MB as float32; a bigger file is not one we wrote.
 MAX_FILE_BYTES = 64 << 20
 # Far longer than any write takes, so a younger temp file may still belong to a live writer.
 STALE_TEMP_S = 60.0
 # auth.owner_of yields 24 hex digits; anything else must never reach the file system.
 _OWNER_RE = re.compile(r"[0-9a-f]{1,64}")
-_U64 = struct.Struct("<Q")
 
 Kind = Literal["audio", "embedding"]
 
@@ -100,9 +96,8 @@ class VoiceData(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Tensor(msgspec.Struct, frozen=True):
-    dtype: Literal["F32"]
-    shape: tuple[int]
-    data_offsets: tuple[int, int]
+    dtype: str
+    shape: tuple[int, ...]
 
 
 def check_name(name: str) -> None:
@@ -138,23 +133,26 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _parse_header(head: bytes, size: int) -> tuple[dict[str, str], dict[str, _Tensor]]:
-    """Metadata and tensor specs from a file's first bytes; ``size`` is the whole file's length."""
-    if len(head) < _U64.size:
-        raise _Unreadable("shorter than a safetensors header")
-    (length,) = _U64.unpack_from(head)
-    if length > MAX_HEADER_BYTES or _U64.size + length > len(head):
-        raise _Unreadable("header length out of range")
-    try:
-        raw = msgspec.json.decode(head[_U64.size : _U64.size + length], type=dict[str, object])
-        meta = msgspec.convert(raw.pop("__metadata__", None), dict[str, str])
-        tensors = {key: msgspec.convert(spec, _Tensor) for key, spec in raw.items()}
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise _Unreadable(f"bad header: {exc}") from exc
-    end = max((t.data_offsets[1] for t in tensors.values()), default=0)
-    if _U64.size + length + end != size:
-        raise _Unreadable("file size does not match its header (torn or foreign file)")
+def _header(f: Any) -> tuple[dict[str, str], dict[str, _Tensor]]:
+    """Metadata and tensor specs of a file opened with safetensors' ``safe_open``.
+
+    safetensors parses the header and checks that the file's length matches it, so a torn file never
+    opens.
+    """
+    meta: dict[str, str] = f.metadata() or {}
+    tensors = {}
+    for key in f.keys():
+        tensor = f.get_slice(key)
+        tensors[key] = _Tensor(dtype=tensor.get_dtype(), shape=tuple(tensor.get_shape()))
     return meta, tensors
+
+
+def _read_header(path: Path) -> tuple[dict[str, str], dict[str, _Tensor]]:
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return _header(f)
+    except SafetensorError as exc:
+        raise _Unreadable(f"bad header: {exc}") from exc
 
 
 def _info(
@@ -169,6 +167,8 @@ def _info(
             raise _Unreadable("owner or name does not match the file's place")
         if kind not in ("audio", "embedding") or list(tensors) != [kind]:
             raise _Unreadable(f"expected one {kind!r} tensor, found {sorted(tensors)}")
+        if tensors[kind].dtype != "F32" or len(tensors[kind].shape) != 1:
+            raise _Unreadable(f"expected a float32 vector, found {tensors[kind]}")
         (count,) = tensors[kind].shape
         sample_rate = int(meta.get("sample_rate", "0"))
         if count <= 0 or (kind == "audio" and sample_rate <= 0):
@@ -190,14 +190,6 @@ def _info(
         raise _Unreadable(f"bad metadata: {exc!r}") from exc
 
 
-def _read_head(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        head = f.read(_U64.size)
-        if len(head) == _U64.size:
-            head += f.read(min(_U64.unpack(head)[0], MAX_HEADER_BYTES))
-    return head
-
-
 class VoiceStore:
     """One safetensors file per voice under ``directory``, partitioned by owner.
 
@@ -217,20 +209,18 @@ class VoiceStore:
         """The voice with its payload (its name matched in any case), or None when absent or unreadable."""
         path = self._existing(owner, name)
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size > MAX_FILE_BYTES:
-                    raise _Unreadable(f"{size} bytes is larger than any voice")
-                data = f.read()
-            meta, tensors = _parse_header(data, len(data))
-            info = _info(meta, tensors, size=len(data), owner=owner, file_name=path.name)
-            arrays = safetensors.numpy.load(data)
+            size = path.stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise _Unreadable(f"{size} bytes is larger than any voice")
+            with safe_open(str(path), framework="numpy") as f:
+                meta, tensors = _header(f)
+                info = _info(meta, tensors, size=size, owner=owner, file_name=path.name)
+                payload: npt.NDArray[np.float32] = f.get_tensor(info.kind)
         except FileNotFoundError:
             return None
         except (_Unreadable, SafetensorError, OSError) as exc:
             logger.warning("skipping unreadable voice file %s: %s", path, exc)
             return None
-        payload = arrays[info.kind]
         if info.kind == "audio":
             return VoiceData(info=info, audio=payload)
         return VoiceData(info=info, embedding=payload)
@@ -323,8 +313,8 @@ class VoiceStore:
             self._write_atomic(path, payload)
         if replacing:
             logger.info("voice %r of owner %r replaced", name, owner or PUBLIC_DIR)
-        meta_out, tensors = _parse_header(payload, len(payload))
-        return _info(meta_out, tensors, size=len(payload), owner=owner, file_name=path.name)
+        tensors: dict[str, _Tensor] = {kind: _Tensor(dtype="F32", shape=tensor.shape)}
+        return _info(meta, tensors, size=len(payload), owner=owner, file_name=path.name)
 
     def delete(self, owner: str, name: str) -> bool:
         """Remove a voice, its name matched in any case; False when there was none."""
@@ -378,7 +368,9 @@ class VoiceStore:
             return hit[1]
         info: VoiceInfo | None = None
         try:
-            meta, tensors = _parse_header(_read_head(path), stat.st_size)
+            if stat.st_size > MAX_FILE_BYTES:
+                raise _Unreadable(f"{stat.st_size} bytes is larger than any voice")
+            meta, tensors = _read_header(path)
             info = _info(meta, tensors, size=stat.st_size, owner=owner, file_name=path.name)
         except FileNotFoundError:
             return None

@@ -24,36 +24,28 @@ Every failure is an OpenAI-style ``{"error": {"message", "type", "param", "code"
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
-import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Protocol
-from urllib.parse import parse_qsl
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
-import soundfile
-from python_multipart.exceptions import FormParserError
-from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from engine.base import Voice, VoiceReference
+from engine.base import Voice
+from gateway.clips import MAX_AUDIO_BYTES, decode_audio, parse_embedding
+from gateway.http import Rejected
 from gateway.http import api_error
+from gateway.multipart import FormLimits, Part, read_form, text_field
 from gateway.store import InvalidVoiceName, VoiceInfo, VoiceLimitReached, VoiceStore, check_name
 
 logger = logging.getLogger(__name__)
 
-# vllm-omni's limit for a reference clip.
-MAX_AUDIO_BYTES = 10 * 1024 * 1024
 # 8192 numbers written out in full by json.dumps take about 200 KiB.
 MAX_EMBEDDING_BYTES = 256 * 1024
 # Names, consent records and transcripts of 30 s of speech are far shorter.
@@ -65,23 +57,15 @@ MAX_BODY_BYTES = MAX_AUDIO_BYTES + 1024 * 1024
 MAX_DRAIN_BYTES = 64 * 1024 * 1024
 # An urlencoded form holds no audio; percent-encoding at most triples an embedding's JSON.
 MAX_URLENCODED_BYTES = 1024 * 1024
-MAX_FIELDS = 16
-MAX_EMBEDDING_DIM = 8192  # vllm-omni's bound on speaker_embedding
-MIN_DURATION_S = 1.0  # shorter clips carry too little of a voice to clone
-MAX_DURATION_S = 30.0  # cloning models condition on a few seconds; longer only costs memory
-MIN_SAMPLE_RATE = 8000
-MAX_SAMPLE_RATE = 192000
-MAX_CHANNELS = 8
-_PART_LIMITS = {"audio_sample": MAX_AUDIO_BYTES, "speaker_embedding": MAX_EMBEDDING_BYTES}
-_MIME_TYPES = {"WAV": "audio/wav", "FLAC": "audio/flac", "OGG": "audio/ogg", "MP3": "audio/mpeg"}
-
-
-class Rejected(Exception):
-    """A client error, answered with ``api_error``."""
-
-    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.param = status, code, message, param
+LIMITS = FormLimits(
+    what="voice upload",
+    body_bytes=MAX_BODY_BYTES,
+    parts={"audio_sample": MAX_AUDIO_BYTES, "speaker_embedding": MAX_EMBEDDING_BYTES},
+    text_bytes=MAX_TEXT_BYTES,
+    urlencoded_bytes=MAX_URLENCODED_BYTES,
+    fields=16,
+    too_large_codes={"audio_sample": "audio_too_large"},
+)
 
 
 class Catalog(Protocol):
@@ -90,231 +74,6 @@ class Catalog(Protocol):
     async def builtin_voices(self) -> list[Voice]: ...
 
     def cloning_engines(self) -> list[str]: ...
-
-
-@dataclass
-class Part:
-    """One form field as received: its bytes and, for files, the name and type the client gave."""
-
-    data: bytearray = field(default_factory=bytearray)
-    filename: str | None = None
-    content_type: str | None = None
-
-
-class _MultipartForm:
-    """Feeds python-multipart's streaming parser and keeps every part within its limit."""
-
-    def __init__(self, boundary: bytes) -> None:
-        self.parts: dict[str, Part] = {}
-        self._headers: dict[bytes, bytes] = {}
-        self._field = self._value = b""
-        self._current: tuple[str, Part] | None = None
-        self._done = False
-        try:
-            self._parser = MultipartParser(
-                boundary,
-                {
-                    "on_header_field": self._on_header_field,
-                    "on_header_value": self._on_header_value,
-                    "on_header_end": self._on_header_end,
-                    "on_headers_finished": self._on_headers_finished,
-                    "on_part_data": self._on_part_data,
-                    "on_end": self._on_end,
-                },
-            )
-        except FormParserError as exc:
-            raise Rejected(400, "invalid_multipart", f"bad multipart boundary: {exc}") from exc
-
-    def feed(self, chunk: bytes) -> None:
-        try:
-            self._parser.write(chunk)
-        except FormParserError as exc:
-            raise Rejected(400, "invalid_multipart", f"malformed multipart body: {exc}") from exc
-
-    def finish(self) -> dict[str, Part]:
-        if not self._done:
-            raise Rejected(400, "invalid_multipart", "multipart body ends before its closing boundary")
-        return self.parts
-
-    def _on_header_field(self, data: bytes, start: int, end: int) -> None:
-        self._field += data[start:end]
-
-    def _on_header_value(self, data: bytes, start: int, end: int) -> None:
-        self._value += data[start:end]
-
-    def _on_header_end(self) -> None:
-        self._headers[self._field.lower()] = self._value
-        self._field = self._value = b""
-
-    def _on_headers_finished(self) -> None:
-        _, options = parse_options_header(self._headers.get(b"content-disposition"))
-        content_type = self._headers.get(b"content-type")
-        self._headers = {}
-        if b"name" not in options:
-            raise Rejected(400, "invalid_multipart", "a multipart part has no name in Content-Disposition")
-        name = options[b"name"].decode("utf-8", "replace")
-        filename = options[b"filename"].decode("utf-8", "replace") if b"filename" in options else None
-        part = Part(filename=filename, content_type=content_type.decode("latin-1") if content_type else None)
-        _add_part(self.parts, name, part)
-        self._current = (name, part)
-
-    def _on_part_data(self, data: bytes, start: int, end: int) -> None:
-        assert self._current is not None, "python-multipart sends data only after headers"
-        name, part = self._current
-        part.data += data[start:end]
-        _check_size(name, part)
-
-    def _on_end(self) -> None:
-        self._done = True
-
-
-class _UrlencodedForm:
-    """An urlencoded body, small by nature: kept whole, then parsed."""
-
-    def __init__(self) -> None:
-        self._body = bytearray()
-
-    def feed(self, chunk: bytes) -> None:
-        self._body += chunk
-        if len(self._body) > MAX_URLENCODED_BYTES:
-            message = f"an urlencoded form is at most {MAX_URLENCODED_BYTES} bytes; send audio as multipart"
-            raise Rejected(413, "request_too_large", message)
-
-    def finish(self) -> dict[str, Part]:
-        parts: dict[str, Part] = {}
-        try:
-            pairs = parse_qsl(self._body.decode("utf-8"), keep_blank_values=True, strict_parsing=True)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise Rejected(400, "invalid_form", f"malformed urlencoded body: {exc}") from exc
-        for name, value in pairs:
-            part = Part(data=bytearray(value.encode()))
-            _add_part(parts, name, part)
-            _check_size(name, part)
-        return parts
-
-
-def _check_size(name: str, part: Part) -> None:
-    limit = _PART_LIMITS.get(name, MAX_TEXT_BYTES)
-    if len(part.data) > limit:
-        code = "audio_too_large" if name == "audio_sample" else "field_too_large"
-        raise Rejected(413, code, f"{name} is larger than {limit} bytes", name)
-
-
-def _add_part(parts: dict[str, Part], name: str, part: Part) -> None:
-    if name in parts:
-        raise Rejected(400, "duplicate_field", f"{name} is given more than once", name)
-    if len(parts) >= MAX_FIELDS:
-        raise Rejected(400, "too_many_fields", f"a voice upload has at most {MAX_FIELDS} fields")
-    parts[name] = part
-
-
-async def read_form(content_type: str, chunks: AsyncIterator[bytes]) -> dict[str, Part]:
-    """Parse a form body while it streams in, raising ``Rejected`` as soon as it breaks a limit."""
-    mime, options = parse_options_header(content_type)
-    form: _MultipartForm | _UrlencodedForm
-    if mime == b"multipart/form-data":
-        if not options.get(b"boundary"):
-            raise Rejected(400, "invalid_multipart", "multipart Content-Type without a boundary")
-        form = _MultipartForm(options[b"boundary"])
-    elif mime == b"application/x-www-form-urlencoded":
-        form = _UrlencodedForm()
-    else:
-        raise Rejected(415, "unsupported_content_type", "send the voice as multipart/form-data")
-    total = 0
-    async for chunk in chunks:
-        total += len(chunk)
-        if total > MAX_BODY_BYTES:
-            raise Rejected(413, "request_too_large", f"a voice upload is at most {MAX_BODY_BYTES} bytes")
-        form.feed(chunk)
-    return form.finish()
-
-
-def _text(parts: dict[str, Part], name: str) -> str | None:
-    part = parts.get(name)
-    if part is None:
-        return None
-    try:
-        return part.data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Rejected(400, "invalid_field", f"{name} is not UTF-8 text", name) from exc
-
-
-def parse_embedding(text: str) -> npt.NDArray[np.float32]:
-    """A speaker embedding from its JSON text: a non-empty list of at most 8192 finite numbers."""
-    param = "speaker_embedding"
-    try:
-        values = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise Rejected(400, "invalid_embedding", "speaker_embedding is not valid JSON", param) from exc
-    if not isinstance(values, list) or any(
-        isinstance(v, bool) or not isinstance(v, int | float) for v in values
-    ):
-        raise Rejected(400, "invalid_embedding", "speaker_embedding must be a JSON list of numbers", param)
-    if not values:
-        raise Rejected(400, "empty_embedding", "speaker_embedding is empty", param)
-    if len(values) > MAX_EMBEDDING_DIM:
-        raise Rejected(
-            400, "embedding_too_long", f"speaker_embedding has over {MAX_EMBEDDING_DIM} values", param
-        )
-    try:
-        with np.errstate(over="ignore"):
-            embedding = np.asarray(values, dtype=np.float64).astype(np.float32)
-    except OverflowError:  # an integer beyond float64
-        embedding = np.array([np.inf], dtype=np.float32)
-    if not np.isfinite(embedding).all():
-        raise Rejected(400, "embedding_not_finite", "speaker_embedding has NaN or infinite values", param)
-    return embedding
-
-
-def decode_audio(
-    data: bytes | bytearray, param: str = "audio_sample"
-) -> tuple[npt.NDArray[np.float32], int, str]:
-    """Mono float32 samples, sample rate and MIME type of a wav, flac, ogg/opus or mp3 clip."""
-    try:
-        with soundfile.SoundFile(io.BytesIO(data)) as f:
-            rate, channels, fmt = f.samplerate, f.channels, f.format
-            if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE or not 1 <= channels <= MAX_CHANNELS:
-                raise Rejected(
-                    400, "invalid_audio", f"unsupported audio: {rate} Hz, {channels} channels", param
-                )
-            # Reading one frame past the limit bounds the memory a long (or lying) file can take.
-            frames = f.read(frames=int(MAX_DURATION_S * rate) + 1, dtype="float32", always_2d=True)
-    except (soundfile.SoundFileError, ValueError, EOFError) as exc:
-        message = f"{param} could not be decoded as wav, flac, ogg/opus or mp3"
-        raise Rejected(415, "unsupported_audio", message, param) from exc
-    samples = frames.mean(axis=1, dtype=np.float32) if frames.shape[1] > 1 else frames[:, 0].copy()
-    duration_s = len(samples) / rate
-    if not MIN_DURATION_S <= duration_s <= MAX_DURATION_S:
-        message = f"{param} must be {MIN_DURATION_S:g} to {MAX_DURATION_S:g} s long"
-        raise Rejected(400, "invalid_duration", message, param)
-    if not np.isfinite(samples).all():
-        raise Rejected(400, "invalid_audio", f"{param} has NaN or infinite samples", param)
-    return samples, rate, _MIME_TYPES.get(fmt, f"audio/x-{fmt.lower()}")
-
-
-def inline_reference(ref_audio: str, ref_text: str | None) -> VoiceReference:
-    """A one-request voice from ``ref_audio`` (a ``data:`` URL or bare base64 of a clip) and its transcript.
-
-    The gateway never fetches URLs (it may have no network, and fetching on a client's behalf is an
-    SSRF risk): upload the clip as a voice, or send it inline.
-
-    Raises:
-        Rejected: the value is not base64 of a decodable clip of 1 to 30 s.
-    """
-    header, _, payload = ref_audio.partition(",") if ref_audio.startswith("data:") else ("", "", ref_audio)
-    if header and not header.endswith(";base64"):
-        raise Rejected(400, "invalid_ref_audio", "a ref_audio data URL must be base64 encoded", "ref_audio")
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        message = (
-            "ref_audio must be a data: URL or base64 of a wav, flac, ogg or mp3 clip (URLs are not fetched)"
-        )
-        raise Rejected(400, "invalid_ref_audio", message, "ref_audio") from None
-    if len(data) > MAX_AUDIO_BYTES:
-        raise Rejected(413, "audio_too_large", f"ref_audio is over {MAX_AUDIO_BYTES} bytes", "ref_audio")
-    audio, rate, _ = decode_audio(data, "ref_audio")
-    return VoiceReference(name="ref_audio", audio=audio, sample_rate=rate, ref_text=ref_text)
 
 
 class _Upload(msgspec.Struct, frozen=True, kw_only=True):
@@ -328,19 +87,19 @@ class _Upload(msgspec.Struct, frozen=True, kw_only=True):
 
 def _check_form(parts: dict[str, Part]) -> _Upload:
     """The checks that need no decoding, in the order a client would fix them."""
-    name = _text(parts, "name")
+    name = text_field(parts, "name")
     if name is None:
         raise Rejected(400, "missing_name", "name is required", "name")
     try:
         check_name(name)
     except InvalidVoiceName as exc:
         raise Rejected(400, "invalid_name", str(exc), "name") from exc
-    consent = _text(parts, "consent")
+    consent = text_field(parts, "consent")
     if not consent or not consent.strip():
         raise Rejected(400, "missing_consent", "consent is required: record the speaker's consent", "consent")
     # A browser form sends an empty file part when no file was chosen.
     audio = parts.get("audio_sample")
-    embedding_text = _text(parts, "speaker_embedding")
+    embedding_text = text_field(parts, "speaker_embedding")
     has_audio, has_embedding = bool(audio and audio.data), bool(embedding_text)
     if has_audio and has_embedding:
         message = "give either audio_sample or speaker_embedding, not both"
@@ -352,8 +111,8 @@ def _check_form(parts: dict[str, Part]) -> _Upload:
         consent=consent,
         audio=audio.data if audio and has_audio else None,
         embedding=parse_embedding(embedding_text) if embedding_text else None,
-        ref_text=_text(parts, "ref_text") or None,
-        speaker_description=_text(parts, "speaker_description") or None,
+        ref_text=text_field(parts, "ref_text") or None,
+        speaker_description=text_field(parts, "speaker_description") or None,
     )
 
 
@@ -416,7 +175,7 @@ async def upload_voice(request: Request) -> JSONResponse:
     chunks = request.stream()
     try:
         _check_length(request.headers)
-        upload = _check_form(await read_form(request.headers.get("content-type", ""), chunks))
+        upload = _check_form(await read_form(request.headers.get("content-type", ""), chunks, LIMITS))
         catalog = _catalog(request)
         builtin = await catalog.builtin_voices() if catalog else []
         if any(v.name.casefold() == upload.name.casefold() for v in builtin):

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from engine import ENGINES
-from gateway.settings import Settings
+from engine.remote import RemoteSettings
+from gateway.settings import Settings, options
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose.yaml"
@@ -233,14 +234,15 @@ def test_gateways_are_built_here_and_check_readyz(services: Services) -> None:
 
 def test_the_gateways_settings_load(services: Services) -> None:
     """The gateways' environment, defaults filled in, is accepted by Settings and names known engines."""
-    missing = PENDING_FIELDS - set(Settings.__struct_fields__)
+    missing = PENDING_FIELDS - {opt.name for opt in options()}
     if missing:
         pytest.skip(f"Settings fields {sorted(missing)} are being added; the gateways need them")
     for name in GATEWAYS:
         settings = Settings.from_env(_env(services[name]))
         assert settings.host == "0.0.0.0" and settings.port == 8000, name
         assert {n.strip() for n in settings.engine.split(",")} <= set(ENGINES), name
-        assert settings.upstreams and settings.upstream_model, name
+        remote = settings.of(RemoteSettings)
+        assert remote.upstreams and remote.upstream_model, name
         assert settings.all_api_keys() == (), f"{name}: compose.yaml's defaults must not invent keys"
 
 
@@ -248,7 +250,7 @@ def test_the_gateways_settings_load(services: Services) -> None:
 
 
 def test_every_voxgate_variable_is_a_setting(services: Services) -> None:
-    fields = {PREFIX + name.upper() for name in Settings.__struct_fields__}
+    fields = {opt.env for opt in options()}
     used = {key for service in services.values() for key in _env(service) if key.startswith(PREFIX)}
     # Values like ${VOXGATE_API_KEYS:-} pass a shell variable on; its name must be a setting too.
     used |= {

@@ -31,3 +31,14 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_licence_warnings_are_stated() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "GPL-3.0" in readme and "commercial" in readme
+
+
+def test_the_settings_table_is_generated_from_the_declared_settings() -> None:
+    from gateway.settings import markdown_table
+
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"<!-- settings table: [^\n]*-->\n(.*?)<!-- end of settings table -->", readme, re.S)
+    assert found, "README.md lost its settings table markers"
+    assert found.group(1) == markdown_table(), (
+        "README's settings table is stale: run python -m gateway.settings"
+    )

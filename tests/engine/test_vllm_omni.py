@@ -1,6 +1,7 @@
 """The in-process vllm-omni engine, against test doubles of what cannot run here.
 
-vllm-omni needs an NVIDIA GPU (REFERENCE.md "D. CPU": 0.30.0 has no CPU platform), so these tests replace
+vllm-omni needs an NVIDIA GPU (0.30.0 has no CPU platform: its ``get_omni_ar_worker_cls()`` raises
+``NotImplementedError`` without one; see docs/vllm-omni-cpu.md), so these tests replace
 ``AsyncOmni`` and vllm-omni's prompt helpers with stand-ins; ``bench/gpu_smoke.sh`` runs the real thing.
 
 The stand-ins reproduce the shapes of vllm-omni **0.30.0 as published on PyPI**
@@ -711,9 +712,9 @@ def test_the_next_segment_is_submitted_while_the_first_streams() -> None:
 
 def test_engine_is_registered_and_needs_the_extra_only_when_started() -> None:
     from engine import ENGINES
-    from gateway.settings import Settings
+    from engine.vllm_omni import VllmOmniSettings
 
-    engine = ENGINES["vllm-omni"](Settings(vllm_model="Qwen/Qwen3-TTS-12Hz-0.6B-Base"))
+    engine = ENGINES["vllm-omni"](VllmOmniSettings(vllm_model="Qwen/Qwen3-TTS-12Hz-0.6B-Base"))
     assert engine.name == "vllm-omni"
 
 

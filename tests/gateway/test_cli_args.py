@@ -6,9 +6,11 @@ import argparse
 
 import pytest
 
+from engine.piper import PiperSettings
+from engine.remote import RemoteSettings
 from gateway.cli import build_parser
 from gateway.client import ClientError, http_url, output_problem, ws_url
-from gateway.settings import Settings
+from gateway.settings import Settings, options
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -48,8 +50,9 @@ def test_serve_flags_map_onto_settings() -> None:
         "vllm_model": "Qwen/x", "vllm_deploy_config": "d.yaml",
     }  # fmt: skip
     settings = Settings.from_env({}, **fields)
-    assert settings.upstreams == ("http://a:8091", "http://b:8091") and settings.max_voices == 7
-    assert set(fields) <= set(Settings.__struct_fields__)
+    assert settings.of(RemoteSettings).upstreams == ("http://a:8091", "http://b:8091")
+    assert settings.of(PiperSettings).piper_workers == 3 and settings.max_voices == 7
+    assert set(fields) == {opt.name for opt in options() if opt.flag}
 
 
 def test_serve_defaults_leave_everything_to_settings() -> None:

@@ -12,8 +12,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import safetensors.numpy
+from safetensors import safe_open
 
 from gateway.store import (
+    MAX_FILE_BYTES,
     PUBLIC_DIR,
     InvalidVoiceName,
     VoiceLimitReached,
@@ -187,6 +189,21 @@ def test_unreadable_files_are_skipped_with_a_warning(
     with caplog.at_level(logging.WARNING, logger="gateway.store"):
         store.list(OWNER)
     assert not caplog.records, "the same broken file is reported once, not on every listing"
+
+
+def test_a_file_with_a_voice_header_but_a_wrong_tensor_or_size_is_skipped(tmp_path: Path) -> None:
+    store = VoiceStore(tmp_path)
+    store.save(OWNER, "wide", audio=clip(1), sample_rate=16000, consent="c")
+    store.save(OWNER, "huge", audio=clip(1), sample_rate=16000, consent="c")
+    path = tmp_path / OWNER / file_of("wide")
+    with safe_open(str(path), framework="numpy") as f:
+        meta = f.metadata()
+    path.write_bytes(safetensors.numpy.save({"audio": np.zeros(16000, np.float64)}, meta))
+    huge = tmp_path / OWNER / file_of("huge")
+    with open(huge, "r+b") as f:
+        f.truncate(MAX_FILE_BYTES + 1)  # sparse: no disk is used
+    assert store.list(OWNER) == []
+    assert store.get(OWNER, "wide") is None and store.get(OWNER, "huge") is None
 
 
 def test_a_second_store_sees_writes_and_deletes_without_restart(tmp_path: Path) -> None:

@@ -20,6 +20,9 @@ from starlette.middleware import Middleware
 from engine.base import Voice
 from gateway import voices
 from gateway.auth import AuthMiddleware, owner_of
+from gateway.clips import MAX_AUDIO_BYTES
+from gateway.http import Rejected
+from gateway.multipart import read_form
 from gateway.store import VoiceStore
 from tests.conftest import TIMEOUT_S, serve
 from tests.gateway import voice_server
@@ -305,7 +308,7 @@ def test_missing_fields(client: httpx.Client) -> None:
 
 
 def test_oversized_parts_are_refused_while_reading(client: httpx.Client) -> None:
-    too_big = b"\0" * (voices.MAX_AUDIO_BYTES + 1)
+    too_big = b"\0" * (MAX_AUDIO_BYTES + 1)
     assert assert_error(post(client, audio=too_big), 413, "audio_too_large")["param"] == "audio_sample"
     assert_error(post(client, consent="c" * (voices.MAX_TEXT_BYTES + 1)), 413, "field_too_large")
     huge_embedding = "[" + "0.1," * (voices.MAX_EMBEDDING_BYTES // 4) + "0]"
@@ -356,8 +359,8 @@ def test_read_form_stops_reading_at_the_limit() -> None:
             consumed += 65536
             yield b"x" * 65536
 
-    with pytest.raises(voices.Rejected) as raised:
-        asyncio.run(voices.read_form(MULTIPART, endless()))
+    with pytest.raises(Rejected) as raised:
+        asyncio.run(read_form(MULTIPART, endless(), voices.LIMITS))
     assert (raised.value.status, raised.value.code) == (413, "request_too_large")
     assert consumed <= voices.MAX_BODY_BYTES + 65536
 

@@ -1,0 +1,40 @@
+"""The command-line client and the server share only the wire protocol.
+
+``gateway/client.py`` (with the ``say`` and ``voices`` subcommands of ``gateway/cli.py``) is a client of a
+running gateway: no server module imports it, and it imports nothing of the server.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
+CLIENT_MODULES = {"gateway.client", "gateway.cli"}
+SERVER_MODULES = sorted(
+    p.stem for p in GATEWAY.glob("*.py") if f"gateway.{p.stem}" not in CLIENT_MODULES and p.stem != "__init__"
+)
+
+
+def imported(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth of its code."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("module", SERVER_MODULES)
+def test_no_server_module_imports_the_client(module: str) -> None:
+    assert not imported(GATEWAY / f"{module}.py") & CLIENT_MODULES
+
+
+def test_the_client_imports_nothing_of_the_server() -> None:
+    found = imported(GATEWAY / "client.py")
+    assert not {n for n in found if n.startswith(("gateway", "engine"))}, found
