@@ -39,8 +39,7 @@ from starlette.routing import Route
 
 from engine.base import Voice
 from gateway.clips import MAX_AUDIO_BYTES, decode_audio, parse_embedding
-from gateway.http import Rejected
-from gateway.http import api_error
+from gateway.http import Rejected, api_error
 from gateway.multipart import FormLimits, Part, read_form, text_field
 from gateway.store import InvalidVoiceName, VoiceInfo, VoiceLimitReached, VoiceStore, check_name
 
