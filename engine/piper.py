@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated
 import msgspec
 import numpy as np
 
-from engine.base import (
+from voxgate.engine.base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,
@@ -31,8 +31,8 @@ from engine.base import (
     Voice,
     demands,
 )
-from engine.options import option
-from engine.workers import PriorityWorkers
+from voxgate.engine.options import option
+from voxgate.engine.workers import PriorityWorkers
 
 if TYPE_CHECKING:
     from piper import PiperVoice

@@ -35,7 +35,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from engine.base import (
+from voxgate.engine.base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,
@@ -48,8 +48,8 @@ from engine.base import (
 if TYPE_CHECKING:
     pass
 
-from engine.options import option
-from engine.qwen3_tts import (
+from voxgate.engine.options import option
+from voxgate.engine.qwen3_tts import (
     CODEC_FRAMES_PER_TEXT_TOKEN,
     DEFAULT_DEPLOY_CONFIG,
     DEFAULT_LANGUAGES,

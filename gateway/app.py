@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 from collections.abc import AsyncIterator, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import TypedDict
 
@@ -16,19 +16,18 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from engine import ENGINES, TTSEngine
-from gateway import speech, voices
-from gateway.auth import AuthMiddleware
-from gateway.catalog import Catalog
-from gateway.http import HttpOnly, RequestIdMiddleware, not_found, not_found_error
-from gateway.settings import Settings
-from gateway.store import VoiceStore
-from gateway.ws import speech_stream
+from voxgate.engine import ENGINES, TTSEngine
+from voxgate.gateway import speech, voices
+from voxgate.gateway.auth import AuthMiddleware
+from voxgate.gateway.catalog import Catalog
+from voxgate.gateway.http import HttpOnly, RequestIdMiddleware, not_found, not_found_error
+from voxgate.gateway.settings import Settings
+from voxgate.gateway.store import VoiceStore
+from voxgate.gateway.ws import speech_stream
 
 logger = logging.getLogger(__name__)
-# The demo page: beside the packages in a checkout, under <prefix>/share/voxgate/web once installed.
-_WEB_DIRS = (Path(__file__).resolve().parent.parent / "web", Path(sys.prefix) / "share" / "voxgate" / "web")
-WEB_DIR = next((d for d in _WEB_DIRS if (d / "index.html").is_file()), _WEB_DIRS[0])
+# The demo page is package data of voxgate (voxgate/web), in a checkout and in any install.
+WEB_DIR = Path(str(resources.files("voxgate").joinpath("web")))
 
 
 class State(TypedDict):

@@ -94,10 +94,6 @@ class AuthMiddleware:
         self.keys = {owner_of(k): k for k in keys if k}
         self.allowed_origins = frozenset(allowed_origins)
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.keys)
-
     def owner(self, scope: Scope) -> str | None:
         """The caller's owner id, ``""`` when keys are off, None when the key is missing or wrong."""
         if not self.keys:

@@ -12,10 +12,10 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
-from engine.base import TTSEngine, UnknownVoice, UnsupportedOption, Voice, VoiceReference
-from gateway.clips import inline_reference
-from gateway.http import Rejected
-from gateway.store import VoiceStore
+from voxgate.engine.base import TTSEngine, UnknownVoice, UnsupportedOption, Voice, VoiceReference
+from voxgate.gateway.clips import inline_reference
+from voxgate.gateway.http import Rejected
+from voxgate.gateway.store import VoiceStore
 
 logger = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from engine import ENGINES
-from gateway.settings import Settings, options
+from voxgate.engine import ENGINES
+from voxgate.gateway.settings import Settings, options
 
 if TYPE_CHECKING:
-    from gateway.client import ClientSettings
+    from voxgate.gateway.client import ClientSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,7 +80,7 @@ def _ranged(kind: type[int] | type[float], low: float, high: float) -> Callable[
 
 
 def _output(text: str) -> str:
-    from gateway.client import output_problem
+    from voxgate.gateway.client import output_problem
 
     if problem := output_problem(text):
         raise argparse.ArgumentTypeError(problem)
@@ -145,9 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``voxgate`` console script."""
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        _serve(args)
-        return 0
-    from gateway import client
+        return _serve(args)
+    from voxgate.gateway import client
 
     settings = client.ClientSettings.from_env(url=args.url, api_key=args.api_key)
     try:
@@ -164,17 +163,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> None:
+def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import create_app
+    from voxgate.engine import ENGINES
+    from voxgate.gateway.app import create_app, engine_names
 
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     settings = Settings.from_env(**fields)
+    for name in engine_names(settings):
+        entry = ENGINES.get(name)
+        problem = f"is not one of {', '.join(ENGINES)}" if entry is None else entry.missing()
+        if problem:
+            print(f"voxgate: engine {name!r} {problem}", file=sys.stderr)
+            return 2
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    from gateway.auth import RedactKeys
+    from voxgate.gateway.auth import RedactKeys
 
     for name in ("uvicorn.access", "uvicorn.error"):
         logging.getLogger(name).addFilter(RedactKeys())
@@ -186,10 +192,11 @@ def _serve(args: argparse.Namespace) -> None:
         log_level=settings.log_level,
         ws_max_size=settings.max_config_bytes + 1024 * 1024,
     )
+    return 0
 
 
 def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:
-    from gateway import client
+    from voxgate.gateway import client
 
     match args.command, getattr(args, "action", None):
         case "say", _:

@@ -15,8 +15,8 @@ import numpy as np
 import numpy.typing as npt
 import soundfile
 
-from engine.base import VoiceReference
-from gateway.http import Rejected
+from voxgate.engine.base import VoiceReference
+from voxgate.gateway.http import Rejected
 
 # vllm-omni's limit for a reference clip.
 MAX_AUDIO_BYTES = 10 * 1024 * 1024

@@ -25,16 +25,16 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from engine.base import EngineError
-from gateway.catalog import Catalog, Resolved
-from gateway.failures import REFUSALS, error_for
-from gateway.jobs import JobQueue, Segment, Utterance
-from gateway.outbox import Outbox, SlowConsumer
-from gateway.settings import Settings
-from protocol.core import Core
-from protocol.dialect import sends
-from protocol.errors import CloseCode, ErrorCode, ProtocolError
-from protocol.messages import (
+from voxgate.engine.base import EngineError
+from voxgate.gateway.catalog import Catalog, Resolved
+from voxgate.gateway.failures import REFUSALS, error_for
+from voxgate.gateway.jobs import JobQueue, Segment, Utterance
+from voxgate.gateway.outbox import Outbox, SlowConsumer
+from voxgate.gateway.settings import Settings
+from voxgate.protocol.core import Core
+from voxgate.protocol.dialect import sends
+from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
+from voxgate.protocol.messages import (
     EffectiveConfig,
     Error,
     Limits,
@@ -43,8 +43,8 @@ from protocol.messages import (
     SessionConfig,
     SessionReady,
 )
-from protocol.output import Audio, Configure, Drop, Finish, Message, OutputFormat, Speak
-from protocol.session import Session, State
+from voxgate.protocol.output import Audio, Configure, Drop, Finish, Message, OutputFormat, Speak
+from voxgate.protocol.session import Session, State
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import collections
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from engine.base import AudioChunk, SynthesisRequest, TTSEngine, VoiceReference
-from protocol.messages import SessionConfig
+from voxgate.engine.base import AudioChunk, SynthesisRequest, TTSEngine, VoiceReference
+from voxgate.protocol.messages import SessionConfig
 
 
 @dataclass(slots=True)

@@ -1,8 +1,8 @@
 """Server settings: the gateway's own fields composed with the settings each engine declares.
 
 The only place the server reads the environment. ``options()`` lists every setting once; the ``voxgate
-serve`` flags (``gateway.cli``) and the README's configuration table (``python -m gateway.settings``) are
-generated from it.
+serve`` flags (``gateway.cli``) and the README's configuration table (``python -m
+voxgate.gateway.settings``) are generated from it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from engine import ENGINES
-from engine.options import Option, option, options_of
+from voxgate.engine import ENGINES
+from voxgate.engine.options import Option, option, options_of
 
 S = TypeVar("S", bound=msgspec.Struct)
 
@@ -201,7 +201,7 @@ def options() -> tuple[Option, ...]:
 
 
 def markdown_table() -> str:
-    """The README's configuration table (``python -m gateway.settings`` prints it)."""
+    """The README's configuration table (``python -m voxgate.gateway.settings`` prints it)."""
     rows = ["| flag | env | default | meaning |", "|---|---|---|---|"]
     for opt in options():
         flag = f"`{opt.flag}`" if opt.flag else ""

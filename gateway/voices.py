@@ -37,11 +37,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from engine.base import Voice
-from gateway.clips import MAX_AUDIO_BYTES, decode_audio, parse_embedding
-from gateway.http import Rejected, api_error
-from gateway.multipart import FormLimits, Part, read_form, text_field
-from gateway.store import InvalidVoiceName, VoiceInfo, VoiceLimitReached, VoiceStore, check_name
+from voxgate.engine.base import Voice
+from voxgate.gateway.clips import MAX_AUDIO_BYTES, decode_audio, parse_embedding
+from voxgate.gateway.http import Rejected, api_error
+from voxgate.gateway.multipart import FormLimits, Part, read_form, text_field
+from voxgate.gateway.store import InvalidVoiceName, VoiceInfo, VoiceLimitReached, VoiceStore, check_name
 
 logger = logging.getLogger(__name__)
 

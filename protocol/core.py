@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.audio import Samples
-from protocol.errors import ProtocolError
-from protocol.messages import (
+from voxgate.protocol.audio import Samples
+from voxgate.protocol.errors import ProtocolError
+from voxgate.protocol.messages import (
     AudioCancelled,
     AudioDone,
     AudioStart,
@@ -34,9 +34,19 @@ from protocol.messages import (
     SessionConfig,
     SessionDone,
 )
-from protocol.output import Audio, Configure, Drop, Finish, Message, Output, OutputFormat, Report, Speak
-from protocol.packer import AudioPacker
-from protocol.session import (
+from voxgate.protocol.output import (
+    Audio,
+    Configure,
+    Drop,
+    Finish,
+    Message,
+    Output,
+    OutputFormat,
+    Report,
+    Speak,
+)
+from voxgate.protocol.packer import AudioPacker
+from voxgate.protocol.session import (
     CloseRequested,
     Committed,
     ConfigAccepted,

@@ -1,7 +1,7 @@
 """The session state machine: decoded client messages in, events out; server messages in, payloads out.
 
 No I/O and no clock: the gateway feeds whole WebSocket messages to ``receive_text`` /
-``receive_bytes``, acts on the returned events, and writes what ``send`` / ``audio_frame`` return.
+``receive_bytes``, acts on the returned events, and writes what ``send`` returns.
 
 States and the messages that move between them (anything else is an error)::
 
@@ -22,10 +22,9 @@ import enum
 
 import msgspec
 
-from protocol.dialect import render
-from protocol.errors import CloseCode, ErrorCode, ProtocolError, field_path
-from protocol.frames import FrameHeader
-from protocol.messages import (
+from voxgate.protocol.dialect import render
+from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError, field_path
+from voxgate.protocol.messages import (
     CLIENT_TYPES,
     ClientMessage,
     InputCancel,
@@ -36,7 +35,7 @@ from protocol.messages import (
     SessionClose,
     SessionConfig,
 )
-from protocol.segmenter import Segmenter
+from voxgate.protocol.segmenter import Segmenter
 
 # vllm-omni's limits: a config may carry reference audio inline, other messages are small.
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -81,7 +80,6 @@ class ConfigAccepted(Event, frozen=True):
     """A config passed validation; the gateway checks it against the engine, then answers session.ready."""
 
     config: SessionConfig
-    first: bool
     ignored_fields: tuple[str, ...] = ()
 
 
@@ -186,7 +184,7 @@ class Session:
         events: list[Event] = []
         match msg:
             case SessionConfig():
-                events.append(ConfigAccepted(msg, self.config is None, ignored_fields))
+                events.append(ConfigAccepted(msg, ignored_fields))
             case InputText(text=text):
                 if not text:
                     return []  # an empty text is a keep-alive, as in ElevenLabs' protocol
@@ -240,10 +238,6 @@ class Session:
         ``protocol.dialect.render``).
         """
         return render(msg, extensions=self.extensions, streamed=streamed)
-
-    def audio_frame(self, header: FrameHeader | None, payload: bytes) -> bytes:
-        """Build a binary audio message: the payload, behind the 24-byte header when it is on."""
-        return payload if header is None else header.serialize() + payload
 
     def _segments(self, texts: list[str]) -> list[Event]:
         out: list[Event] = []

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from engine import ENGINES
-from engine.remote import RemoteSettings
-from gateway.settings import Settings, options
+from voxgate.engine import ENGINES
+from voxgate.engine.remote import RemoteSettings
+from voxgate.gateway.settings import Settings, options
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose.yaml"

@@ -34,11 +34,11 @@ def test_licence_warnings_are_stated() -> None:
 
 
 def test_the_settings_table_is_generated_from_the_declared_settings() -> None:
-    from gateway.settings import markdown_table
+    from voxgate.gateway.settings import markdown_table
 
     readme = (ROOT / "README.md").read_text()
     found = re.search(r"<!-- settings table: [^\n]*-->\n(.*?)<!-- end of settings table -->", readme, re.S)
     assert found, "README.md lost its settings table markers"
     assert found.group(1) == markdown_table(), (
-        "README's settings table is stale: run python -m gateway.settings"
+        "README's settings table is stale: run python -m voxgate.gateway.settings"
     )

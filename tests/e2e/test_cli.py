@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import selectors
@@ -17,6 +18,7 @@ import pytest
 import soundfile
 
 from tests.conftest import TIMEOUT_S, serve_engine
+from voxgate.engine import ENGINES
 
 pytestmark = pytest.mark.slow
 
@@ -235,3 +237,17 @@ def test_voices_upload_errors_are_the_server_message(keyed_gateway: str, tmp_pat
     missing = voxgate("voices", "upload", "x", str(tmp_path / "none.wav"), "--consent", "yes",
                       "--url", url(keyed_gateway), "--api-key", API_KEY)  # fmt: skip
     assert missing.returncode == 1 and "cannot read" in missing.stderr.decode()
+
+
+def test_serve_with_an_engine_whose_extra_is_not_installed_says_which_in_one_line() -> None:
+    done = voxgate("serve", "--engine", "vllm-omni", "--port", "1")
+    assert done.returncode == 2
+    assert done.stderr.decode().strip().splitlines() == [
+        "voxgate: engine 'vllm-omni' needs vllm_omni: pip install 'voxgate[vllm]'"
+    ]
+
+
+def test_an_engine_entry_names_the_extra_of_a_missing_module() -> None:
+    entry = dataclasses.replace(ENGINES["piper"], requires=("piper", "no_such_module_here"))
+    assert entry.missing() == "needs no_such_module_here: pip install 'voxgate[piper]'"
+    assert ENGINES["piper"].missing() is None and ENGINES["remote"].missing() is None

@@ -20,8 +20,6 @@ import pytest
 import soundfile
 from websockets.sync.client import ClientConnection
 
-from engine.qwen3_tts import qwen_language
-from protocol.audio import decode
 from tests.conftest import (
     TIMEOUT_S,
     Received,
@@ -42,6 +40,8 @@ from tests.engine.upstream_stub import (
     serve_stub,
     tone,
 )
+from voxgate.engine.qwen3_tts import qwen_language
+from voxgate.protocol.audio import decode
 
 URL = "/v1/audio/speech/stream"
 # Small enough that a stall or a dead upstream shows within a second or two; TIMEOUT_S stays the

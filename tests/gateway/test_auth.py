@@ -9,8 +9,8 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Origin
 
-from engine.fake import FakeEngine
 from tests.conftest import recv_message, send, serve_engine, voxgate_connect
+from voxgate.engine.fake import FakeEngine
 
 URL = "/v1/audio/speech/stream"
 
@@ -97,7 +97,7 @@ def test_same_origin_is_allowed() -> None:
 def test_api_keys_in_urls_are_redacted_from_logs() -> None:
     import logging
 
-    from gateway.auth import RedactKeys
+    from voxgate.gateway.auth import RedactKeys
 
     record = logging.LogRecord(
         "uvicorn.access",

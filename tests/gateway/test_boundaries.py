@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
-CLIENT_MODULES = {"gateway.client", "gateway.cli"}
+CLIENT_MODULES = {"voxgate.gateway.client", "voxgate.gateway.cli"}
 SERVER_MODULES = sorted(
-    p.stem for p in GATEWAY.glob("*.py") if f"gateway.{p.stem}" not in CLIENT_MODULES and p.stem != "__init__"
+    p.stem
+    for p in GATEWAY.glob("*.py")
+    if f"voxgate.gateway.{p.stem}" not in CLIENT_MODULES and p.stem != "__init__"
 )
 
 
@@ -37,4 +39,4 @@ def test_no_server_module_imports_the_client(module: str) -> None:
 
 def test_the_client_imports_nothing_of_the_server() -> None:
     found = imported(GATEWAY / "client.py")
-    assert not {n for n in found if n.startswith(("gateway", "engine"))}, found
+    assert not {n for n in found if n.startswith(("voxgate.gateway", "voxgate.engine"))}, found

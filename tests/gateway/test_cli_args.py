@@ -6,11 +6,11 @@ import argparse
 
 import pytest
 
-from engine.piper import PiperSettings
-from engine.remote import RemoteSettings
-from gateway.cli import build_parser
-from gateway.client import ClientError, http_url, output_problem, ws_url
-from gateway.settings import Settings, options
+from voxgate.engine.piper import PiperSettings
+from voxgate.engine.remote import RemoteSettings
+from voxgate.gateway.cli import build_parser
+from voxgate.gateway.client import ClientError, http_url, output_problem, ws_url
+from voxgate.gateway.settings import Settings, options
 
 
 def parse(*argv: str) -> argparse.Namespace:

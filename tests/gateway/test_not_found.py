@@ -11,9 +11,9 @@ from starlette.types import Message
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from engine.fake import FakeEngine
-from gateway.http import not_found
 from tests.conftest import TIMEOUT_S, serve_engine
+from voxgate.engine.fake import FakeEngine
+from voxgate.gateway.http import not_found
 
 PATHS = ["/nope", "/v1/nope", "/v1/audio/voices", "/"]  # the last two serve HTTP only
 

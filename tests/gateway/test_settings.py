@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine import ENGINES
-from engine.remote import RemoteSettings
-from engine.vllm_omni import VllmOmniSettings
-from gateway.settings import Settings, options
+from voxgate.engine import ENGINES
+from voxgate.engine.remote import RemoteSettings
+from voxgate.engine.vllm_omni import VllmOmniSettings
+from voxgate.gateway.settings import Settings, options
 
 
 def test_engine_settings_come_from_their_variables() -> None:

@@ -21,9 +21,9 @@ import numpy.typing as npt
 import safetensors.numpy
 import soundfile
 
-from gateway.store import PUBLIC_DIR, SUFFIX, VoiceStore
 from tests.conftest import TIMEOUT_S
 from tests.gateway import voice_server
+from voxgate.gateway.store import PUBLIC_DIR, SUFFIX, VoiceStore
 
 URL = "/v1/audio/voices"
 ROUNDS = 12

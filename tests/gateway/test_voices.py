@@ -17,15 +17,15 @@ import soundfile
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from engine.base import Voice
-from gateway import voices
-from gateway.auth import AuthMiddleware, owner_of
-from gateway.clips import MAX_AUDIO_BYTES
-from gateway.http import Rejected
-from gateway.multipart import read_form
-from gateway.store import VoiceStore
 from tests.conftest import TIMEOUT_S, serve
 from tests.gateway import voice_server
+from voxgate.engine.base import Voice
+from voxgate.gateway import voices
+from voxgate.gateway.auth import AuthMiddleware, owner_of
+from voxgate.gateway.clips import MAX_AUDIO_BYTES
+from voxgate.gateway.http import Rejected
+from voxgate.gateway.multipart import read_form
+from voxgate.gateway.store import VoiceStore
 
 URL = "/v1/audio/voices"
 INFO_FIELDS = {

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from protocol.audio import Samples
-from protocol.core import Core
-from protocol.errors import ErrorCode, ProtocolError
-from protocol.messages import (
+from voxgate.protocol.audio import Samples
+from voxgate.protocol.core import Core
+from voxgate.protocol.errors import ErrorCode, ProtocolError
+from voxgate.protocol.messages import (
     AudioCancelled,
     AudioDone,
     AudioStart,
@@ -18,8 +18,18 @@ from protocol.messages import (
     SessionConfig,
     SessionDone,
 )
-from protocol.output import Audio, Configure, Drop, Finish, Message, Output, OutputFormat, Report, Speak
-from protocol.session import (
+from voxgate.protocol.output import (
+    Audio,
+    Configure,
+    Drop,
+    Finish,
+    Message,
+    Output,
+    OutputFormat,
+    Report,
+    Speak,
+)
+from voxgate.protocol.session import (
     CloseRequested,
     Committed,
     ConfigAccepted,
@@ -157,7 +167,7 @@ def test_cancel_with_nothing_in_flight_is_still_confirmed() -> None:
 def test_commit_is_answered_and_a_valid_config_is_left_to_the_shell_to_check() -> None:
     core = Core(PCM)
     core.receive(Committed("c1", 0, 2), 0.0)
-    core.receive(ConfigAccepted(SessionConfig(), True, ("lang",)), 0.0)
+    core.receive(ConfigAccepted(SessionConfig(), ("lang",)), 0.0)
     assert core.data_to_send() == [
         Message(InputCommitted(commit_id="c1", utterance_index=0, sentence_index=2)),
         Configure(SessionConfig(), ("lang",)),

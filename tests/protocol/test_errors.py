@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol.errors import FAILURES, CloseCode, ErrorCode, ProtocolError
+from voxgate.protocol.errors import FAILURES, CloseCode, ErrorCode, ProtocolError
 
 
 def test_every_code_has_one_table_entry() -> None:

@@ -7,10 +7,9 @@ import json
 import msgspec
 import pytest
 
-from protocol.dialect import sends
-from protocol.errors import CloseCode, ErrorCode, ProtocolError
-from protocol.frames import FrameHeader
-from protocol.messages import (
+from voxgate.protocol.dialect import sends
+from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
+from voxgate.protocol.messages import (
     ENGINE_OPTION_FIELDS,
     AudioCancelled,
     AudioDone,
@@ -23,7 +22,7 @@ from protocol.messages import (
     SessionDone,
     SessionReady,
 )
-from protocol.session import (
+from voxgate.protocol.session import (
     MAX_CONFIG_BYTES,
     MAX_MESSAGE_BYTES,
     CloseRequested,
@@ -62,7 +61,7 @@ def configured(session: Session | None = None, **config: object) -> Session:
     """A session past its first ``session.config``, accepted by the (imaginary) engine."""
     session = session or Session()
     [event] = session.receive_text(message("session.config", **config))
-    assert event == ConfigAccepted(msgspec.convert(config, SessionConfig), first=True)
+    assert event == ConfigAccepted(msgspec.convert(config, SessionConfig))
     session.accept_config(event.config)
     return session
 
@@ -89,9 +88,7 @@ def test_config_is_accepted_first() -> None:
     [event] = session.receive_text(
         message("session.config", voice="joe", sample_rate=16000, frame_header=True)
     )
-    assert event == ConfigAccepted(
-        SessionConfig(voice="joe", sample_rate=16000, frame_header=True), first=True
-    )
+    assert event == ConfigAccepted(SessionConfig(voice="joe", sample_rate=16000, frame_header=True))
     assert state(session) is State.READY
     assert not session.configured  # only accept_config adopts it, once the engine agreed
     session.accept_config(event.config)
@@ -242,7 +239,7 @@ def test_config_has_its_own_larger_limit() -> None:
     session = configured(Session(max_config_bytes=400, max_message_bytes=100))
     config = message("session.config", instructions="x" * 300)
     assert 100 < len(config) <= 400
-    assert feed(session, config) == [ConfigAccepted(SessionConfig(instructions="x" * 300), first=False)]
+    assert feed(session, config) == [ConfigAccepted(SessionConfig(instructions="x" * 300))]
     error = refused(session, message("session.config", instructions="x" * 400))
     assert (error.code, error.close_code, error.fatal) == (
         ErrorCode.MESSAGE_TOO_LARGE,
@@ -326,9 +323,7 @@ def test_config_between_utterances_is_accepted() -> None:
     session = configured()
     feed(session, text("One."), DONE)
     [event] = feed(session, message("session.config", split_granularity="clause", eager_first_segment=False))
-    assert event == ConfigAccepted(
-        SessionConfig(split_granularity="clause", eager_first_segment=False), first=False
-    )
+    assert event == ConfigAccepted(SessionConfig(split_granularity="clause", eager_first_segment=False))
     assert state(session) is State.READY
     session.accept_config(event.config)
     assert session.config == event.config
@@ -542,13 +537,6 @@ def test_send_encodes_every_field() -> None:
     assert (decoded["type"], decoded["session_id"]) == ("session.ready", "s1")
     assert decoded["config"]["voice"] == "joe" and "type" not in decoded["config"]  # nested: no tag
     assert decoded["limits"]["max_message_bytes"] == 9
-
-
-def test_audio_frame_puts_the_header_in_front() -> None:
-    session = Session()
-    header = FrameHeader(1, 2, 3, 4)
-    assert session.audio_frame(None, b"\x01\x02") == b"\x01\x02"
-    assert session.audio_frame(header, b"\x01\x02") == header.serialize() + b"\x01\x02"
 
 
 # --- leniency, dialects and vllm-omni's text input modes ---------------------------------------------
