@@ -2,7 +2,7 @@
 
 Each engine declares its own settings Struct next to its code; ``gateway.settings`` composes them with the
 gateway's own, and the ``voxgate serve`` flags and the README's configuration table are generated from these
-declarations (``gateway.cli``, ``python -m voxgate.gateway.settings``).
+declarations (``voxgate.cli``, ``python -m voxgate.gateway.settings``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Server settings: the gateway's own fields composed with the settings each engine declares.
 
 The only place the server reads the environment. ``options()`` lists every setting once; the ``voxgate
-serve`` flags (``gateway.cli``) and the README's configuration table (``python -m
+serve`` flags (``voxgate.cli``) and the README's configuration table (``python -m
 voxgate.gateway.settings``) are generated from it.
 """
 

@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
+from voxgate.cli import build_parser
+from voxgate.client import ClientError, http_url, output_problem, ws_url
 from voxgate.engine.piper import PiperSettings
 from voxgate.engine.remote import RemoteSettings
-from voxgate.gateway.cli import build_parser
-from voxgate.gateway.client import ClientError, http_url, output_problem, ws_url
 from voxgate.gateway.settings import Settings, options
 
 

@@ -1,6 +1,6 @@
 """The ``voxgate`` command line: ``serve`` runs the gateway, ``say`` and ``voices`` talk to a running one.
 
-Argument parsing and dispatch only; the client work lives in ``gateway.client``.
+Argument parsing and dispatch only; the client work lives in ``voxgate.client``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from voxgate.engine import ENGINES
 from voxgate.gateway.settings import Settings, options
 
 if TYPE_CHECKING:
-    from voxgate.gateway.client import ClientSettings
+    from voxgate.client import ClientSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,7 +80,7 @@ def _ranged(kind: type[int] | type[float], low: float, high: float) -> Callable[
 
 
 def _output(text: str) -> str:
-    from voxgate.gateway.client import output_problem
+    from voxgate.client import output_problem
 
     if problem := output_problem(text):
         raise argparse.ArgumentTypeError(problem)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
-    from voxgate.gateway import client
+    from voxgate import client
 
     settings = client.ClientSettings.from_env(url=args.url, api_key=args.api_key)
     try:
@@ -196,7 +196,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:
-    from voxgate.gateway import client
+    from voxgate import client
 
     match args.command, getattr(args, "action", None):
         case "say", _:

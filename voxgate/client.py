@@ -2,7 +2,7 @@
 
 ``say`` streams text over ``WS /v1/audio/speech/stream`` and writes the audio as it arrives; the
 ``voices`` commands call the REST voice routes. Every failure is a ``ClientError`` whose message is
-meant for a person; ``gateway.cli`` prints it and exits 1.
+meant for a person; ``voxgate.cli`` prints it and exits 1.
 """
 
 from __future__ import annotations
