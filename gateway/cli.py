@@ -190,14 +190,19 @@ def _serve(args: argparse.Namespace) -> None:
 
     for name in ("uvicorn.access", "uvicorn.error"):
         logging.getLogger(name).addFilter(RedactKeys())
-    # uvicorn's own frame limit sits above ours, so an oversized message gets our error, not a bare 1009.
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        ws_max_size=settings.max_config_bytes + 1024 * 1024,
+        ws_max_size=ws_max_size(settings),
     )
+
+
+def ws_max_size(settings: Settings) -> int:
+    """uvicorn's message limit: above ours, so an oversized message gets our error, and far larger ones
+    a 1009 from uvicorn as soon as their frame header (or the first fragments past it) arrives."""
+    return settings.max_config_bytes + 1024 * 1024
 
 
 def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:

@@ -261,7 +261,7 @@ class Session:
             msg = _decode_client(data)
         except msgspec.ValidationError as exc:
             raise self._classify(data, exc) from None
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
             raise self._error(
                 ErrorCode.INVALID_JSON, f"invalid JSON: {exc}", close_code=CloseCode.INVALID_DATA
             ) from None
@@ -276,7 +276,7 @@ class Session:
     def _classify(self, data: str, exc: msgspec.ValidationError) -> ProtocolError:
         try:
             raw = _decode_any(data)
-        except msgspec.DecodeError as err:
+        except (msgspec.DecodeError, RecursionError) as err:
             # The typed decoder stops at the first schema error, before it reaches malformed JSON after it.
             return self._error(
                 ErrorCode.INVALID_JSON, f"invalid JSON: {err}", close_code=CloseCode.INVALID_DATA
