@@ -18,8 +18,9 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import Iterable
-from urllib.parse import parse_qs, urlsplit
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import parse_qs, quote, quote_plus, unquote_plus, urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -31,20 +32,103 @@ KEY_SUBPROTOCOL_PREFIX = "voxgate.key."
 _LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 
 
-_KEY_IN_URL = re.compile(r"(api_key=)[^&\s\"']+")
+KEY_PARAM = "api_key"
+REDACTED = "***"
+
+# ``name=value`` in a query string or a log line; the name is judged once percent-decoded (below).
+_PARAM = re.compile(r"(^|[?&\s;,\"'(\[])([^=?/&#\s;,\"'()\[\]]+)=([^&#\s;,\"')\]]*)")
+_JSON_KEY = re.compile(r"(?i)(\bapi(?:_|%5f)key[\"']?\s*:\s*[\"']?)[^\s,\"'&}]+")
+_BEARER = re.compile(r"(?i)(\bbearer\s+)[^\s,\"')\]]+")
+_KEY_PROTOCOL = re.compile(r"(?i)(\bvoxgate\.key\.)[^\s,\"')\]]+")
+_known: set[str] = set()
+_known_pattern: re.Pattern[str] | None = None
+_factory_installed = False
+_FORMATTER = logging.Formatter()
+
+
+def _secret_param(name: str, value: str) -> bool:
+    return _is_key_param(name) or unquote_plus(value) in _known
+
+
+def _is_key_param(name: str) -> bool:
+    for _ in range(4):  # percent-encoded names, also encoded twice (``api%255Fkey``)
+        decoded = unquote_plus(name)
+        if decoded == name:
+            break
+        name = decoded
+    return name.strip().lower() == KEY_PARAM
+
+
+def redact(text: str) -> str:
+    """``text`` with every API key in it replaced by ``***``: the configured keys wherever they appear
+    (also percent-encoded), and whatever follows ``api_key=`` (any case, percent-encoded name),
+    ``Bearer`` or the subprotocol prefix ``voxgate.key.``."""
+    if _known_pattern is not None:
+        text = _known_pattern.sub(REDACTED, text)
+    text = _PARAM.sub(lambda m: f"{m[1]}{m[2]}={REDACTED}" if _secret_param(m[2], m[3]) else m[0], text)
+    text = _JSON_KEY.sub(rf"\g<1>{REDACTED}", text)
+    text = _BEARER.sub(rf"\g<1>{REDACTED}", text)
+    return _KEY_PROTOCOL.sub(rf"\g<1>{REDACTED}", text)
+
+
+def _redact_arg(arg: object) -> object:
+    if arg is None or isinstance(arg, (int, float)):
+        return arg
+    if isinstance(arg, str):
+        return redact(arg)
+    try:
+        text = str(arg)
+    except Exception:  # an argument that cannot render itself is left to the formatter
+        return arg
+    redacted = redact(text)
+    return arg if redacted == text else redacted
+
+
+def redact_record(record: logging.LogRecord) -> None:
+    """Redact keys from a record's message, arguments, traceback and stack, keeping the arguments' shape
+    (uvicorn's access formatter unpacks them)."""
+    if isinstance(record.msg, str):
+        record.msg = redact(record.msg)
+    if isinstance(record.args, tuple):
+        record.args = tuple(_redact_arg(a) for a in record.args)
+    elif isinstance(record.args, Mapping):
+        record.args = {k: _redact_arg(v) for k, v in record.args.items()}
+    if record.exc_info and not record.exc_text:
+        record.exc_text = _FORMATTER.formatException(record.exc_info)
+    if record.exc_text:
+        record.exc_text = redact(record.exc_text)
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info)
 
 
 class RedactKeys(logging.Filter):
-    """Hides ``api_key=...`` in log records (uvicorn logs request paths with their query string)."""
+    """Hides API keys in log records (uvicorn logs request paths with their query string)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(
-                _KEY_IN_URL.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args
-            )
-        if isinstance(record.msg, str):
-            record.msg = _KEY_IN_URL.sub(r"\1***", record.msg)
+        redact_record(record)
         return True
+
+
+def install_redaction(keys: Iterable[str] = ()) -> None:
+    """Redact API keys from every log record made in this process, by any logger, whatever handlers
+    are configured later (uvicorn configures its own): a log record factory redacts each record as it
+    is made. ``keys`` are also redacted wherever they appear, plain or percent-encoded."""
+    global _known_pattern, _factory_installed
+    new = {k for key in keys if key for k in (key, quote(key, safe=""), quote_plus(key))} - _known
+    if new:
+        _known.update(new)
+        alternatives = sorted(_known, key=len, reverse=True)
+        _known_pattern = re.compile("|".join(re.escape(k) for k in alternatives))
+    if not _factory_installed:
+        previous = logging.getLogRecordFactory()
+
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = previous(*args, **kwargs)
+            redact_record(record)
+            return record
+
+        logging.setLogRecordFactory(factory)
+        _factory_installed = True
 
 
 def owner_of(key: str) -> str:
@@ -63,8 +147,8 @@ def presented_key(scope: Scope) -> str | None:
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    if query.get("api_key"):
-        return str(query["api_key"][0])
+    if query.get(KEY_PARAM):  # parse_qs decodes names, so ``api%5Fkey`` is the same parameter
+        return str(query[KEY_PARAM][0])
     for proto in scope.get("subprotocols", []) or []:
         if proto.startswith(KEY_SUBPROTOCOL_PREFIX):
             return str(proto[len(KEY_SUBPROTOCOL_PREFIX) :])
@@ -92,6 +176,7 @@ class AuthMiddleware:
     ) -> None:
         self.app = app
         self.keys = {owner_of(k): k for k in keys if k}
+        install_redaction(self.keys.values())
         self.allowed_origins = frozenset(allowed_origins)
 
     @property

@@ -186,10 +186,9 @@ def _serve(args: argparse.Namespace) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    from gateway.auth import RedactKeys
+    from gateway.auth import install_redaction
 
-    for name in ("uvicorn.access", "uvicorn.error"):
-        logging.getLogger(name).addFilter(RedactKeys())
+    install_redaction(settings.all_api_keys())  # every log record, uvicorn's access and error lines too
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -1,0 +1,95 @@
+"""Security on a real uvicorn server: keys never logged, Origin allowlist, voice names, headers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.typing import Subprotocol
+
+from engine.fake import FakeEngine
+from tests.conftest import recv_message, send, serve_engine, voxgate_connect
+
+URL = "/v1/audio/speech/stream"
+KEY = "s3cret-KEY-1"
+WRONG = "guess-KEY-2"
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@contextmanager
+def server_log() -> Iterator[list[str]]:
+    """Everything uvicorn and the gateway log, at INFO and above, as formatted lines."""
+    handler = _Lines()
+    names = ("", "uvicorn", "uvicorn.error", "uvicorn.access", "gateway")
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.INFO)
+    for logger in loggers[:2] + loggers[3:4]:  # uvicorn.error propagates to uvicorn; access does not
+        logger.addHandler(handler)
+    try:
+        yield handler.lines
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+            logger.removeHandler(handler)
+
+
+@contextmanager
+def logged_server(**settings: object) -> Iterator[tuple[str, list[str]]]:
+    with serve_engine(FakeEngine(), **settings) as address, server_log() as lines:
+        yield address, lines
+
+
+def test_keys_are_never_logged_however_they_arrive() -> None:
+    with logged_server(api_keys=(KEY,)) as (address, lines):
+        base = f"http://{address}"
+        statuses = {
+            query: httpx.get(f"{base}/v1/audio/voices?{query}").status_code
+            for query in (
+                f"api_key={KEY}",
+                f"api%5Fkey={KEY}",  # Starlette decodes names: this is the api_key parameter
+                f"x=1&api%5fkey={KEY}&y=2",
+                f"API_KEY={KEY}",
+                f"Api%5FKey={WRONG}",
+                f"api%255Fkey={WRONG}",
+                f"other={KEY.replace('-', '%2D')}",
+            )
+        }
+        assert httpx.get(f"{base}/v1/audio/voices", headers={"Authorization": f"Bearer {KEY}"}).is_success
+        for url, kwargs in (
+            (f"{URL}?api%5Fkey={KEY}", {}),
+            (URL, {"subprotocols": [Subprotocol(f"voxgate.key.{KEY}")]}),
+            (URL, {"additional_headers": {"Authorization": f"Bearer {KEY}"}}),
+        ):
+            with voxgate_connect(f"ws://{address}{url}", **kwargs) as ws:
+                send(ws, type="session.config")
+                assert recv_message(ws)["type"] == "session.ready"
+        for url in (f"{URL}?API%5FKEY={WRONG}", f"{URL}?api_key={WRONG}&x=1"):
+            with pytest.raises(InvalidStatus):
+                voxgate_connect(f"ws://{address}{url}")
+        logging.getLogger("gateway.test").error("failed with %s", f"voxgate.key.{WRONG}")
+        try:
+            raise RuntimeError(f"boom ?api_key={WRONG} Bearer {KEY}")
+        except RuntimeError:
+            logging.getLogger("uvicorn.error").exception("Exception in ASGI application")
+    assert statuses[f"api_key={KEY}"] == 200 and statuses[f"api%5Fkey={KEY}"] == 200
+    assert statuses[f"x=1&api%5fkey={KEY}&y=2"] == 200
+    assert statuses[f"API_KEY={KEY}"] == 401  # the name is case-sensitive, as every other parameter
+    text = "\n".join(lines)
+    assert "WebSocket" in text and "GET /v1/audio/voices" in text and "***" in text, text
+    for secret in (KEY, WRONG, KEY.replace("-", "%2D")):
+        assert secret not in text, text
