@@ -102,6 +102,11 @@ def create_app(
         routes.append(Mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web"))
     middleware = [
         Middleware(RequestIdMiddleware),
-        Middleware(AuthMiddleware, keys=settings.all_api_keys(), allowed_origins=settings.allowed_origins),
+        Middleware(
+            AuthMiddleware,
+            keys=settings.all_api_keys(),
+            allowed_origins=settings.allowed_origins,
+            server=(settings.host, settings.port),
+        ),
     ]
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)

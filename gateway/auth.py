@@ -6,9 +6,15 @@ KEY``, or for browsers (which cannot set headers on a WebSocket) an ``api_key`` 
 the key (never the key itself) and is what uploaded voices belong to; with no keys configured every
 caller is the same anonymous owner ``""``.
 
-WebSockets are also checked against an Origin allowlist (cross-site WebSocket hijacking): by default
-the page's own origin and localhost. Refused WebSockets are closed before they are accepted, which
-the server answers with HTTP 403.
+Browsers are also checked against an Origin allowlist (cross-site WebSocket hijacking, DNS rebinding,
+cross-site form posts): loopback origins (``localhost``, ``127.0.0.1``, ``[::1]``, any port), the
+gateway's own configured ``host:port`` when it binds one specific host, and ``allowed_origins``. The
+request's ``Host`` header is never trusted for this. The check covers WebSockets and the REST requests
+that may change state (any method but GET, HEAD and OPTIONS under ``/v1/``); requests without an Origin
+header (SDKs, curl) are not browsers and pass. Refused WebSockets are closed before they are accepted,
+which the server answers with HTTP 403; refused REST requests get a 403 ``origin_not_allowed``.
+
+Keys never reach the logs: ``install_redaction`` redacts every log record the process makes.
 """
 
 from __future__ import annotations
@@ -29,7 +35,12 @@ PUBLIC_PATHS = frozenset({"/healthz", "/health", "/readyz"})
 API_PREFIX = "/v1/"
 SUBPROTOCOL = "voxgate"
 KEY_SUBPROTOCOL_PREFIX = "voxgate.key."
-_LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+_ANY_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+#: Methods that may change state: from a browser they need an allowed Origin (a "simple" cross-site POST,
+#: a form or multipart upload, is sent without a CORS preflight).
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 KEY_PARAM = "api_key"
@@ -155,29 +166,63 @@ def presented_key(scope: Scope) -> str | None:
     return None
 
 
-def origin_allowed(scope: Scope, allowed: frozenset[str]) -> bool:
-    """Whether a WebSocket may connect: no Origin (not a browser), same origin, localhost or listed."""
-    headers = _headers(scope)
-    origin = headers.get("origin")
-    if origin is None or "*" in allowed or origin in allowed:
+def canonical_origin(origin: str) -> str | None:
+    """``scheme://host[:port]`` in lower case without a default port, as browsers send it; None if it is
+    not an http(s) origin (``null``, ``file://``, garbage)."""
+    try:
+        parts = urlsplit(origin.strip().rstrip("/"))
+        port = parts.port
+    except ValueError:
+        return None
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme not in _DEFAULT_PORTS or not host or parts.path or parts.query or parts.username:
+        return None
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None and port != _DEFAULT_PORTS[scheme]:
+        netloc = f"{netloc}:{port}"
+    return f"{scheme}://{netloc}"
+
+
+def server_origins(host: str, port: int) -> frozenset[str]:
+    """The origins of the gateway's own configured address, when it binds one specific host (behind
+    ``0.0.0.0`` or ``::`` the address browsers use is unknown: list it in ``allowed_origins``)."""
+    if host in _ANY_HOSTS:
+        return frozenset()
+    netloc = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    found = (canonical_origin(f"{scheme}://{netloc}:{port}") for scheme in _DEFAULT_PORTS)
+    return frozenset(o for o in found if o is not None)
+
+
+def origin_allowed(origin: str | None, allowed: frozenset[str]) -> bool:
+    """Whether a browser request from ``origin`` may go on: no Origin (not a browser), a loopback origin,
+    or one in ``allowed`` (canonical origins; ``*`` allows all). The request's own ``Host`` header is never
+    trusted: under DNS rebinding an attacker's name points at this server, and Host says that name too."""
+    if origin is None or "*" in allowed:
         return True
-    parts = urlsplit(origin)
-    host = parts.hostname or ""
-    if host in _LOCAL_HOSTS or f"[{host}]" in _LOCAL_HOSTS:
-        return True
-    return parts.netloc == headers.get("host")
+    canonical = canonical_origin(origin)
+    if canonical is None:
+        return False
+    host = urlsplit(canonical).hostname or ""
+    return host in _LOOPBACK_HOSTS or canonical in allowed
 
 
 class AuthMiddleware:
     """Checks keys and origins, then records ``owner`` in the request state."""
 
     def __init__(
-        self, app: ASGIApp, *, keys: Iterable[str] = (), allowed_origins: Iterable[str] = ()
+        self,
+        app: ASGIApp,
+        *,
+        keys: Iterable[str] = (),
+        allowed_origins: Iterable[str] = (),
+        server: tuple[str, int] | None = None,
     ) -> None:
         self.app = app
         self.keys = {owner_of(k): k for k in keys if k}
         install_redaction(self.keys.values())
-        self.allowed_origins = frozenset(allowed_origins)
+        listed = {"*" if o.strip() == "*" else canonical_origin(o) for o in allowed_origins}
+        own = server_origins(*server) if server is not None else frozenset()
+        self.allowed_origins = frozenset(o for o in listed if o is not None) | own
 
     @property
     def enabled(self) -> bool:
@@ -203,30 +248,30 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         owner = self.owner(scope)
+        origin_ok = origin_allowed(_headers(scope).get("origin"), self.allowed_origins)
         if scope["type"] == "websocket":
-            if not origin_allowed(scope, self.allowed_origins) or owner is None:
+            if not origin_ok or owner is None:
                 await receive()  # websocket.connect
                 await send({"type": "websocket.close", "code": 1008, "reason": "forbidden"})
                 return
+        elif not origin_ok and scope["method"] not in _SAFE_METHODS and not self._public(scope["path"]):
+            message = "this origin may not call this route: add it to VOXGATE_ALLOWED_ORIGINS"
+            await _refuse(send, 403, message, "origin_not_allowed")
+            return
         elif owner is None and not self._public(scope["path"]):
-            body = json.dumps(
-                {
-                    "error": {
-                        "message": "missing or invalid API key: send Authorization: Bearer <key>",
-                        "type": "invalid_request_error",
-                        "param": None,
-                        "code": "invalid_api_key",
-                    }
-                }
-            ).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+            message = "missing or invalid API key: send Authorization: Bearer <key>"
+            await _refuse(send, 401, message, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
             return
         scope.setdefault("state", {})["owner"] = owner if owner is not None else ""
         await self.app(scope, receive, send)
+
+
+async def _refuse(
+    send: Send, status: int, message: str, code: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    body = json.dumps(
+        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    ).encode()
+    start_headers = [(b"content-type", b"application/json"), *(headers or [])]
+    await send({"type": "http.response.start", "status": status, "headers": start_headers})
+    await send({"type": "http.response.body", "body": body})

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--allowed-origin",
         dest="allowed_origins",
         action="append",
-        help="extra browser origin allowed to open WebSockets (repeatable)",
+        help="extra browser origin allowed to open WebSockets and change state over REST (repeatable)",
     )
     serve.add_argument("--piper-threads", type=int, help="ONNX Runtime threads per Piper inference")
     serve.add_argument("--piper-workers", type=int, help="Piper inferences that may run at once")

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
-from websockets.typing import Subprotocol
+from websockets.typing import Origin, Subprotocol
 
 from engine.fake import FakeEngine
 from tests.conftest import recv_message, send, serve_engine, voxgate_connect
@@ -93,3 +93,84 @@ def test_keys_are_never_logged_however_they_arrive() -> None:
     assert "WebSocket" in text and "GET /v1/audio/voices" in text and "***" in text, text
     for secret in (KEY, WRONG, KEY.replace("-", "%2D")):
         assert secret not in text, text
+
+
+# --- Origin ----------------------------------------------------------------------------------------
+
+
+def test_canonical_origin() -> None:
+    from gateway.auth import canonical_origin, server_origins
+
+    assert canonical_origin("HTTPS://App.Example:443/") == "https://app.example"
+    assert canonical_origin("http://[::1]:8000") == "http://[::1]:8000"
+    assert canonical_origin("http://localhost:80") == "http://localhost"
+    for bad in ("null", "file://", "http://", "ftp://x", "http://x:99999", "http://x/path"):
+        assert canonical_origin(bad) is None, bad
+    assert server_origins("0.0.0.0", 8000) == frozenset()
+    assert server_origins("10.0.0.5", 8000) == {"http://10.0.0.5:8000", "https://10.0.0.5:8000"}
+    assert server_origins("::1", 80) == {"http://[::1]", "https://[::1]:80"}
+
+
+def _upload(base: str, origin: str | None) -> httpx.Response:
+    headers = {"Origin": origin} if origin else {}
+    return httpx.post(
+        f"{base}/v1/audio/voices",
+        headers=headers,
+        data={"name": "x"},  # a cross-site <form> can send this without a preflight
+        files={"audio_sample": ("a.wav", b"RIFF", "audio/wav")},
+    )
+
+
+@pytest.mark.parametrize(
+    ("origin", "allowed"),
+    [
+        (None, True),  # SDKs and curl send no Origin
+        ("http://127.0.0.1:1234", True),
+        ("http://localhost:3000", True),
+        ("https://app.example", True),  # listed
+        ("HTTPS://APP.EXAMPLE:443/", True),  # the same origin, spelt otherwise
+        ("https://evil.example", False),
+        ("null", False),  # sandboxed iframes and file:// pages
+    ],
+)
+def test_rest_routes_that_change_state_check_a_browser_origin(origin: str | None, allowed: bool) -> None:
+    with serve_engine(FakeEngine(), allowed_origins=("https://app.example/",)) as address:
+        base = f"http://{address}"
+        headers = {"Origin": origin} if origin else {}
+        upload = _upload(base, origin)
+        speech = httpx.post(
+            f"{base}/v1/audio/speech", headers=headers, json={"input": "Hi.", "response_format": "pcm"}
+        )
+        delete = httpx.delete(f"{base}/v1/audio/voices/nobody", headers=headers)
+        listing = httpx.get(f"{base}/v1/audio/voices", headers=headers)  # reads are not checked
+    assert listing.status_code == 200
+    for response in (upload, speech, delete):
+        if allowed:
+            assert response.status_code != 403, response.text
+        else:
+            assert response.status_code == 403, response.text
+            assert response.json()["error"]["code"] == "origin_not_allowed"
+    assert speech.status_code == (200 if allowed else 403)
+
+
+def test_dns_rebinding_is_refused_on_rest_routes_too() -> None:
+    with serve_engine(FakeEngine()) as address:
+        host = address.replace("127.0.0.1", "attacker.example")
+        refused = httpx.post(
+            f"http://{address}/v1/audio/speech",
+            headers={"Origin": f"http://{host}", "Host": host},
+            json={"input": "Hi.", "response_format": "pcm"},
+        )
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "origin_not_allowed"
+
+
+def test_the_gateways_own_configured_address_is_an_allowed_origin() -> None:
+    # Bound to a specific host, the page the gateway serves there has that origin.
+    with serve_engine(FakeEngine(), host="10.1.2.3", port=8443) as address:
+        url = f"ws://{address}{URL}"
+        with voxgate_connect(url, origin=Origin("http://10.1.2.3:8443")) as ws:
+            send(ws, type="session.config")
+            assert recv_message(ws)["type"] == "session.ready"
+        for other in ("http://10.1.2.3:9999", "http://10.1.2.4:8443"):
+            with pytest.raises(InvalidStatus):
+                voxgate_connect(url, origin=Origin(other))
