@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+import numpy as np
 import pytest
+import soundfile
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Origin, Subprotocol
 
@@ -174,3 +177,72 @@ def test_the_gateways_own_configured_address_is_an_allowed_origin() -> None:
         for other in ("http://10.1.2.3:9999", "http://10.1.2.4:8443"):
             with pytest.raises(InvalidStatus):
                 voxgate_connect(url, origin=Origin(other))
+
+
+# --- voice names ------------------------------------------------------------------------------------
+
+
+def _wav() -> bytes:
+    buffer = io.BytesIO()
+    noise = np.random.default_rng(0).uniform(-0.5, 0.5, 24000).astype(np.float32)
+    soundfile.write(buffer, noise, 16000, format="WAV")
+    return buffer.getvalue()
+
+
+def _upload_voice(base: str, name: str) -> httpx.Response:
+    return httpx.post(
+        f"{base}/v1/audio/voices",
+        data={"name": name, "consent": "speaker agreed"},
+        files={"audio_sample": ("clip.wav", _wav(), "audio/wav")},
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "evil\u202egnp.exe",  # right-to-left override
+        "a\u2066b\u2069",  # bidi isolates
+        "al\u200bice",  # zero-width space
+        "al\u200dice",  # zero-width joiner
+        "\ufeffalice",  # BOM
+        "alice\u200e",  # left-to-right mark
+        "al\x85ice",  # C1 control (NEL)
+        "al\x9bice",  # C1 control (CSI)
+        "al\x07ice",  # C0 control
+        "line\u2028break",
+        "priv\ue000ate",
+    ],
+)
+def test_voice_names_with_invisible_or_reordering_characters_are_refused(name: str) -> None:
+    with serve_engine(FakeEngine()) as address:
+        response = _upload_voice(f"http://{address}", name)
+        listed = httpx.get(f"http://{address}/v1/audio/voices").json()
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_name" and error["param"] == "name", error
+    assert error["message"].startswith("name must not contain") and "U+" in error["message"], error
+    assert listed["uploaded_voices"] == []
+
+
+def test_voice_names_are_nfkc_normalized_and_found_by_any_compatible_spelling() -> None:
+    with serve_engine(FakeEngine()) as address:
+        base = f"http://{address}"
+        created = _upload_voice(base, "\uff21lice\u2460")  # fullwidth A, circled one
+        by_plain = httpx.get(f"{base}/v1/audio/voices/Alice1")
+        by_compat = httpx.get(f"{base}/v1/audio/voices/\uff41lice1")
+        deleted = httpx.delete(f"{base}/v1/audio/voices/%EF%BC%A1lice%E2%91%A0")
+    assert created.status_code in (200, 201), created.text
+    assert created.json()["voice"]["name"] == "Alice1"
+    assert by_plain.status_code == 200 and by_plain.json()["name"] == "Alice1"
+    assert by_compat.status_code == 200 and by_compat.json()["name"] == "Alice1"
+    assert deleted.status_code == 200, deleted.text
+
+
+def test_the_name_rule_unit() -> None:
+    from gateway.names import UnsafeName, normalize_name
+
+    assert normalize_name("\ufb01ne") == "fine"  # ligature
+    assert normalize_name("Zoë") == "Zoë" and normalize_name("Zoe\u0308") == "Zoë"  # composed
+    assert normalize_name("小明") == "小明"
+    with pytest.raises(UnsafeName, match=r"voice must not contain .* U\+202E at position 1"):
+        normalize_name("a\u202eb", field="voice")
