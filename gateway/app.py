@@ -20,6 +20,7 @@ from engine import ENGINES, TTSEngine
 from gateway import speech, voices
 from gateway.auth import AuthMiddleware
 from gateway.catalog import Catalog
+from gateway.headers import SecurityHeadersMiddleware
 from gateway.http import RequestIdMiddleware
 from gateway.settings import Settings
 from gateway.store import VoiceStore
@@ -101,6 +102,7 @@ def create_app(
     if WEB_DIR.is_dir():
         routes.append(Mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web"))
     middleware = [
+        Middleware(SecurityHeadersMiddleware),  # outermost: the auth middleware's refusals get them too
         Middleware(RequestIdMiddleware),
         Middleware(
             AuthMiddleware,

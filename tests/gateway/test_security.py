@@ -246,3 +246,32 @@ def test_the_name_rule_unit() -> None:
     assert normalize_name("小明") == "小明"
     with pytest.raises(UnsafeName, match=r"voice must not contain .* U\+202E at position 1"):
         normalize_name("a\u202eb", field="voice")
+
+
+# --- headers ----------------------------------------------------------------------------------------
+
+
+def test_every_http_response_has_nosniff_and_the_page_has_a_csp() -> None:
+    with serve_engine(FakeEngine(), api_keys=(KEY,)) as address:
+        base = f"http://{address}"
+        auth = {"Authorization": f"Bearer {KEY}"}
+        responses = {
+            "page": httpx.get(f"{base}/"),
+            "module": httpx.get(f"{base}/app.js"),
+            "worklet": httpx.get(f"{base}/player-worklet.js"),
+            "missing file": httpx.get(f"{base}/nope.js"),
+            "probe": httpx.get(f"{base}/healthz"),
+            "no key": httpx.get(f"{base}/v1/audio/voices"),
+            "bad origin": httpx.post(f"{base}/v1/audio/speech", headers={"Origin": "https://evil.example"}),
+            "voices": httpx.get(f"{base}/v1/audio/voices", headers=auth),
+            "speech": httpx.post(
+                f"{base}/v1/audio/speech", headers=auth, json={"input": "Hi.", "response_format": "wav"}
+            ),
+            "bad request": httpx.post(f"{base}/v1/audio/speech", headers=auth, json={}),
+        }
+    assert [r.status_code for r in responses.values()] == [200, 200, 200, 404, 200, 401, 403, 200, 200, 400]
+    for what, response in responses.items():
+        assert response.headers.get("x-content-type-options") == "nosniff", what
+    csp = responses["page"].headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
