@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from engine import ENGINES
 from gateway.settings import ClientSettings, Settings
@@ -194,14 +195,24 @@ def _serve(args: argparse.Namespace) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        ws_max_size=ws_max_size(settings),
+        **uvicorn_ws_options(settings),
     )
 
 
-def ws_max_size(settings: Settings) -> int:
-    """uvicorn's message limit: above ours, so an oversized message gets our error, and far larger ones
-    a 1009 from uvicorn as soon as their frame header (or the first fragments past it) arrives."""
-    return settings.max_config_bytes + 1024 * 1024
+def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's WebSocket implementation and message limit.
+
+    The limit sits above ours, so an oversized message gets our error, and far larger ones a 1009 from
+    uvicorn as soon as their frame header (or the fragment past the limit) arrives. The sans-I/O
+    implementation is chosen by name: uvicorn's legacy ``websockets`` one, "auto" in older releases,
+    closes an uncompressed 50 MB message only after the config timeout (10 s).
+    """
+    from uvicorn.config import WS_PROTOCOLS
+
+    options: dict[str, Any] = {"ws_max_size": settings.max_config_bytes + 1024 * 1024}
+    if "websockets-sansio" in WS_PROTOCOLS:
+        options["ws"] = "websockets-sansio"
+    return options
 
 
 def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:
