@@ -252,26 +252,44 @@ class AuthMiddleware:
         if scope["type"] == "websocket":
             if not origin_ok or owner is None:
                 await receive()  # websocket.connect
-                await send({"type": "websocket.close", "code": 1008, "reason": "forbidden"})
+                if "websocket.http.response" not in scope.get("extensions", {}):
+                    await send({"type": "websocket.close", "code": 1008, "reason": "forbidden"})
+                    return
+                # The ASGI denial response: a 403 with the reason and the security headers, as on REST.
+                if not origin_ok:
+                    await _refuse(send, 403, _ORIGIN_REFUSED, "origin_not_allowed", kind="websocket.http")
+                else:
+                    await _refuse(send, 403, _KEY_REFUSED, "invalid_api_key", kind="websocket.http")
                 return
         elif not origin_ok and scope["method"] not in _SAFE_METHODS and not self._public(scope["path"]):
-            message = "this origin may not call this route: add it to VOXGATE_ALLOWED_ORIGINS"
-            await _refuse(send, 403, message, "origin_not_allowed")
+            await _refuse(send, 403, _ORIGIN_REFUSED, "origin_not_allowed")
             return
         elif owner is None and not self._public(scope["path"]):
-            message = "missing or invalid API key: send Authorization: Bearer <key>"
-            await _refuse(send, 401, message, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+            await _refuse(send, 401, _KEY_REFUSED, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
             return
         scope.setdefault("state", {})["owner"] = owner if owner is not None else ""
         await self.app(scope, receive, send)
 
 
+_ORIGIN_REFUSED = "this origin may not call this route: add it to VOXGATE_ALLOWED_ORIGINS"
+_KEY_REFUSED = "missing or invalid API key: send Authorization: Bearer <key>"
+
+
 async def _refuse(
-    send: Send, status: int, message: str, code: str, headers: list[tuple[bytes, bytes]] | None = None
+    send: Send,
+    status: int,
+    message: str,
+    code: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    *,
+    kind: str = "http",
 ) -> None:
+    """An OpenAI-style JSON error; ``kind`` ``websocket.http`` sends it as a WebSocket denial response."""
     body = json.dumps(
         {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
     ).encode()
     start_headers = [(b"content-type", b"application/json"), *(headers or [])]
-    await send({"type": "http.response.start", "status": status, "headers": start_headers})
-    await send({"type": "http.response.body", "body": body})
+    if kind != "http":  # the security headers middleware sees only HTTP scopes
+        start_headers.append((b"x-content-type-options", b"nosniff"))
+    await send({"type": f"{kind}.response.start", "status": status, "headers": start_headers})
+    await send({"type": f"{kind}.response.body", "body": body})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -275,3 +276,20 @@ def test_every_http_response_has_nosniff_and_the_page_has_a_csp() -> None:
     csp = responses["page"].headers["content-security-policy"]
     assert "default-src 'none'" in csp and "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
     assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+
+
+def test_a_refused_websocket_handshake_is_a_403_with_the_reason_and_nosniff() -> None:
+    with serve_engine(FakeEngine(), api_keys=(KEY,)) as address:
+        url = f"ws://{address}{URL}"
+        refusals = []
+        for kwargs in (
+            {},
+            {"origin": Origin("https://evil.example"), "subprotocols": [f"voxgate.key.{KEY}"]},
+        ):
+            with pytest.raises(InvalidStatus) as refused:
+                voxgate_connect(url, **kwargs)
+            refusals.append(refused.value.response)
+    codes = [json.loads(r.body or b"{}")["error"]["code"] for r in refusals]
+    assert codes == ["invalid_api_key", "origin_not_allowed"]
+    for response in refusals:
+        assert response.status_code == 403 and response.headers["X-Content-Type-Options"] == "nosniff"
