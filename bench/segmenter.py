@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from protocol.segmenter import Segmenter
+from voxgate.protocol.segmenter import Segmenter
 
 TOKENS = ["Hel", "lo", " there", ",", " Dr", ".", " Smith", ".", " 你好", "。", " It", " costs", " 3.5"]
 

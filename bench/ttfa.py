@@ -36,12 +36,12 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
-from engine.base import SynthesisRequest
-from engine.piper import PiperEngine
-from gateway.app import create_app
-from gateway.settings import Settings
-from protocol.audio import BYTES_PER_SAMPLE
-from protocol.segmenter import Segmenter
+from voxgate.engine.base import SynthesisRequest
+from voxgate.engine.piper import PiperEngine
+from voxgate.gateway.app import create_app
+from voxgate.gateway.settings import Settings
+from voxgate.protocol.audio import BYTES_PER_SAMPLE
+from voxgate.protocol.segmenter import Segmenter
 
 PATH = "/v1/audio/speech/stream"
 VOICE = "joe"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from engine.base import (
+from voxgate.engine.base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,
@@ -16,23 +16,23 @@ from engine.base import (
 )
 
 if TYPE_CHECKING:
-    from gateway.settings import Settings
+    from voxgate.gateway.settings import Settings
 
 
 def _piper(settings: Settings) -> TTSEngine:
-    from engine.piper import PiperEngine
+    from voxgate.engine.piper import PiperEngine
 
     return PiperEngine(threads=settings.piper_threads, workers=settings.piper_workers)
 
 
 def _fake(settings: Settings) -> TTSEngine:
-    from engine.fake import FakeEngine
+    from voxgate.engine.fake import FakeEngine
 
     return FakeEngine()
 
 
 def _remote(settings: Settings) -> TTSEngine:
-    from engine.remote import RemoteEngine
+    from voxgate.engine.remote import RemoteEngine
 
     return RemoteEngine(
         list(settings.upstreams),
@@ -47,7 +47,7 @@ def _remote(settings: Settings) -> TTSEngine:
 
 
 def _vllm_omni(settings: Settings) -> TTSEngine:
-    from engine.vllm_omni import VllmOmniEngine
+    from voxgate.engine.vllm_omni import VllmOmniEngine
 
     return VllmOmniEngine(
         model=settings.vllm_model,

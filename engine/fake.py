@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator
 
 import numpy as np
 
-from engine.base import (
+from voxgate.engine.base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,

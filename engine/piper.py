@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.base import (
+from voxgate.engine.base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,
@@ -30,7 +30,7 @@ from engine.base import (
     Voice,
     demands,
 )
-from engine.workers import PriorityWorkers
+from voxgate.engine.workers import PriorityWorkers
 
 if TYPE_CHECKING:
     from piper import PiperVoice

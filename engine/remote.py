@@ -30,7 +30,7 @@ from collections.abc import AsyncGenerator
 import httpx
 import numpy as np
 
-from engine.base import (
+from voxgate.engine.base import (
     AudioChunk,
     EngineError,
     RequestRefused,
@@ -40,11 +40,11 @@ from engine.base import (
     Voice,
     VoiceReference,
 )
-from engine.qwen3_tts import qwen_language, variant_of
-from engine.upstreams import Upstream, UpstreamPool
-from engine.wav_stream import WavStream
-from protocol.audio import encode, wav_header
-from protocol.messages import ENGINE_OPTION_FIELDS
+from voxgate.engine.qwen3_tts import qwen_language, variant_of
+from voxgate.engine.upstreams import Upstream, UpstreamPool
+from voxgate.engine.wav_stream import WavStream
+from voxgate.protocol.audio import encode, wav_header
+from voxgate.protocol.messages import ENGINE_OPTION_FIELDS
 
 logger = logging.getLogger(__name__)
 

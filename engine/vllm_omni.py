@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from engine.base import (
+from voxgate.engine.base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,
@@ -47,7 +47,7 @@ from engine.base import (
 if TYPE_CHECKING:
     pass
 
-from engine.qwen3_tts import (
+from voxgate.engine.qwen3_tts import (
     CODEC_FRAMES_PER_TEXT_TOKEN,
     DEFAULT_DEPLOY_CONFIG,
     DEFAULT_LANGUAGES,

@@ -16,15 +16,15 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from engine import ENGINES, TTSEngine
-from gateway import speech, voices
-from gateway.auth import AuthMiddleware
-from gateway.catalog import Catalog
-from gateway.headers import SecurityHeadersMiddleware
-from gateway.http import RequestIdMiddleware
-from gateway.settings import Settings
-from gateway.store import VoiceStore
-from gateway.ws import speech_stream
+from voxgate.engine import ENGINES, TTSEngine
+from voxgate.gateway import speech, voices
+from voxgate.gateway.auth import AuthMiddleware
+from voxgate.gateway.catalog import Catalog
+from voxgate.gateway.headers import SecurityHeadersMiddleware
+from voxgate.gateway.http import RequestIdMiddleware
+from voxgate.gateway.settings import Settings
+from voxgate.gateway.store import VoiceStore
+from voxgate.gateway.ws import speech_stream
 
 logger = logging.getLogger(__name__)
 # The demo page: beside the packages in a checkout, under <prefix>/share/voxgate/web once installed.

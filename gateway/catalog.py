@@ -12,9 +12,9 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
-from engine.base import TTSEngine, UnknownVoice, UnsupportedOption, Voice, VoiceReference
-from gateway.store import VoiceStore
-from gateway.voices import Rejected, inline_reference
+from voxgate.engine.base import TTSEngine, UnknownVoice, UnsupportedOption, Voice, VoiceReference
+from voxgate.gateway.store import VoiceStore
+from voxgate.gateway.voices import Rejected, inline_reference
 
 logger = logging.getLogger(__name__)
 

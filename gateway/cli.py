@@ -13,8 +13,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from engine import ENGINES
-from gateway.settings import ClientSettings, Settings
+from voxgate.engine import ENGINES
+from voxgate.gateway.settings import ClientSettings, Settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +93,7 @@ def _ranged(kind: type[int] | type[float], low: float, high: float) -> Callable[
 
 
 def _output(text: str) -> str:
-    from gateway.client import output_problem
+    from voxgate.gateway.client import output_problem
 
     if problem := output_problem(text):
         raise argparse.ArgumentTypeError(problem)
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         _serve(args)
         return 0
-    from gateway import client
+    from voxgate.gateway import client
 
     settings = ClientSettings.from_env(url=args.url, api_key=args.api_key)
     try:
@@ -180,14 +180,14 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from gateway.app import create_app
+    from voxgate.gateway.app import create_app
 
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     settings = Settings.from_env(**fields)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    from gateway.auth import install_redaction
+    from voxgate.gateway.auth import install_redaction
 
     install_redaction(settings.all_api_keys())  # every log record, uvicorn's access and error lines too
     uvicorn.run(
@@ -216,7 +216,7 @@ def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
 
 
 def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:
-    from gateway import client
+    from voxgate.gateway import client
 
     match args.command, getattr(args, "action", None):
         case "say", _:

@@ -32,9 +32,9 @@ from websockets.exceptions import (
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
-from gateway.settings import ClientSettings
-from protocol.dialect import EXTENSIONS_SUBPROTOCOL
-from protocol.messages import (
+from voxgate.gateway.settings import ClientSettings
+from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
+from voxgate.protocol.messages import (
     Error,
     InputDone,
     InputText,

@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from engine.base import EngineError, RequestRefused, UnknownVoice, UnsupportedOption
-from gateway.catalog import Catalog, Resolved, VoiceNotServable
-from gateway.jobs import Close, End, Job, JobQueue, Segment, Utterance
-from gateway.outbox import Item, Outbox, Payload, SlowConsumer
-from gateway.settings import Settings
-from gateway.voices import Rejected
-from protocol.dialect import sends
-from protocol.errors import CloseCode, ErrorCode, ProtocolError
-from protocol.messages import (
+from voxgate.engine.base import EngineError, RequestRefused, UnknownVoice, UnsupportedOption
+from voxgate.gateway.catalog import Catalog, Resolved, VoiceNotServable
+from voxgate.gateway.jobs import Close, End, Job, JobQueue, Segment, Utterance
+from voxgate.gateway.outbox import Item, Outbox, Payload, SlowConsumer
+from voxgate.gateway.settings import Settings
+from voxgate.gateway.voices import Rejected
+from voxgate.protocol.dialect import sends
+from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
+from voxgate.protocol.messages import (
     AudioCancelled,
     AudioDone,
     AudioStart,
@@ -43,8 +43,8 @@ from protocol.messages import (
     SessionDone,
     SessionReady,
 )
-from protocol.packer import AudioPacker
-from protocol.session import (
+from voxgate.protocol.packer import AudioPacker
+from voxgate.protocol.session import (
     CloseRequested,
     Committed,
     ConfigAccepted,

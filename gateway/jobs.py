@@ -14,9 +14,9 @@ import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from engine.base import AudioChunk, SynthesisRequest, TTSEngine, VoiceReference
-from protocol.messages import SessionConfig
-from protocol.packer import AudioPacker
+from voxgate.engine.base import AudioChunk, SynthesisRequest, TTSEngine, VoiceReference
+from voxgate.protocol.messages import SessionConfig
+from voxgate.protocol.packer import AudioPacker
 
 
 @dataclass(slots=True)

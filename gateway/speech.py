@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.base import (
+from voxgate.engine.base import (
     AudioChunk,
     EngineError,
     RequestRefused,
@@ -37,14 +37,14 @@ from engine.base import (
     UnknownVoice,
     UnsupportedOption,
 )
-from gateway.catalog import Catalog, Resolved, VoiceNotServable
-from gateway.http import BodyTooLarge, api_error, read_body
-from gateway.voices import Rejected
-from protocol.audio import Resampler, Samples
-from protocol.errors import field_path
-from protocol.packer import AudioPacker
-from protocol.segmenter import Segmenter
-from protocol.speech import PRODUCIBLE_FORMATS, SpeechRequest, decode_speech_request
+from voxgate.gateway.catalog import Catalog, Resolved, VoiceNotServable
+from voxgate.gateway.http import BodyTooLarge, api_error, read_body
+from voxgate.gateway.voices import Rejected
+from voxgate.protocol.audio import Resampler, Samples
+from voxgate.protocol.errors import field_path
+from voxgate.protocol.packer import AudioPacker
+from voxgate.protocol.segmenter import Segmenter
+from voxgate.protocol.speech import PRODUCIBLE_FORMATS, SpeechRequest, decode_speech_request
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ import numpy.typing as npt
 import safetensors.numpy
 from safetensors import SafetensorError
 
-from gateway.names import UnsafeName, normalize_name
+from voxgate.gateway.names import UnsafeName, normalize_name
 
 logger = logging.getLogger(__name__)
 

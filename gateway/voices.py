@@ -46,9 +46,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from engine.base import Voice, VoiceReference
-from gateway.http import api_error
-from gateway.store import InvalidVoiceName, VoiceInfo, VoiceLimitReached, VoiceStore, check_name
+from voxgate.engine.base import Voice, VoiceReference
+from voxgate.gateway.http import api_error
+from voxgate.gateway.store import InvalidVoiceName, VoiceInfo, VoiceLimitReached, VoiceStore, check_name
 
 logger = logging.getLogger(__name__)
 

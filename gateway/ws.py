@@ -8,11 +8,11 @@ import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from gateway.auth import SUBPROTOCOL
-from gateway.connection import CLOSE_TIMEOUT_S, Connection
-from protocol.dialect import EXTENSIONS_SUBPROTOCOL
-from protocol.errors import CloseCode, ErrorCode
-from protocol.messages import Error
+from voxgate.gateway.auth import SUBPROTOCOL
+from voxgate.gateway.connection import CLOSE_TIMEOUT_S, Connection
+from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
+from voxgate.protocol.errors import CloseCode, ErrorCode
+from voxgate.protocol.messages import Error
 
 logger = logging.getLogger(__name__)
 

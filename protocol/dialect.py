@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from protocol.messages import AudioCancelled, ServerMessage, ServerWarning, SessionReady
+from voxgate.protocol.messages import AudioCancelled, ServerMessage, ServerWarning, SessionReady
 
 #: The subprotocol a client offers to opt in to voxgate's extensions.
 EXTENSIONS_SUBPROTOCOL = "voxgate.v1"

@@ -19,7 +19,7 @@ from typing import Self
 
 import msgspec
 
-from protocol.errors import CloseCode, ErrorCode, ProtocolError
+from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
 
 MAGIC = b"VGA1"
 _HEADER = struct.Struct("<4sIIIQ")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocol.audio import BYTES_PER_SAMPLE, AudioFormat, Resampler, Samples, encode, wav_header
-from protocol.frames import FrameHeader
+from voxgate.protocol.audio import BYTES_PER_SAMPLE, AudioFormat, Resampler, Samples, encode, wav_header
+from voxgate.protocol.frames import FrameHeader
 
 
 class AudioPacker:

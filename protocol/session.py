@@ -22,10 +22,10 @@ import enum
 
 import msgspec
 
-from protocol.dialect import render
-from protocol.errors import CloseCode, ErrorCode, ProtocolError, field_path
-from protocol.frames import FrameHeader
-from protocol.messages import (
+from voxgate.protocol.dialect import render
+from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError, field_path
+from voxgate.protocol.frames import FrameHeader
+from voxgate.protocol.messages import (
     CLIENT_TYPES,
     ClientMessage,
     InputCancel,
@@ -36,7 +36,7 @@ from protocol.messages import (
     SessionClose,
     SessionConfig,
 )
-from protocol.segmenter import Segmenter
+from voxgate.protocol.segmenter import Segmenter
 
 # vllm-omni's limits: a config may carry reference audio inline, other messages are small.
 MAX_CONFIG_BYTES = 4 * 1024 * 1024

@@ -19,10 +19,10 @@ from starlette.applications import Starlette
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
-from engine.base import TTSEngine
-from gateway.app import create_app
-from gateway.settings import Settings
-from protocol.dialect import EXTENSIONS_SUBPROTOCOL
+from voxgate.engine.base import TTSEngine
+from voxgate.gateway.app import create_app
+from voxgate.gateway.settings import Settings
+from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
 
 # Every timeout in the tests is a multiple of this, so a slow machine can scale them all at once.
 MS = 0.001

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from engine import ENGINES
-from gateway.settings import Settings
+from voxgate.engine import ENGINES
+from voxgate.gateway.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose.yaml"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from protocol.audio import decode
+from voxgate.protocol.audio import decode
 from tests.conftest import recv_until, send, session
 from tests.speech_check import load_whisper, word_error_rate
 

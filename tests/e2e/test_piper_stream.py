@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from protocol.audio import decode
-from protocol.frames import HEADER_BYTES, FrameHeader
+from voxgate.protocol.audio import decode
+from voxgate.protocol.frames import HEADER_BYTES, FrameHeader
 from tests.conftest import TIMEOUT_S, Received, recv, recv_until, send, session
 
 pytestmark = pytest.mark.slow

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.base import demands
-from engine.fake import FakeEngine
+from voxgate.engine.base import demands
+from voxgate.engine.fake import FakeEngine
 
 
 def test_neutral_values_are_not_demands() -> None:

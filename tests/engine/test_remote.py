@@ -20,8 +20,8 @@ import pytest
 import soundfile
 from websockets.sync.client import ClientConnection
 
-from engine.qwen3_tts import qwen_language
-from protocol.audio import decode
+from voxgate.engine.qwen3_tts import qwen_language
+from voxgate.protocol.audio import decode
 from tests.conftest import (
     TIMEOUT_S,
     Received,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.upstreams import Upstream, UpstreamPool
+from voxgate.engine.upstreams import Upstream, UpstreamPool
 
 URLS = ["http://a:1", "http://b:2", "http://c:3"]
 

@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from engine.base import (
+from voxgate.engine.base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,
@@ -43,8 +43,8 @@ from engine.base import (
     UnsupportedOption,
     VoiceReference,
 )
-from engine.qwen3_tts import DEFAULT_MODEL, MIN_CODEC_FRAMES, Qwen3Tools, qwen_language, variant_of
-from engine.vllm_omni import OmniClient, VllmOmniEngine, to_samples
+from voxgate.engine.qwen3_tts import DEFAULT_MODEL, MIN_CODEC_FRAMES, Qwen3Tools, qwen_language, variant_of
+from voxgate.engine.vllm_omni import OmniClient, VllmOmniEngine, to_samples
 from tests.conftest import TIMEOUT_S, recv, recv_until, send, serve_engine, session
 
 RATE = 24000
@@ -710,8 +710,8 @@ def test_the_next_segment_is_submitted_while_the_first_streams() -> None:
 
 
 def test_engine_is_registered_and_needs_the_extra_only_when_started() -> None:
-    from engine import ENGINES
-    from gateway.settings import Settings
+    from voxgate.engine import ENGINES
+    from voxgate.gateway.settings import Settings
 
     engine = ENGINES["vllm-omni"](Settings(vllm_model="Qwen/Qwen3-TTS-12Hz-0.6B-Base"))
     assert engine.name == "vllm-omni"

@@ -11,8 +11,8 @@ import soundfile
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.wav_stream import WavStream
-from protocol.audio import wav_header
+from voxgate.engine.wav_stream import WavStream
+from voxgate.protocol.audio import wav_header
 
 RATE = 24000
 SIGNAL = (0.5 * np.sin(np.arange(4000) / 7.0)).astype(np.float32)

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from engine.workers import PriorityWorkers
+from voxgate.engine.workers import PriorityWorkers
 
 
 def test_queued_jobs_run_by_priority_then_arrival() -> None:

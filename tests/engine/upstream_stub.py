@@ -34,7 +34,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from protocol.audio import wav_header
+from voxgate.protocol.audio import wav_header
 from tests.conftest import TIMEOUT_S, serve
 
 Mode = Literal["ok", "error500", "garbage", "stall_before", "stall_mid", "refuse400", "unauthorized"]

@@ -9,7 +9,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Origin
 
-from engine.fake import FakeEngine
+from voxgate.engine.fake import FakeEngine
 from tests.conftest import recv_message, send, serve_engine, voxgate_connect
 
 URL = "/v1/audio/speech/stream"
@@ -96,7 +96,7 @@ def test_dns_rebinding_is_refused_though_origin_matches_host() -> None:
 def test_api_keys_in_urls_are_redacted_from_logs() -> None:
     import logging
 
-    from gateway.auth import RedactKeys
+    from voxgate.gateway.auth import RedactKeys
 
     record = logging.LogRecord(
         "uvicorn.access",

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.base import UnknownVoice
-from engine.fake import FakeEngine
-from gateway.catalog import Catalog, VoiceNotServable
-from gateway.store import VoiceStore
+from voxgate.engine.base import UnknownVoice
+from voxgate.engine.fake import FakeEngine
+from voxgate.gateway.catalog import Catalog, VoiceNotServable
+from voxgate.gateway.store import VoiceStore
 
 
 def engines() -> tuple[FakeEngine, FakeEngine]:

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from gateway.cli import build_parser
-from gateway.client import ClientError, http_url, output_problem, ws_url
-from gateway.settings import Settings
+from voxgate.gateway.cli import build_parser
+from voxgate.gateway.client import ClientError, http_url, output_problem, ws_url
+from voxgate.gateway.settings import Settings
 
 
 def parse(*argv: str) -> argparse.Namespace:

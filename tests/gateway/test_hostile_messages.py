@@ -11,10 +11,10 @@ from contextlib import contextmanager
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from engine.fake import FakeEngine
-from gateway.app import create_app
-from gateway.cli import uvicorn_ws_options
-from gateway.settings import Settings
+from voxgate.engine.fake import FakeEngine
+from voxgate.gateway.app import create_app
+from voxgate.gateway.cli import uvicorn_ws_options
+from voxgate.gateway.settings import Settings
 from tests.conftest import recv, recv_message, recv_until, send, serve, serve_engine, session, voxgate_connect
 
 URL = "/v1/audio/speech/stream"

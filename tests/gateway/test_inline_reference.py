@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from engine.fake import FakeEngine
+from voxgate.engine.fake import FakeEngine
 from tests.conftest import recv_message, recv_until, send, serve_engine, session, voxgate_connect
 
 URL = "/v1/audio/speech/stream"

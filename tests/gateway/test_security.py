@@ -15,7 +15,7 @@ import soundfile
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Origin, Subprotocol
 
-from engine.fake import FakeEngine
+from voxgate.engine.fake import FakeEngine
 from tests.conftest import recv_message, send, serve_engine, voxgate_connect
 
 URL = "/v1/audio/speech/stream"
@@ -103,7 +103,7 @@ def test_keys_are_never_logged_however_they_arrive() -> None:
 
 
 def test_canonical_origin() -> None:
-    from gateway.auth import canonical_origin, server_origins
+    from voxgate.gateway.auth import canonical_origin, server_origins
 
     assert canonical_origin("HTTPS://App.Example:443/") == "https://app.example"
     assert canonical_origin("http://[::1]:8000") == "http://[::1]:8000"
@@ -240,7 +240,7 @@ def test_voice_names_are_nfkc_normalized_and_found_by_any_compatible_spelling() 
 
 
 def test_the_name_rule_unit() -> None:
-    from gateway.names import UnsafeName, normalize_name
+    from voxgate.gateway.names import UnsafeName, normalize_name
 
     assert normalize_name("\ufb01ne") == "fine"  # ligature
     assert normalize_name("Zoë") == "Zoë" and normalize_name("Zoe\u0308") == "Zoë"  # composed

@@ -14,9 +14,9 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from engine.fake import SECONDS_PER_CHAR, FakeEngine
-from protocol.audio import decode
-from protocol.frames import HEADER_BYTES, FrameHeader
+from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
+from voxgate.protocol.audio import decode
+from voxgate.protocol.frames import HEADER_BYTES, FrameHeader
 from tests.conftest import (
     TIMEOUT_S,
     Received,
@@ -197,7 +197,7 @@ def test_bad_input_after_config_is_reported_and_session_stays_usable(
 
 
 def test_error_codes_are_distinct() -> None:
-    from protocol.errors import ErrorCode
+    from voxgate.protocol.errors import ErrorCode
 
     assert len({c.value for c in ErrorCode}) == len(ErrorCode)
 

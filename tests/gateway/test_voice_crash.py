@@ -21,7 +21,7 @@ import numpy.typing as npt
 import safetensors.numpy
 import soundfile
 
-from gateway.store import PUBLIC_DIR, SUFFIX, VoiceStore
+from voxgate.gateway.store import PUBLIC_DIR, SUFFIX, VoiceStore
 from tests.conftest import TIMEOUT_S
 from tests.gateway import voice_server
 

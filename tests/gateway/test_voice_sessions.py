@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import soundfile
 
-from engine.fake import FakeEngine
+from voxgate.engine.fake import FakeEngine
 from tests.conftest import recv, recv_until, send, serve_engine, session, voxgate_connect
 
 URL = "/v1/audio/speech/stream"

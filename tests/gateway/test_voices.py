@@ -17,10 +17,10 @@ import soundfile
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from engine.base import Voice
-from gateway import voices
-from gateway.auth import AuthMiddleware, owner_of
-from gateway.store import VoiceStore
+from voxgate.engine.base import Voice
+from voxgate.gateway import voices
+from voxgate.gateway.auth import AuthMiddleware, owner_of
+from voxgate.gateway.store import VoiceStore
 from tests.conftest import TIMEOUT_S, serve
 from tests.gateway import voice_server
 

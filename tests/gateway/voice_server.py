@@ -19,9 +19,9 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from gateway import voices
-from gateway.auth import AuthMiddleware
-from gateway.store import VoiceStore
+from voxgate.gateway import voices
+from voxgate.gateway.auth import AuthMiddleware
+from voxgate.gateway.store import VoiceStore
 
 ROOT = Path(__file__).resolve().parents[2]
 Process = subprocess.Popen[bytes]

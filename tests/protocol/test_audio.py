@@ -9,7 +9,7 @@ import numpy.typing as npt
 import pytest
 import soundfile
 
-from protocol.audio import (
+from voxgate.protocol.audio import (
     BYTES_PER_SAMPLE,
     WAV_HEADER_BYTES,
     AudioFormat,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.errors import CloseCode, ErrorCode, ProtocolError
-from protocol.frames import HEADER_BYTES, MAGIC, FrameHeader, split_frame
+from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
+from voxgate.protocol.frames import HEADER_BYTES, MAGIC, FrameHeader, split_frame
 
 # Written by hand from the layout in the frames.py docstring: magic, then u32 utterance, u32 sentence,
 # u32 frame index and u64 start_sample, all little-endian. Each value has distinct bytes, so a swapped

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.errors import CloseCode, ErrorCode, ProtocolError
-from protocol.session import Session, State
+from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
+from voxgate.protocol.session import Session, State
 
 DEPTH = 1000
 DEEP = [

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from protocol.audio import (
+from voxgate.protocol.audio import (
     BYTES_PER_SAMPLE,
     WAV_HEADER_BYTES,
     AudioFormat,
@@ -17,8 +17,8 @@ from protocol.audio import (
     to_pcm16,
     wav_header,
 )
-from protocol.frames import HEADER_BYTES, FrameHeader, split_frame
-from protocol.packer import AudioPacker, payload_samples
+from voxgate.protocol.frames import HEADER_BYTES, FrameHeader, split_frame
+from voxgate.protocol.packer import AudioPacker, payload_samples
 
 
 def ramp(start: int, count: int) -> Samples:

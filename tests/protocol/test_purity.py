@@ -55,7 +55,7 @@ def test_module_imports_no_io(path: Path) -> None:
         ("import asyncio", ["asyncio"]),
         ("import os, socket", ["socket"]),
         ("import starlette.websockets as ws", ["starlette.websockets"]),
-        ("from gateway.app import create_app", ["gateway.app"]),
+        ("from gateway.app import create_app", ["voxgate.gateway.app"]),
         ("from engine import ENGINES", ["engine"]),
         ("def f():\n    import threading\n", ["threading"]),
         ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import anyio\n", ["anyio"]),

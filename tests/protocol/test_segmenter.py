@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.segmenter import EAGER_CJK_CHARS, EAGER_WORDS, MAX_SEGMENT_CHARS, Granularity, Segmenter
+from voxgate.protocol.segmenter import EAGER_CJK_CHARS, EAGER_WORDS, MAX_SEGMENT_CHARS, Granularity, Segmenter
 
 GRANULARITIES: list[Granularity] = ["none", "sentence", "clause"]
 _WS = re.compile(r"\s+")

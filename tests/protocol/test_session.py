@@ -7,10 +7,10 @@ import json
 import msgspec
 import pytest
 
-from protocol.dialect import sends
-from protocol.errors import CloseCode, ErrorCode, ProtocolError
-from protocol.frames import FrameHeader
-from protocol.messages import (
+from voxgate.protocol.dialect import sends
+from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
+from voxgate.protocol.frames import FrameHeader
+from voxgate.protocol.messages import (
     ENGINE_OPTION_FIELDS,
     AudioCancelled,
     AudioDone,
@@ -23,7 +23,7 @@ from protocol.messages import (
     SessionDone,
     SessionReady,
 )
-from protocol.session import (
+from voxgate.protocol.session import (
     MAX_CONFIG_BYTES,
     MAX_MESSAGE_BYTES,
     CloseRequested,

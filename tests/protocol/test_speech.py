@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from protocol.speech import DEFAULT_SAMPLE_RATE, decode_speech_request
+from voxgate.protocol.speech import DEFAULT_SAMPLE_RATE, decode_speech_request
 
 
 def test_voice_may_be_a_name_or_an_object() -> None:

@@ -180,7 +180,7 @@ def call_view(call: dict[str, Any]) -> dict[str, Any]:
 
 def cases(kind: str, clip: Any, hidden_size: int) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     """Input kind -> (vllm-omni request fields, voxgate SynthesisRequest fields)."""
-    from engine.base import VoiceReference
+    from voxgate.engine.base import VoiceReference
 
     stream = {"stream": True, "stream_format": "audio", "response_format": "pcm", "seed": SEED}
     url = wav_data_url(clip)
@@ -241,8 +241,8 @@ async def serving_layer(client: RecordingClient, model_dir: Path) -> Any:
 async def compare_kind(kind: str, root: Path) -> dict[str, Any]:
     from vllm_omni.entrypoints.openai.protocol.audio import OpenAICreateSpeechRequest
 
-    from engine.base import SynthesisRequest
-    from engine.vllm_omni import VllmOmniEngine
+    from voxgate.engine.base import SynthesisRequest
+    from voxgate.engine.vllm_omni import VllmOmniEngine
 
     model_dir = write_model_dir(kind, root / f"Qwen3-TTS-12Hz-0.6B-{kind}")
     client = RecordingClient(model_dir, True, deploy_config_path())
@@ -308,8 +308,8 @@ async def cumulative(root: Path) -> dict[str, Any]:
     import torch
     from vllm_omni.entrypoints.openai.protocol.audio import OpenAICreateSpeechRequest
 
-    from engine.base import SynthesisRequest
-    from engine.vllm_omni import VllmOmniEngine
+    from voxgate.engine.base import SynthesisRequest
+    from voxgate.engine.vllm_omni import VllmOmniEngine
 
     model_dir = write_model_dir("CustomVoice", root / "Qwen3-TTS-12Hz-0.6B-CustomVoice")
     client = RecordingClient(model_dir, False, deploy_config_path())
@@ -379,7 +379,7 @@ def construct() -> dict[str, Any]:
 
     import psutil
 
-    from engine.vllm_omni import VllmOmniEngine
+    from voxgate.engine.vllm_omni import VllmOmniEngine
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="voxgate-probe-") as tmp:

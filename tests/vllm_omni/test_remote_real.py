@@ -23,7 +23,7 @@ import pytest
 import soundfile
 from websockets.sync.client import ClientConnection, connect
 
-from protocol.audio import decode
+from voxgate.protocol.audio import decode
 from tests.conftest import TIMEOUT_S, Received, recv, recv_until, send, serve_engine, session
 from tests.speech_check import load_whisper, word_error_rate
 from tests.vllm_omni.conftest import RealUpstreams
