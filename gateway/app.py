@@ -20,6 +20,7 @@ from voxgate.engine import ENGINES, TTSEngine
 from voxgate.gateway import speech, voices
 from voxgate.gateway.auth import AuthMiddleware
 from voxgate.gateway.catalog import Catalog
+from voxgate.gateway.headers import SecurityHeadersMiddleware
 from voxgate.gateway.http import HttpOnly, RequestIdMiddleware, not_found, not_found_error
 from voxgate.gateway.settings import Settings
 from voxgate.gateway.store import VoiceStore
@@ -100,8 +101,14 @@ def create_app(
     if WEB_DIR.is_dir():
         routes.append(Mount("/", HttpOnly(StaticFiles(directory=WEB_DIR, html=True)), name="web"))
     middleware = [
+        Middleware(SecurityHeadersMiddleware),  # outermost: the auth middleware's refusals get them too
         Middleware(RequestIdMiddleware),
-        Middleware(AuthMiddleware, keys=settings.all_api_keys(), allowed_origins=settings.allowed_origins),
+        Middleware(
+            AuthMiddleware,
+            keys=settings.all_api_keys(),
+            allowed_origins=settings.allowed_origins,
+            server=(settings.host, settings.port),
+        ),
     ]
     app = Starlette(
         routes=routes, lifespan=lifespan, middleware=middleware, exception_handlers={404: not_found_error}

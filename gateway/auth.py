@@ -6,9 +6,15 @@ KEY``, or for browsers (which cannot set headers on a WebSocket) an ``api_key`` 
 the key (never the key itself) and is what uploaded voices belong to; with no keys configured every
 caller is the same anonymous owner ``""``.
 
-WebSockets are also checked against an Origin allowlist (cross-site WebSocket hijacking): by default
-the page's own origin and localhost. Refused WebSockets are closed before they are accepted, which
-the server answers with HTTP 403.
+Browsers are also checked against an Origin allowlist (cross-site WebSocket hijacking, DNS rebinding,
+cross-site form posts): loopback origins (``localhost``, ``127.0.0.1``, ``[::1]``, any port), the
+gateway's own configured ``host:port`` when it binds one specific host, and ``allowed_origins``. The
+request's ``Host`` header is never trusted for this. The check covers WebSockets and the REST requests
+that may change state (any method but GET, HEAD and OPTIONS under ``/v1/``); requests without an Origin
+header (SDKs, curl) are not browsers and pass. Refused WebSockets are closed before they are accepted,
+which the server answers with HTTP 403; refused REST requests get a 403 ``origin_not_allowed``.
+
+Keys never reach the logs: ``install_redaction`` redacts every log record the process makes.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import Iterable
-from urllib.parse import parse_qs, urlsplit
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import parse_qs, quote, quote_plus, unquote_plus, urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -28,23 +35,111 @@ PUBLIC_PATHS = frozenset({"/healthz", "/health", "/readyz"})
 API_PREFIX = "/v1/"
 SUBPROTOCOL = "voxgate"
 KEY_SUBPROTOCOL_PREFIX = "voxgate.key."
-_LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+_ANY_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+#: Methods that may change state: from a browser they need an allowed Origin (a "simple" cross-site POST,
+#: a form or multipart upload, is sent without a CORS preflight).
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-_KEY_IN_URL = re.compile(r"(api_key=)[^&\s\"']+")
+KEY_PARAM = "api_key"
+REDACTED = "***"
+
+# ``name=value`` in a query string or a log line; the name is judged once percent-decoded (below).
+_PARAM = re.compile(r"(^|[?&\s;,\"'(\[])([^=?/&#\s;,\"'()\[\]]+)=([^&#\s;,\"')\]]*)")
+_JSON_KEY = re.compile(r"(?i)(\bapi(?:_|%5f)key[\"']?\s*:\s*[\"']?)[^\s,\"'&}]+")
+_BEARER = re.compile(r"(?i)(\bbearer\s+)[^\s,\"')\]]+")
+_KEY_PROTOCOL = re.compile(r"(?i)(\bvoxgate\.key\.)[^\s,\"')\]]+")
+_known: set[str] = set()
+_known_pattern: re.Pattern[str] | None = None
+_factory_installed = False
+_FORMATTER = logging.Formatter()
+
+
+def _secret_param(name: str, value: str) -> bool:
+    return _is_key_param(name) or unquote_plus(value) in _known
+
+
+def _is_key_param(name: str) -> bool:
+    for _ in range(4):  # percent-encoded names, also encoded twice (``api%255Fkey``)
+        decoded = unquote_plus(name)
+        if decoded == name:
+            break
+        name = decoded
+    return name.strip().lower() == KEY_PARAM
+
+
+def redact(text: str) -> str:
+    """``text`` with every API key in it replaced by ``***``: the configured keys wherever they appear
+    (also percent-encoded), and whatever follows ``api_key=`` (any case, percent-encoded name),
+    ``Bearer`` or the subprotocol prefix ``voxgate.key.``."""
+    if _known_pattern is not None:
+        text = _known_pattern.sub(REDACTED, text)
+    text = _PARAM.sub(lambda m: f"{m[1]}{m[2]}={REDACTED}" if _secret_param(m[2], m[3]) else m[0], text)
+    text = _JSON_KEY.sub(rf"\g<1>{REDACTED}", text)
+    text = _BEARER.sub(rf"\g<1>{REDACTED}", text)
+    return _KEY_PROTOCOL.sub(rf"\g<1>{REDACTED}", text)
+
+
+def _redact_arg(arg: object) -> object:
+    if arg is None or isinstance(arg, (int, float)):
+        return arg
+    if isinstance(arg, str):
+        return redact(arg)
+    try:
+        text = str(arg)
+    except Exception:  # an argument that cannot render itself is left to the formatter
+        return arg
+    redacted = redact(text)
+    return arg if redacted == text else redacted
+
+
+def redact_record(record: logging.LogRecord) -> None:
+    """Redact keys from a record's message, arguments, traceback and stack, keeping the arguments' shape
+    (uvicorn's access formatter unpacks them)."""
+    if isinstance(record.msg, str):
+        record.msg = redact(record.msg)
+    if isinstance(record.args, tuple):
+        record.args = tuple(_redact_arg(a) for a in record.args)
+    elif isinstance(record.args, Mapping):
+        record.args = {k: _redact_arg(v) for k, v in record.args.items()}
+    if record.exc_info and not record.exc_text:
+        record.exc_text = _FORMATTER.formatException(record.exc_info)
+    if record.exc_text:
+        record.exc_text = redact(record.exc_text)
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info)
 
 
 class RedactKeys(logging.Filter):
-    """Hides ``api_key=...`` in log records (uvicorn logs request paths with their query string)."""
+    """Hides API keys in log records (uvicorn logs request paths with their query string)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(
-                _KEY_IN_URL.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args
-            )
-        if isinstance(record.msg, str):
-            record.msg = _KEY_IN_URL.sub(r"\1***", record.msg)
+        redact_record(record)
         return True
+
+
+def install_redaction(keys: Iterable[str] = ()) -> None:
+    """Redact API keys from every log record made in this process, by any logger, whatever handlers
+    are configured later (uvicorn configures its own): a log record factory redacts each record as it
+    is made. ``keys`` are also redacted wherever they appear, plain or percent-encoded."""
+    global _known_pattern, _factory_installed
+    new = {k for key in keys if key for k in (key, quote(key, safe=""), quote_plus(key))} - _known
+    if new:
+        _known.update(new)
+        alternatives = sorted(_known, key=len, reverse=True)
+        _known_pattern = re.compile("|".join(re.escape(k) for k in alternatives))
+    if not _factory_installed:
+        previous = logging.getLogRecordFactory()
+
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = previous(*args, **kwargs)
+            redact_record(record)
+            return record
+
+        logging.setLogRecordFactory(factory)
+        _factory_installed = True
 
 
 def owner_of(key: str) -> str:
@@ -63,36 +158,71 @@ def presented_key(scope: Scope) -> str | None:
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    if query.get("api_key"):
-        return str(query["api_key"][0])
+    if query.get(KEY_PARAM):  # parse_qs decodes names, so ``api%5Fkey`` is the same parameter
+        return str(query[KEY_PARAM][0])
     for proto in scope.get("subprotocols", []) or []:
         if proto.startswith(KEY_SUBPROTOCOL_PREFIX):
             return str(proto[len(KEY_SUBPROTOCOL_PREFIX) :])
     return None
 
 
-def origin_allowed(scope: Scope, allowed: frozenset[str]) -> bool:
-    """Whether a WebSocket may connect: no Origin (not a browser), same origin, localhost or listed."""
-    headers = _headers(scope)
-    origin = headers.get("origin")
-    if origin is None or "*" in allowed or origin in allowed:
+def canonical_origin(origin: str) -> str | None:
+    """``scheme://host[:port]`` in lower case without a default port, as browsers send it; None if it is
+    not an http(s) origin (``null``, ``file://``, garbage)."""
+    try:
+        parts = urlsplit(origin.strip().rstrip("/"))
+        port = parts.port
+    except ValueError:
+        return None
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme not in _DEFAULT_PORTS or not host or parts.path or parts.query or parts.username:
+        return None
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None and port != _DEFAULT_PORTS[scheme]:
+        netloc = f"{netloc}:{port}"
+    return f"{scheme}://{netloc}"
+
+
+def server_origins(host: str, port: int) -> frozenset[str]:
+    """The origins of the gateway's own configured address, when it binds one specific host (behind
+    ``0.0.0.0`` or ``::`` the address browsers use is unknown: list it in ``allowed_origins``)."""
+    if host in _ANY_HOSTS:
+        return frozenset()
+    netloc = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    found = (canonical_origin(f"{scheme}://{netloc}:{port}") for scheme in _DEFAULT_PORTS)
+    return frozenset(o for o in found if o is not None)
+
+
+def origin_allowed(origin: str | None, allowed: frozenset[str]) -> bool:
+    """Whether a browser request from ``origin`` may go on: no Origin (not a browser), a loopback origin,
+    or one in ``allowed`` (canonical origins; ``*`` allows all). The request's own ``Host`` header is never
+    trusted: under DNS rebinding an attacker's name points at this server, and Host says that name too."""
+    if origin is None or "*" in allowed:
         return True
-    parts = urlsplit(origin)
-    host = parts.hostname or ""
-    if host in _LOCAL_HOSTS or f"[{host}]" in _LOCAL_HOSTS:
-        return True
-    return parts.netloc == headers.get("host")
+    canonical = canonical_origin(origin)
+    if canonical is None:
+        return False
+    host = urlsplit(canonical).hostname or ""
+    return host in _LOOPBACK_HOSTS or canonical in allowed
 
 
 class AuthMiddleware:
     """Checks keys and origins, then records ``owner`` in the request state."""
 
     def __init__(
-        self, app: ASGIApp, *, keys: Iterable[str] = (), allowed_origins: Iterable[str] = ()
+        self,
+        app: ASGIApp,
+        *,
+        keys: Iterable[str] = (),
+        allowed_origins: Iterable[str] = (),
+        server: tuple[str, int] | None = None,
     ) -> None:
         self.app = app
         self.keys = {owner_of(k): k for k in keys if k}
-        self.allowed_origins = frozenset(allowed_origins)
+        install_redaction(self.keys.values())
+        listed = {"*" if o.strip() == "*" else canonical_origin(o) for o in allowed_origins}
+        own = server_origins(*server) if server is not None else frozenset()
+        self.allowed_origins = frozenset(o for o in listed if o is not None) | own
 
     def owner(self, scope: Scope) -> str | None:
         """The caller's owner id, ``""`` when keys are off, None when the key is missing or wrong."""
@@ -114,30 +244,48 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         owner = self.owner(scope)
+        origin_ok = origin_allowed(_headers(scope).get("origin"), self.allowed_origins)
         if scope["type"] == "websocket":
-            if not origin_allowed(scope, self.allowed_origins) or owner is None:
+            if not origin_ok or owner is None:
                 await receive()  # websocket.connect
-                await send({"type": "websocket.close", "code": 1008, "reason": "forbidden"})
+                if "websocket.http.response" not in scope.get("extensions", {}):
+                    await send({"type": "websocket.close", "code": 1008, "reason": "forbidden"})
+                    return
+                # The ASGI denial response: a 403 with the reason and the security headers, as on REST.
+                if not origin_ok:
+                    await _refuse(send, 403, _ORIGIN_REFUSED, "origin_not_allowed", kind="websocket.http")
+                else:
+                    await _refuse(send, 403, _KEY_REFUSED, "invalid_api_key", kind="websocket.http")
                 return
+        elif not origin_ok and scope["method"] not in _SAFE_METHODS and not self._public(scope["path"]):
+            await _refuse(send, 403, _ORIGIN_REFUSED, "origin_not_allowed")
+            return
         elif owner is None and not self._public(scope["path"]):
-            body = json.dumps(
-                {
-                    "error": {
-                        "message": "missing or invalid API key: send Authorization: Bearer <key>",
-                        "type": "invalid_request_error",
-                        "param": None,
-                        "code": "invalid_api_key",
-                    }
-                }
-            ).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+            await _refuse(send, 401, _KEY_REFUSED, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
             return
         scope.setdefault("state", {})["owner"] = owner if owner is not None else ""
         await self.app(scope, receive, send)
+
+
+_ORIGIN_REFUSED = "this origin may not call this route: add it to VOXGATE_ALLOWED_ORIGINS"
+_KEY_REFUSED = "missing or invalid API key: send Authorization: Bearer <key>"
+
+
+async def _refuse(
+    send: Send,
+    status: int,
+    message: str,
+    code: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    *,
+    kind: str = "http",
+) -> None:
+    """An OpenAI-style JSON error; ``kind`` ``websocket.http`` sends it as a WebSocket denial response."""
+    body = json.dumps(
+        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    ).encode()
+    start_headers = [(b"content-type", b"application/json"), *(headers or [])]
+    if kind != "http":  # the security headers middleware sees only HTTP scopes
+        start_headers.append((b"x-content-type-options", b"nosniff"))
+    await send({"type": f"{kind}.response.start", "status": status, "headers": start_headers})
+    await send({"type": f"{kind}.response.body", "body": body})

@@ -108,10 +108,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     allowed_origins: Annotated[
         tuple[str, ...],
         option(
-            "extra browser origin allowed to open WebSockets",
+            "browser origins allowed to open WebSockets and to call REST routes that change state (the "
+            "request's `Host` is never trusted: DNS rebinding)",
             flag="--allowed-origin",
             repeat=True,
-            shown="same origin and localhost",
+            shown="loopback origins, and `http(s)://HOST:PORT` when bound to a specific host",
         ),
     ] = ()
     # name -> voice; "" means the engine's default voice.

@@ -22,6 +22,7 @@ import re
 import tempfile
 import threading
 import time
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +32,8 @@ import numpy as np
 import numpy.typing as npt
 import safetensors.numpy
 from safetensors import SafetensorError, safe_open
+
+from voxgate.gateway.names import UnsafeName, normalize_name
 
 logger = logging.getLogger(__name__)
 
@@ -100,20 +103,26 @@ class _Tensor(msgspec.Struct, frozen=True):
     shape: tuple[int, ...]
 
 
-def check_name(name: str) -> None:
-    """Raise ``InvalidVoiceName`` unless ``name`` can name a voice (and be a URL path segment)."""
+def check_name(name: str) -> str:
+    """``name`` in the form it is stored under (NFKC, ``gateway.names``), or ``InvalidVoiceName`` unless it
+    can name a voice (and be a URL path segment)."""
+    try:
+        name = normalize_name(name)
+    except UnsafeName as exc:
+        raise InvalidVoiceName(str(exc)) from None
     if not name or len(name) > MAX_NAME_CHARS:
         raise InvalidVoiceName(f"name must be 1 to {MAX_NAME_CHARS} characters")
     if name in (".", ".."):
         raise InvalidVoiceName("name must not be '.' or '..'")
-    if any(c in "/\\" or ord(c) < 0x20 or ord(c) == 0x7F for c in name):
-        raise InvalidVoiceName("name must not contain '/', '\\' or control characters")
+    if any(c in "/\\" for c in name):  # control characters are refused by normalize_name
+        raise InvalidVoiceName("name must not contain '/' or '\\'")
+    return name
 
 
 def _file_name(name: str, *, exact: bool = False) -> str:
     # Voice names are case-insensitive, as in vllm-omni: the file is named after the case-folded name.
     # ``exact`` gives the name of a file written before that rule, found as a fallback.
-    key = name if exact else name.casefold()
+    key = name if exact else unicodedata.normalize("NFKC", name).casefold()
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32] + SUFFIX
 
 
@@ -280,7 +289,7 @@ class VoiceStore:
             VoiceLimitReached: the owner has ``max_voices`` voices and ``name`` is not one of them.
             ValueError: not exactly one of ``audio`` and ``embedding``, an empty one, or no sample rate.
         """
-        check_name(name)
+        name = check_name(name)
         if (audio is None) == (embedding is None):
             raise ValueError("give exactly one of audio and embedding")
         kind: Kind = "audio" if audio is not None else "embedding"

@@ -90,7 +90,7 @@ def _check_form(parts: dict[str, Part]) -> _Upload:
     if name is None:
         raise Rejected(400, "missing_name", "name is required", "name")
     try:
-        check_name(name)
+        name = check_name(name)  # NFKC, refused characters (gateway.names)
     except InvalidVoiceName as exc:
         raise Rejected(400, "invalid_name", str(exc), "name") from exc
     consent = text_field(parts, "consent")

@@ -266,7 +266,7 @@ class Session:
             msg = _decode_client(data)
         except msgspec.ValidationError as exc:
             raise self._classify(data, exc) from None
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
             raise self._error(ErrorCode.INVALID_JSON, f"invalid JSON: {exc}") from None
         if not isinstance(msg, SessionConfig) and size > self.max_message_bytes:
             raise self._error(
@@ -278,7 +278,7 @@ class Session:
     def _classify(self, data: str, exc: msgspec.ValidationError) -> ProtocolError:
         try:
             raw = _decode_any(data)
-        except msgspec.DecodeError as err:
+        except (msgspec.DecodeError, RecursionError) as err:
             # The typed decoder stops at the first schema error, before it reaches malformed JSON after it.
             return self._error(ErrorCode.INVALID_JSON, f"invalid JSON: {err}")
         if not isinstance(raw, dict):

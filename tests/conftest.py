@@ -37,11 +37,17 @@ def bound_socket() -> socket.socket:
 
 
 @contextmanager
-def serve(app: Starlette, sock: socket.socket | None = None) -> Iterator[str]:
+def serve(
+    app: Starlette,
+    sock: socket.socket | None = None,
+    *,
+    ws_max_size: int = 16 * 1024 * 1024,
+    ws: str = "auto",
+) -> Iterator[str]:
     """Run ``app`` on uvicorn in a thread on ``sock`` or a free loopback port; yields ``host:port``."""
     sock = sock or bound_socket()
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", ws_max_size=16 * 1024 * 1024, lifespan="on")
+    config = uvicorn.Config(app, log_level="warning", ws_max_size=ws_max_size, ws=ws, lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -12,7 +12,7 @@ import os
 import sys
 import typing
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from voxgate.engine import ENGINES
 from voxgate.gateway.settings import Settings, options
@@ -180,19 +180,33 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    from voxgate.gateway.auth import RedactKeys
+    from voxgate.gateway.auth import install_redaction
 
-    for name in ("uvicorn.access", "uvicorn.error"):
-        logging.getLogger(name).addFilter(RedactKeys())
-    # uvicorn's own frame limit sits above ours, so an oversized message gets our error, not a bare 1009.
+    install_redaction(settings.all_api_keys())  # every log record, uvicorn's access and error lines too
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        ws_max_size=settings.max_config_bytes + 1024 * 1024,
+        **uvicorn_ws_options(settings),
     )
     return 0
+
+
+def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's WebSocket implementation and message limit.
+
+    The limit sits above ours, so an oversized message gets our error, and far larger ones a 1009 from
+    uvicorn as soon as their frame header (or the fragment past the limit) arrives. The sans-I/O
+    implementation is chosen by name: uvicorn's legacy ``websockets`` one, "auto" in older releases,
+    closes an uncompressed 50 MB message only after the config timeout (10 s).
+    """
+    from uvicorn.config import WS_PROTOCOLS
+
+    options: dict[str, Any] = {"ws_max_size": settings.max_config_bytes + 1024 * 1024}
+    if "websockets-sansio" in WS_PROTOCOLS:
+        options["ws"] = "websockets-sansio"
+    return options
 
 
 def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:

@@ -73,9 +73,14 @@ def page(browser: Browser) -> Iterator[Page]:
     page = context.new_page()
     crashes: list[str] = []
     page.on("pageerror", lambda exc: crashes.append(str(exc)))
+    # The gateway's Content-Security-Policy must allow everything the page does. (Predicates passed to
+    # wait_for_function are functions, not strings: a string would be eval'd in the page, which the CSP
+    # rightly refuses.)
+    csp = "Content Security Policy"
+    page.on("console", lambda msg: crashes.extend([msg.text] if csp in msg.text else []))
     yield page
     context.close()
-    assert crashes == [], f"uncaught errors in the page: {crashes}"
+    assert crashes == [], f"uncaught errors or CSP violations in the page: {crashes}"
 
 
 def voxgate(page: Page) -> dict[str, Any]:
@@ -89,7 +94,9 @@ def voxgate(page: Page) -> dict[str, Any]:
 def open_page(page: Page, address: str) -> None:
     page.goto(f"http://{address}/")
     # The built-in voices are listed once the page has called GET /v1/audio/voices.
-    page.wait_for_function("document.querySelectorAll('#voice optgroup option').length > 0", timeout=WAIT_MS)
+    page.wait_for_function(
+        "() => document.querySelectorAll('#voice optgroup option').length > 0", timeout=WAIT_MS
+    )
 
 
 def set_token_rate(page: Page, per_second: int) -> None:
@@ -146,7 +153,7 @@ def test_speaks_a_paragraph_in_llm_mode(page: Page, piper_gateway: str, output_d
     page.clock.run_for(37 * 40)  # then the other 36 tokens and input.done at once, so the later
     page.clock.resume()  # sentences are synthesized well within the first one's playback
     page.wait_for_function(
-        "window.voxgate.sessionsDone >= 1 && window.voxgate.secondsPlayed >= 2", timeout=WAIT_MS
+        "() => window.voxgate.sessionsDone >= 1 && window.voxgate.secondsPlayed >= 2", timeout=WAIT_MS
     )
     page.screenshot(path=output_dir / "web-1280.png", full_page=True)
 
@@ -168,7 +175,7 @@ def test_speaks_a_paragraph_in_llm_mode(page: Page, piper_gateway: str, output_d
 
     # Every sample that arrived is played, with no gap between segments: the worklet's count
     # ends at the utterance's audio length (resampling aside, within a few render quanta).
-    page.wait_for_function("window.voxgate.state === 'idle'", timeout=WAIT_MS)
+    page.wait_for_function("() => window.voxgate.state === 'idle'", timeout=WAIT_MS)
     state = voxgate(page)
     audio_s = sum(s["durationMs"] for s in state["segments"]) / 1000
     assert state["secondsPlayed"] == pytest.approx(audio_s, abs=0.05)
@@ -189,8 +196,8 @@ def test_other_formats_and_rates_play_in_full(page: Page, piper_gateway: str, fm
     page.select_option("#format", fmt)
     page.select_option("#sample-rate", rate)
     page.click("#speak-btn")
-    page.wait_for_function("window.voxgate.sessionsDone >= 1", timeout=WAIT_MS)
-    page.wait_for_function("window.voxgate.state === 'idle'", timeout=WAIT_MS)
+    page.wait_for_function("() => window.voxgate.sessionsDone >= 1", timeout=WAIT_MS)
+    page.wait_for_function("() => window.voxgate.state === 'idle'", timeout=WAIT_MS)
     state = voxgate(page)
     expected_rate = 22050 if rate == "native" else int(rate)
     assert state["ready"]["config"]["sample_rate"] == expected_rate
@@ -207,11 +214,11 @@ def test_stop_cancels_mid_paragraph(page: Page, piper_gateway: str) -> None:
     set_token_rate(page, 30)
     page.focus("#text")
     page.keyboard.press("Control+Enter")
-    page.wait_for_function("window.voxgate.secondsPlayed >= 0.5", timeout=WAIT_MS)
+    page.wait_for_function("() => window.voxgate.secondsPlayed >= 0.5", timeout=WAIT_MS)
     at_stop = voxgate(page)
     page.click("#stop-btn")
     page.wait_for_function(
-        "window.voxgate.cancelled >= 1 && window.voxgate.state === 'idle'", timeout=WAIT_MS
+        "() => window.voxgate.cancelled >= 1 && window.voxgate.state === 'idle'", timeout=WAIT_MS
     )
     before = voxgate(page)
     page.wait_for_timeout(1000)
@@ -244,7 +251,7 @@ def test_upload_list_and_delete_a_voice(page: Page, piper_gateway: str, tmp_path
     page.fill("#voice-name", name)
     page.check("#voice-consent")
     page.click("#upload-btn")
-    page.wait_for_function("window.voxgate.lastError !== null", timeout=WAIT_MS)
+    page.wait_for_function("() => window.voxgate.lastError !== null", timeout=WAIT_MS)
     assert voxgate(page)["lastError"] == expected
     assert page.inner_text("#error .error-message") == expected
 
@@ -270,7 +277,9 @@ def test_upload_list_and_delete_a_voice(page: Page, piper_gateway: str, tmp_path
 
     # Recorded from the (fake) microphone: WebM/Opus in the browser, uploaded as WAV.
     page.click("#record-btn")
-    page.wait_for_function("document.querySelector('#record-btn').getAttribute('aria-pressed') === 'true'")
+    page.wait_for_function(
+        "() => document.querySelector('#record-btn').getAttribute('aria-pressed') === 'true'"
+    )
     page.wait_for_timeout(1500)
     page.click("#record-btn")
     page.locator("#record-preview").wait_for(state="visible", timeout=WAIT_MS)
@@ -290,14 +299,14 @@ def test_wrong_api_key_shows_the_server_message(page: Page) -> None:
             f"http://{address}/v1/audio/voices", headers={"Authorization": "Bearer wrong"}
         ).json()["error"]["message"]
         page.goto(f"http://{address}/")
-        page.wait_for_function("window.voxgate.errors.length === 1", timeout=WAIT_MS)  # no key: 401
+        page.wait_for_function("() => window.voxgate.errors.length === 1", timeout=WAIT_MS)  # no key: 401
         page.fill("#api-key", "wrong")
         page.press("#api-key", "Enter")  # applies the key and lists the voices again: 401 again
-        page.wait_for_function("window.voxgate.errors.length === 2", timeout=WAIT_MS)
+        page.wait_for_function("() => window.voxgate.errors.length === 2", timeout=WAIT_MS)
         page.fill("#text", "Hello.")
         page.click("#speak-btn")  # the WebSocket is refused; the page asks a REST route why
         page.wait_for_function(
-            "window.voxgate.errors.length === 3 && window.voxgate.state === 'idle'", timeout=WAIT_MS
+            "() => window.voxgate.errors.length === 3 && window.voxgate.state === 'idle'", timeout=WAIT_MS
         )
         state = voxgate(page)
         assert state["lastError"] == expected
@@ -307,14 +316,14 @@ def test_wrong_api_key_shows_the_server_message(page: Page) -> None:
         # The right key (stored in localStorage) opens the WebSocket through the subprotocol.
         page.fill("#api-key", "k1")
         page.press("#api-key", "Enter")
-        page.wait_for_function("localStorage.getItem('voxgate.apiKey') === 'k1'")
+        page.wait_for_function("() => localStorage.getItem('voxgate.apiKey') === 'k1'")
         page.reload()
         assert page.input_value("#api-key") == "k1"
         page.wait_for_function(
-            "document.querySelectorAll('#voice optgroup option').length > 0", timeout=WAIT_MS
+            "() => document.querySelectorAll('#voice optgroup option').length > 0", timeout=WAIT_MS
         )
         page.check("input[name=mode][value=whole]")
         page.click("#speak-btn")
-        page.wait_for_function("window.voxgate.sessionsDone >= 1", timeout=WAIT_MS)
+        page.wait_for_function("() => window.voxgate.sessionsDone >= 1", timeout=WAIT_MS)
         assert voxgate(page)["framesReceived"] > 0
         page.close()  # closes the WebSocket before this gateway shuts down

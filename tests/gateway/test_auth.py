@@ -82,16 +82,15 @@ def test_websocket_origin_allowlist(origin: str | None, allowed: bool) -> None:
             assert refused.value.response.status_code == 403
 
 
-def test_same_origin_is_allowed() -> None:
+def test_dns_rebinding_is_refused_though_origin_matches_host() -> None:
+    # An attacker's name resolved to this server: the browser sends Origin and Host with that name.
     with serve_engine(FakeEngine()) as address:
-        host = address.replace("127.0.0.1", "gateway.internal")
-        with voxgate_connect(
-            f"ws://{address}{URL}",
-            origin=Origin(f"http://{host}"),
-            additional_headers={"Host": host},
-        ) as ws:
-            send(ws, type="session.config")
-            assert recv_message(ws)["type"] == "session.ready"
+        host = address.replace("127.0.0.1", "attacker.example")
+        with pytest.raises(InvalidStatus) as refused:
+            voxgate_connect(
+                f"ws://{address}{URL}", origin=Origin(f"http://{host}"), additional_headers={"Host": host}
+            )
+        assert refused.value.response.status_code == 403
 
 
 def test_api_keys_in_urls_are_redacted_from_logs() -> None:
