@@ -21,6 +21,7 @@ from voxgate.gateway import speech, voices
 from voxgate.gateway.auth import AuthMiddleware
 from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.http import HttpOnly, RequestIdMiddleware, not_found, not_found_error
+from voxgate.gateway.metrics import Metrics, metrics_endpoint
 from voxgate.gateway.settings import Settings
 from voxgate.gateway.store import VoiceStore
 from voxgate.gateway.ws import speech_stream
@@ -34,6 +35,7 @@ class State(TypedDict):
     """What the lifespan hands to every request."""
 
     catalog: Catalog
+    metrics: Metrics
     settings: Settings
     voices: VoiceStore
 
@@ -72,6 +74,7 @@ def create_app(
         unknown = [n for n in engine_names(settings) if n not in ENGINES]
         if unknown:
             raise ValueError(f"unknown engine(s) {unknown}; choose from {sorted(ENGINES)}")
+    metrics = Metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
@@ -82,10 +85,11 @@ def create_app(
         store = VoiceStore(settings.resolved_voices_dir(), max_voices=settings.max_voices)
         catalog = Catalog(engines, aliases=settings.voice_aliases, store=store)
         await catalog.start()
+        metrics.watch(engines)
         for e in engines:
             logger.info("engine %s ready at %d Hz", e.name, e.sample_rate)
         try:
-            yield {"catalog": catalog, "settings": settings, "voices": store}
+            yield {"catalog": catalog, "metrics": metrics, "settings": settings, "voices": store}
         finally:
             await catalog.aclose()
 
@@ -93,6 +97,7 @@ def create_app(
         Route("/healthz", healthz),
         Route("/health", healthz),  # the path vllm-omni serves, so a gateway can be another's upstream
         Route("/readyz", readyz),
+        Route("/metrics", metrics_endpoint),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream),
         *voices.routes,
         *speech.routes,
@@ -101,7 +106,12 @@ def create_app(
         routes.append(Mount("/", HttpOnly(StaticFiles(directory=WEB_DIR, html=True)), name="web"))
     middleware = [
         Middleware(RequestIdMiddleware),
-        Middleware(AuthMiddleware, keys=settings.all_api_keys(), allowed_origins=settings.allowed_origins),
+        Middleware(
+            AuthMiddleware,
+            keys=settings.all_api_keys(),
+            allowed_origins=settings.allowed_origins,
+            keyed_paths=() if settings.metrics_public else ("/metrics",),
+        ),
     ]
     app = Starlette(
         routes=routes, lifespan=lifespan, middleware=middleware, exception_handlers={404: not_found_error}

@@ -88,9 +88,15 @@ class AuthMiddleware:
     """Checks keys and origins, then records ``owner`` in the request state."""
 
     def __init__(
-        self, app: ASGIApp, *, keys: Iterable[str] = (), allowed_origins: Iterable[str] = ()
+        self,
+        app: ASGIApp,
+        *,
+        keys: Iterable[str] = (),
+        allowed_origins: Iterable[str] = (),
+        keyed_paths: Iterable[str] = (),
     ) -> None:
         self.app = app
+        self.keyed_paths = frozenset(keyed_paths)  # paths outside API_PREFIX that need a key too
         self.keys = {owner_of(k): k for k in keys if k}
         self.allowed_origins = frozenset(allowed_origins)
 
@@ -107,6 +113,8 @@ class AuthMiddleware:
 
     def _public(self, path: str) -> bool:
         # Every API route lives under /v1/; the rest is probes and the demo page's static files.
+        if path in self.keyed_paths:
+            return False
         return path in PUBLIC_PATHS or not path.startswith(API_PREFIX)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
