@@ -60,6 +60,12 @@ class UpstreamPool:
             return False
         return upstream.opened_at is None or self._clock() - upstream.opened_at >= self.breaker_cooldown_s
 
+    def breaker(self, upstream: Upstream) -> str:
+        """The upstream's circuit: ``closed``, ``open``, or ``half_open`` once the cooldown has passed."""
+        if upstream.opened_at is None:
+            return "closed"
+        return "half_open" if self._clock() - upstream.opened_at >= self.breaker_cooldown_s else "open"
+
     def candidates(self) -> list[Upstream]:
         """Available upstreams, fewest requests in flight first; ties rotate so load spreads."""
         start = next(self._turn)

@@ -22,6 +22,7 @@ from voxgate.gateway.auth import AuthMiddleware
 from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.headers import SecurityHeadersMiddleware
 from voxgate.gateway.http import HttpOnly, RequestIdMiddleware, not_found, not_found_error
+from voxgate.gateway.metrics import Metrics, metrics_endpoint
 from voxgate.gateway.settings import Settings
 from voxgate.gateway.store import VoiceStore
 from voxgate.gateway.ws import speech_stream
@@ -35,6 +36,7 @@ class State(TypedDict):
     """What the lifespan hands to every request."""
 
     catalog: Catalog
+    metrics: Metrics
     settings: Settings
     voices: VoiceStore
 
@@ -73,6 +75,7 @@ def create_app(
         unknown = [n for n in engine_names(settings) if n not in ENGINES]
         if unknown:
             raise ValueError(f"unknown engine(s) {unknown}; choose from {sorted(ENGINES)}")
+    metrics = Metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
@@ -83,10 +86,11 @@ def create_app(
         store = VoiceStore(settings.resolved_voices_dir(), max_voices=settings.max_voices)
         catalog = Catalog(engines, aliases=settings.voice_aliases, store=store)
         await catalog.start()
+        metrics.watch(engines)
         for e in engines:
             logger.info("engine %s ready at %d Hz", e.name, e.sample_rate)
         try:
-            yield {"catalog": catalog, "settings": settings, "voices": store}
+            yield {"catalog": catalog, "metrics": metrics, "settings": settings, "voices": store}
         finally:
             await catalog.aclose()
 
@@ -94,6 +98,7 @@ def create_app(
         Route("/healthz", healthz),
         Route("/health", healthz),  # the path vllm-omni serves, so a gateway can be another's upstream
         Route("/readyz", readyz),
+        Route("/metrics", metrics_endpoint),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream),
         *voices.routes,
         *speech.routes,
@@ -108,6 +113,7 @@ def create_app(
             keys=settings.all_api_keys(),
             allowed_origins=settings.allowed_origins,
             server=(settings.host, settings.port),
+            keyed_paths=() if settings.metrics_public else ("/metrics",),
         ),
     ]
     app = Starlette(

@@ -216,8 +216,10 @@ class AuthMiddleware:
         keys: Iterable[str] = (),
         allowed_origins: Iterable[str] = (),
         server: tuple[str, int] | None = None,
+        keyed_paths: Iterable[str] = (),
     ) -> None:
         self.app = app
+        self.keyed_paths = frozenset(keyed_paths)  # paths outside API_PREFIX that need a key too
         self.keys = {owner_of(k): k for k in keys if k}
         install_redaction(self.keys.values())
         listed = {"*" if o.strip() == "*" else canonical_origin(o) for o in allowed_origins}
@@ -237,6 +239,8 @@ class AuthMiddleware:
 
     def _public(self, path: str) -> bool:
         # Every API route lives under /v1/; the rest is probes and the demo page's static files.
+        if path in self.keyed_paths:
+            return False
         return path in PUBLIC_PATHS or not path.startswith(API_PREFIX)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -29,6 +29,7 @@ from voxgate.engine.base import EngineError
 from voxgate.gateway.catalog import Catalog, Resolved
 from voxgate.gateway.failures import REFUSALS, error_for
 from voxgate.gateway.jobs import JobQueue, Segment, Utterance
+from voxgate.gateway.metrics import Metrics, SessionMeter
 from voxgate.gateway.outbox import Outbox, SlowConsumer
 from voxgate.gateway.settings import Settings
 from voxgate.protocol.core import Core
@@ -78,6 +79,7 @@ class Connection:
     settings: Settings
     owner: str = ""
     extensions: bool = True  # the client opted in to voxgate's extensions (protocol.dialect)
+    meter: SessionMeter = field(default_factory=lambda: Metrics().session("voxgate.v1"))
     session: Session = field(init=False)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
@@ -211,6 +213,7 @@ class Connection:
             raise self.core.reject_config(error) from None
         self.resolved = resolved
         engine = resolved.engine
+        self.meter.configured(engine.name)
         s = self.settings
         granularity, eager = config.segmentation()
         rate = config.output_rate(engine.sample_rate)
@@ -299,7 +302,7 @@ class Connection:
         failure: EngineError | None = None
         synthesis_s = 0.0
         try:
-            async with contextlib.aclosing(seg.open()) as chunks:
+            async with contextlib.aclosing(self.meter.timed(seg.open())) as chunks:
                 # Open the next segment's stream now: an engine that starts work on the call
                 # (vllm-omni) gets it submitted while this one streams, and can batch the two.
                 if (following := self.jobs.peek()) is not None:
@@ -324,6 +327,7 @@ class Connection:
     async def _write(self) -> None:
         while True:
             output = self.core.sending(await self.outbox.get(), time.perf_counter())
+            self.meter.sent(output)
             match output:
                 case Finish():
                     with contextlib.suppress(WebSocketDisconnect):
@@ -338,6 +342,7 @@ class Connection:
     async def _send_now(self, payload: str | bytes) -> None:
         # A send blocks only while the client does not read; past the send timeout it is closed.
         self.sending = True
+        self.meter.wrote(payload)
         try:
             async with asyncio.timeout(self.settings.send_timeout_s):
                 if isinstance(payload, bytes):
@@ -356,6 +361,7 @@ class Connection:
         to read the rest, the error and the close; the engine work is already stopped, so only the
         socket waits."""
         self.log.info("closing with %d: %s %s", err.close_code, err.code, err.message)
+        self.meter.error(err.code)
         message = self.session.send(Error(code=err.code, message=err.message, fatal=True, field=err.field))
         patience_s = max(CLOSE_TIMEOUT_S, self.settings.send_timeout_s)
         with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError):

@@ -104,6 +104,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             shown="none",
         ),
     ] = ()
+    metrics_public: Annotated[
+        bool,
+        option(
+            "`GET /metrics` (Prometheus) needs no key; `false` puts it behind the API keys like `/v1/` "
+            "(no effect when no key is set)",
+            shown="`true`",
+        ),
+    ] = True
     api_keys_file: Annotated[str, option("file of API keys, one a line (`#` comments)", flag=True)] = ""
     allowed_origins: Annotated[
         tuple[str, ...],

@@ -35,6 +35,7 @@ from voxgate.engine.base import SynthesisRequest
 from voxgate.gateway.catalog import Catalog, Resolved
 from voxgate.gateway.failures import REFUSALS, error_for
 from voxgate.gateway.http import BodyTooLarge, error_response, read_body
+from voxgate.gateway.metrics import REST_DIALECT, Metrics, SessionMeter
 from voxgate.protocol.audio import AudioFormat, Samples, decode
 from voxgate.protocol.core import Core
 from voxgate.protocol.errors import ErrorCode, ProtocolError, field_path
@@ -77,21 +78,21 @@ class _Body:
     and are encoded whole at the end.
     """
 
-    def __init__(self, core: Core, fmt: str, rate: int) -> None:
-        self.core, self.fmt, self.rate = core, fmt, rate
+    def __init__(self, core: Core, fmt: str, rate: int, meter: SessionMeter) -> None:
+        self.core, self.fmt, self.rate, self.meter = core, fmt, rate, meter
         self._f32: list[bytes] = []
         self.audio_ms = 0.0
 
     def render(self, output: Output) -> bytes:
-        match output:
+        sent = self.core.sending(output, time.perf_counter())  # stamps send times, fills in reports
+        self.meter.sent(sent)
+        match sent:
             case Audio(data=data) if self.fmt in _STREAMED_FORMATS:
                 return data
             case Audio(data=data):
                 self._f32.append(data)
-            case Report():
-                done = self.core.sending(output, time.perf_counter())
-                if isinstance(done, Message) and isinstance(done.msg, SessionDone):
-                    self.audio_ms = done.msg.audio_ms
+            case Message(msg=SessionDone(audio_ms=audio_ms)):
+                self.audio_ms = audio_ms
         return b""
 
     def finish(self) -> bytes:
@@ -108,7 +109,12 @@ def _encode(audio: Samples, rate: int, fmt: str) -> bytes:
 
 
 async def _produce(
-    resolved: Resolved, req: SpeechRequest, core: Core, speaks: list[Speak], queue: asyncio.Queue[_Item]
+    resolved: Resolved,
+    req: SpeechRequest,
+    core: Core,
+    speaks: list[Speak],
+    queue: asyncio.Queue[_Item],
+    meter: SessionMeter,
 ) -> None:
     """Synthesize the segments in order, feeding the core; its outputs go to ``queue``, None at the end.
 
@@ -134,7 +140,7 @@ async def _produce(
         error: ProtocolError | None = None
         synthesis_s = 0.0
         try:
-            async with contextlib.aclosing(resolved.engine.synthesize(request)) as chunks:
+            async with contextlib.aclosing(meter.timed(resolved.engine.synthesize(request))) as chunks:
                 t = time.perf_counter()
                 async for chunk in chunks:
                     synthesis_s += time.perf_counter() - t
@@ -169,12 +175,14 @@ async def _stream(
 ) -> AsyncIterator[bytes | ProtocolError]:
     """Body pieces in order; a failure after the first byte is yielded for the caller to report."""
     try:
+        body.meter.open()
         pending = list(head)
         while True:
             item = pending.pop(0) if pending else await queue.get()
             if item is None:
                 break
             if isinstance(item, ProtocolError):
+                body.meter.error(item.code)
                 yield item
                 return
             if data := body.render(item):
@@ -182,6 +190,7 @@ async def _stream(
         if tail := body.finish():
             yield tail
     finally:
+        body.meter.close()
         producer.cancel()  # a client that goes away stops the engine work too
         # asyncio.wait, not ``await producer``: the surrounding scope is being cancelled, and anyio's
         # repeated cancels would otherwise interrupt the producer's own cleanup (closing the upstream).
@@ -193,17 +202,17 @@ async def create_speech(request: Request) -> Response:
     try:
         req = decode_speech_request(await read_body(request, MAX_BODY_BYTES))
     except BodyTooLarge as exc:
-        return error_response(ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc), field="$"))
+        return _refused(request, ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc), field="$"))
     except msgspec.ValidationError as exc:
-        return error_response(ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)))
+        return _refused(request, ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)))
     except msgspec.DecodeError as exc:
-        return error_response(ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON body: {exc}"))
+        return _refused(request, ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON body: {exc}"))
     if req.response_format not in PRODUCIBLE_FORMATS:
         message = (
             f"response_format {req.response_format!r} cannot be produced here; use one of "
             f"{sorted(PRODUCIBLE_FORMATS)}"
         )
-        return error_response(ProtocolError(ErrorCode.UNSUPPORTED_FORMAT, message))
+        return _refused(request, ProtocolError(ErrorCode.UNSUPPORTED_FORMAT, message))
     catalog: Catalog = request.state.catalog
     try:
         resolved = await catalog.prepare(
@@ -215,7 +224,7 @@ async def create_speech(request: Request) -> Response:
             ref_text=req.ref_text,
         )
     except REFUSALS as exc:
-        return error_response(error_for(exc, ref_audio=req.ref_audio is not None))
+        return _refused(request, error_for(exc, ref_audio=req.ref_audio is not None))
     for name in resolved.ignored:
         logger.warning("engine %r cannot follow %r; it is ignored", resolved.engine.name, name)
     rate = req.output_rate(resolved.engine.sample_rate)
@@ -224,7 +233,7 @@ async def create_speech(request: Request) -> Response:
             f"{req.response_format} cannot be encoded at {rate} Hz; use one of "
             f"{sorted(_CODEC_RATES[req.response_format])}"
         )
-        return error_response(ProtocolError(ErrorCode.UNSUPPORTED_RATE, message))
+        return _refused(request, ProtocolError(ErrorCode.UNSUPPORTED_RATE, message))
 
     core_format = OutputFormat(_STREAMED_FORMATS.get(req.response_format, "f32"), rate, frame_ms=100)
     core = Core(core_format)
@@ -237,15 +246,17 @@ async def create_speech(request: Request) -> Response:
     core.receive_message(InputDone(), now)
     speaks = [output for output in core.data_to_send() if isinstance(output, Speak)]
     if not speaks:
-        return error_response(ProtocolError(ErrorCode.EMPTY_INPUT, "input has no text to speak"))
+        return _refused(request, ProtocolError(ErrorCode.EMPTY_INPUT, "input has no text to speak"))
     queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=AHEAD_OUTPUTS)
-    producer = asyncio.create_task(_produce(resolved, req, core, speaks, queue))
+    meter = request.state.metrics.session(REST_DIALECT)
+    meter.configured(resolved.engine.name)
+    producer = asyncio.create_task(_produce(resolved, req, core, speaks, queue, meter))
     head = await _head(queue)
     if isinstance(failure := head[-1], ProtocolError):
         producer.cancel()
         logger.warning("engine %s failed before the first audio: %s", resolved.engine.name, failure.message)
-        return error_response(failure)
-    body = _Body(core, req.response_format, rate)
+        return _refused(request, failure)
+    body = _Body(core, req.response_format, rate, meter)
     headers = {"x-sample-rate": str(rate), "x-voxgate-engine": resolved.engine.name}
     if req.stream_format == "sse":
         return StreamingResponse(
@@ -269,7 +280,15 @@ async def _audio(
             # The status is already sent: the body ends early, and the log says why.
             logger.warning("engine failed mid-stream; response truncated: %s", piece)
             return
+        body.meter.wrote(piece)
         yield piece
+
+
+def _refused(request: Request, error: ProtocolError) -> Response:
+    """The error response, counted in ``voxgate_errors_total``."""
+    metrics: Metrics = request.state.metrics
+    metrics.errors.labels(error.code, REST_DIALECT).inc()
+    return error_response(error)
 
 
 def _event(payload: dict[str, object]) -> bytes:
@@ -284,7 +303,9 @@ async def _sse(
             error = {"message": piece.message, "code": piece.code}
             yield _event({"type": "speech.audio.error", "error": error})
             return
-        yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
+        event = _event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
+        body.meter.wrote(event)
+        yield event
     # OpenAI's usage fields. No tokenizer runs here: a character counts as an input token and 80 ms of
     # audio (one frame of Qwen3-TTS's 12.5 Hz codec) as an output token.
     output_tokens = round(body.audio_ms / 1000.0 * OUTPUT_TOKENS_PER_S)

@@ -26,11 +26,18 @@ async def speech_stream(websocket: WebSocket) -> None:
     chosen = EXTENSIONS_SUBPROTOCOL if extensions else SUBPROTOCOL if SUBPROTOCOL in offered else None
     await websocket.accept(subprotocol=chosen)
     state = websocket.state
+    meter = state.metrics.session(EXTENSIONS_SUBPROTOCOL if extensions else "vllm-omni")
     connection = Connection(
-        websocket, state.catalog, state.settings, owner=getattr(state, "owner", ""), extensions=extensions
+        websocket,
+        state.catalog,
+        state.settings,
+        owner=getattr(state, "owner", ""),
+        extensions=extensions,
+        meter=meter,
     )
     try:
-        await connection.run()
+        with meter.active():
+            await connection.run()
     except Exception:
         logger.exception("session %s failed", connection.id)
         if websocket.application_state is not WebSocketState.DISCONNECTED:

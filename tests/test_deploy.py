@@ -346,3 +346,90 @@ def test_docs_name_every_service_and_volume(compose: dict[str, Any], services: S
     docs = DOCS.read_text(encoding="utf-8")
     for name in [*services, *(compose.get("volumes") or {})]:
         assert f"`{name}`" in docs, f"docs/deploy.md does not mention `{name}`"
+
+
+# --- monitoring profile -------------------------------------------------------------------------------
+
+MONITORING = ("prometheus", "grafana")
+PROMETHEUS = ROOT / "deploy" / "prometheus.yml"
+GRAFANA = ROOT / "deploy" / "grafana"
+_METRIC = re.compile(r"\bvoxgate_[a-z_]+")
+
+
+def _dashboard_exprs() -> list[str]:
+    dashboards = sorted((GRAFANA / "dashboards").glob("*.json"))
+    assert dashboards, "no Grafana dashboard in deploy/grafana/dashboards"
+    exprs = []
+    for path in dashboards:
+        dashboard = json.loads(path.read_text(encoding="utf-8"))
+        for panel in dashboard["panels"]:
+            assert panel["datasource"]["uid"] == _datasource_uid(), panel["title"]
+            exprs += [target["expr"] for target in panel["targets"]]
+    return exprs
+
+
+def _datasource_uid() -> str:
+    provisioned = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    (source,) = provisioned["datasources"]
+    assert source["url"] == "http://prometheus:9090"
+    return str(source["uid"])
+
+
+def _exported_names() -> set[str]:
+    """Every sample name a real gateway's /metrics can carry, from the ``# TYPE`` lines of a scrape."""
+    import httpx
+
+    from tests.conftest import TIMEOUT_S, serve_engine
+    from voxgate.engine.fake import FakeEngine
+
+    with serve_engine(FakeEngine()) as address:
+        text = httpx.get(f"http://{address}/metrics", timeout=TIMEOUT_S).text
+    suffixes = {"histogram": ("_bucket", "_count", "_sum"), "counter": ("_total",), "gauge": ("",)}
+    names = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
+        base = name.removesuffix("_total") if kind == "counter" else name
+        names |= {base + suffix for suffix in suffixes[kind]}
+    return names
+
+
+def test_monitoring_is_an_optional_profile_of_pinned_images(services: Services) -> None:
+    for name in MONITORING:
+        assert services[name]["profiles"] == ["monitoring"], name
+        assert re.fullmatch(r"[\w/.-]+:v?\d+\.\d+\.\d+", services[name]["image"]), services[name]["image"]
+    for name in services:
+        if name not in MONITORING:
+            assert "profiles" not in services[name], f"{name} must start without a profile"
+
+
+def test_prometheus_scrapes_each_gateway_directly(services: Services) -> None:
+    assert (ROOT / _volume_mounts(services["prometheus"])["/etc/prometheus/prometheus.yml"]).resolve() == (
+        PROMETHEUS
+    )
+    config = yaml.safe_load(PROMETHEUS.read_text(encoding="utf-8"))
+    (job,) = config["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    targets = [t for group in job["static_configs"] for t in group["targets"]]
+    port = _env(services["gateway-1"])["VOXGATE_PORT"]
+    assert sorted(targets) == [f"{name}:{port}" for name in GATEWAYS]
+    for name in GATEWAYS:
+        assert _env(services[name])["VOXGATE_METRICS_PUBLIC"] == "true"  # no key in prometheus.yml
+
+
+def test_grafana_is_provisioned_with_the_dashboard(services: Services) -> None:
+    mounts = _volume_mounts(services["grafana"])
+    assert (ROOT / mounts["/etc/grafana/provisioning"]).resolve() == GRAFANA / "provisioning"
+    provider = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "voxgate.yml").read_text())
+    (source,) = provider["providers"]
+    assert (ROOT / mounts[source["options"]["path"]]).resolve() == GRAFANA / "dashboards"
+
+
+def test_every_dashboard_query_names_a_metric_the_gateway_exports() -> None:
+    exported = _exported_names()
+    used = {name for expr in _dashboard_exprs() for name in _METRIC.findall(expr)}
+    assert used, "the dashboard queries no voxgate metric"
+    assert used <= exported, f"not exported: {sorted(used - exported)}"
+
+
+def test_the_proxy_does_not_serve_metrics(services: Services) -> None:
+    config = _proxy_config(services).read_text(encoding="utf-8")
+    assert re.search(r"location = /metrics \{\s*return 404;", config)
