@@ -28,7 +28,8 @@ the cut is driven by time, never by a word count, so a sentence that arrives who
 cut before its end. A sentence end is always taken. ``cut_early`` cuts only when the sentence end is not
 in sight (the text does not end in a possible sentence end awaiting its next character), at the last
 clause boundary after at least :data:`MIN_CLAUSE_WORDS` words, else at the last word boundary (between
-words, or between two CJK characters), never inside a word, and only where at least
+words, or between two CJK characters) after at least :data:`EAGER_MIN_WORDS` words
+(:data:`EAGER_MIN_CJK_CHARS` CJK characters), never inside a word, and only where at least
 :data:`EAGER_TAIL_WORDS` complete words (:data:`EAGER_TAIL_CJK_CHARS` CJK characters) of the visible
 text stay behind it, so the end of the sentence is never spoken alone. When no point qualifies it cuts
 nothing (the caller tries again when more text arrives). Without calls to ``cut_early`` the segments
@@ -50,6 +51,11 @@ Granularity = Literal["none", "sentence", "clause"]
 # About 50 English words, 15-20 s of speech: real sentences almost never reach it, yet a run-on
 # stream without punctuation still reaches the engine in bounded, promptly spoken pieces.
 MAX_SEGMENT_CHARS: Final = 300
+# Words before a timed early cut that is not at a clause boundary: about a second of speech, enough for a
+# phrase's intonation; a slow stream waits for them rather than speak "The gateway" alone.
+EAGER_MIN_WORDS: Final = 4
+# The same for CJK text, in characters.
+EAGER_MIN_CJK_CHARS: Final = 6
 # Complete words of the visible text that a timed early cut leaves behind it: the rest of the sentence
 # then holds at least these and the words still to come, never a lone "dog.".
 EAGER_TAIL_WORDS: Final = 2
@@ -302,6 +308,9 @@ class Segmenter:
     def _big_enough(self) -> bool:
         return self._words >= MIN_CLAUSE_WORDS or self._cjk >= MIN_CLAUSE_CJK_CHARS
 
+    def _long_enough(self) -> bool:
+        return self._words >= EAGER_MIN_WORDS or self._cjk >= EAGER_MIN_CJK_CHARS
+
     def _takes(self, kind: int) -> bool:
         if kind == _SENTENCE:
             return self._sentences or self._eager
@@ -333,7 +342,7 @@ class Segmenter:
     def _absorb(self, k: int, char: str) -> None:
         if char.isspace():
             if self._has_content:
-                if self._eager and self._in_token and self._big_enough():
+                if self._eager and self._in_token and self._long_enough():
                     self._word_points.append((k, self._words, self._cjk))
                 self._last_ws = k
                 self._in_token = False
@@ -351,7 +360,7 @@ class Segmenter:
             self._tok_word = True
             self._words += 1
         if char >= "\u3040" and _is_cjk(char):
-            if self._eager and k > self._begin and self._big_enough() and _is_cjk(self._buf[k - 1]):
+            if self._eager and k > self._begin and self._long_enough() and _is_cjk(self._buf[k - 1]):
                 self._word_points.append((k, self._words, self._cjk))
             self._cjk += 1
 

@@ -273,8 +273,8 @@ def test_a_sentence_in_sight_is_not_cut_and_a_blocked_cut_waits_for_text() -> No
     text(core, "Hello wor", 1.0)
     core.tick(1.3)
     assert speaks(core) == [] and core.next_deadline() is None  # one complete word: nothing to cut
-    text(core, "ld and more words here", 2.0)  # past the deadline: the cut is made at once
-    assert speaks(core) == ["Hello world and"] and core.next_deadline() is None
+    text(core, "ld and many more words here", 2.0)  # past the deadline: the cut is made at once
+    assert speaks(core) == ["Hello world and many"] and core.next_deadline() is None
 
 
 def test_a_whole_sentence_at_once_is_one_segment_whatever_the_time() -> None:

@@ -76,8 +76,8 @@ def test_reset_drops_text_and_restarts_utterance() -> None:
     assert seg.pending == ""
     assert seg.flush() == []
     # Eager applies again after reset.
-    assert seg.push("a b c d e f") == []
-    assert seg.cut_early() == ["a b c"]  # "f" may still grow: "d e" stay behind
+    assert seg.push("a b c d e f g h") == []
+    assert seg.cut_early() == ["a b c d e"]  # "h" may still grow: "f g" stay behind
 
 
 def test_flush_returns_rest_and_resets_eager() -> None:
@@ -277,7 +277,9 @@ def test_cut_early_skips_leading_whitespace() -> None:
     seg = Segmenter("none")
     assert seg.push("  one two") == []
     assert seg.push(" three four five ") == []
-    assert seg.cut_early() == ["one two three"]
+    assert seg.cut_early() == []  # four words before the cut and two after it: six are needed
+    assert seg.push("six ") == []
+    assert seg.cut_early() == ["one two three four"]
     assert seg.cut_early() == []
 
 
