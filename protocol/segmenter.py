@@ -118,8 +118,9 @@ class Segmenter:
 
     Args:
         granularity: ``"sentence"``, ``"clause"`` or ``"none"`` (see the module docstring).
-        eager_first: Cut the first segment of each utterance early so audio starts sooner. Applies
-            to every granularity, ``"none"`` included, and only to the first emitted segment.
+        eager_first: Let :meth:`cut_early` cut the first segment of each utterance early so audio
+            starts sooner. Applies to every granularity, ``"none"`` included, and only to the first
+            emitted segment; a sentence end is then always cut at.
         max_chars: Hard cap on the length of a segment, in characters after stripping.
 
     Raises:
