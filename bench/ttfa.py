@@ -43,6 +43,7 @@ from voxgate.engine.piper import PiperSettings
 from voxgate.gateway.app import create_app
 from voxgate.gateway.settings import Settings
 from voxgate.protocol.audio import BYTES_PER_SAMPLE
+from voxgate.protocol.messages import DEFAULT_MAX_BUFFER_DELAY_MS
 from voxgate.protocol.segmenter import Segmenter
 
 PATH = "/v1/audio/speech/stream"
@@ -119,17 +120,33 @@ def tokenize(text: str, seed: int = TOKEN_SEED) -> list[str]:
     return tokens
 
 
-def first_segment(tokens: Sequence[str]) -> tuple[int, str]:
+def first_segment(
+    tokens: Sequence[str], delay_s: float = 0.0, budget_s: float = DEFAULT_MAX_BUFFER_DELAY_MS / 1000.0
+) -> tuple[int, str]:
     """Which token completes the first segment, and its text, as the server's default segmenter cuts it.
 
     The gateway uses ``Segmenter("sentence", eager_first=True)`` for a config that leaves both at their
-    defaults; the result is checked against the first ``audio.start`` of every run.
+    defaults, and cuts the first segment early (``Segmenter.cut_early``) once ``budget_s`` has passed
+    since its first text; token ``i`` is sent at ``i * delay_s``. The result is checked against the
+    first ``audio.start`` of every run.
     """
     segmenter = Segmenter("sentence", eager_first=True)
+    first_t: float | None = None
     for i, token in enumerate(tokens):
+        t = i * delay_s
+        if first_t is not None and delay_s and t >= first_t + budget_s and (out := segmenter.cut_early()):
+            return i - 1, out[0]  # the deadline passed before this token was sent
         if out := segmenter.push(token):
             return i, out[0]
+        if first_t is None and segmenter.eager_pending:
+            first_t = t
     raise BenchError("the paragraph never completes a segment before input.done")
+
+
+def expected_first_segments(tokens: Sequence[str], delay_s: float) -> set[str]:
+    """The first segments the server may cut: its deadline may fall just before or just after a token."""
+    budget_s = DEFAULT_MAX_BUFFER_DELAY_MS / 1000.0
+    return {first_segment(tokens, delay_s, budget_s + shift)[1] for shift in (-delay_s / 2, delay_s / 2)}
 
 
 @dataclass(frozen=True)
@@ -231,7 +248,7 @@ def _send_tokens(
 def speak(address: str, stream: Stream, start: threading.Barrier | None = None) -> Run:
     """Stream the tokens through one new session and record when everything arrives."""
     tokens, delay_s = stream.tokens, stream.delay_s
-    complete_at, _ = first_segment(tokens)
+    complete_at, _ = first_segment(tokens, delay_s)
     run = Run()
     width = BYTES_PER_SAMPLE["pcm"]
     # voxgate.v1: session.ready and the timings this benchmark reads.
@@ -297,14 +314,16 @@ def speak(address: str, stream: Stream, start: threading.Barrier | None = None) 
             thread.join(TIMEOUT_S)
         if failure:
             raise BenchError(f"sending tokens failed: {failure[0]!r}") from failure[0]
-    _validate(run, tokens)
+    _validate(run, tokens, delay_s)
     return run
 
 
-def _validate(run: Run, tokens: Sequence[str]) -> None:
-    expected = first_segment(tokens)[1]
-    if run.first_sentence_text != expected:
-        raise BenchError(f"server's first segment {run.first_sentence_text!r} != client's {expected!r}")
+def _validate(run: Run, tokens: Sequence[str], delay_s: float) -> None:
+    expected = expected_first_segments(tokens, delay_s)
+    if run.first_sentence_text not in expected:
+        raise BenchError(
+            f"server's first segment {run.first_sentence_text!r} is none of {sorted(expected)!r}"
+        )
     if not run.frames or run.audio_ms <= 0:
         raise BenchError("no audio received")
     received_ms = sum(f.audio_s for f in run.frames) * 1000.0
@@ -529,7 +548,7 @@ def _run_json(run: Run) -> dict[str, Any]:
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     tokens = tokenize(PARAGRAPH)
-    complete_at, first_text = first_segment(tokens)
+    complete_at, first_text = first_segment(tokens, args.token_delay_ms / 1000.0)
     stream = Stream(tokens, args.token_delay_ms / 1000.0, args.seed)
     settings = Settings(engine="piper")
     started = time.perf_counter()

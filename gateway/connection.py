@@ -3,7 +3,9 @@
 The text side (``protocol.session``) and the speech core (``protocol.core``) decide everything; this
 shell feeds them messages, engine audio and the time, and moves their outputs to the socket.
 
-- The reader only decodes messages and queues work, so a cancel is handled while audio streams.
+- The reader only decodes messages and queues work, so a cancel is handled while audio streams. It
+  waits on the socket no longer than the core's next deadline (``Core.next_deadline``), and calls
+  ``Core.tick`` when it passes: the eager first segment is cut by time, with no polling.
 - The synthesizer takes segments in order and feeds their engine audio to the core as fast as the
   engine makes it: while segment k is being sent, segment k+1 is already being synthesized.
 - The writer drains the outbox (the bounded backpressure queue) into the socket, rendering each
@@ -148,11 +150,21 @@ class Connection:
             wait = limit - (time.monotonic() - self.last_activity) if configured else limit
             if wait <= 0:
                 wait = limit  # busy past the limit: the writer's own timeout ends a stuck send
+            wait = max(wait, 0.01)
+            # The core's next deadline (the eager first segment's time budget) bounds the wait.
+            deadline = self.core.next_deadline()
+            tick = deadline is not None and deadline - time.perf_counter() < wait
+            if deadline is not None and tick:
+                wait = max(deadline - time.perf_counter(), 0.0)
             try:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the task group's cancel.
-                async with asyncio.timeout(max(wait, 0.01)):
+                async with asyncio.timeout(wait):
                     return dict(await self.ws.receive())
             except TimeoutError:
+                if tick:
+                    self.core.tick(time.perf_counter())
+                    await self._flush()
+                    continue
                 if not configured:
                     raise _Stop(
                         ProtocolError(
@@ -231,6 +243,7 @@ class Connection:
             stream_audio=config.streamed,
             split_granularity=granularity,
             eager_first_segment=eager,
+            max_buffer_delay_ms=config.max_buffer_delay_ms,
             frame_ms=config.frame_ms,
             frame_header=config.frame_header,
         )

@@ -1,11 +1,12 @@
 """OpenAI-compatible ``POST /v1/audio/speech``: the whole input in, audio streamed out as it is made.
 
 The route drives the same text side and core as the WebSocket (``protocol.session``, ``protocol.core``):
-the input is one utterance (sentence cuts, eager first segment), a producer task synthesizes its
-segments in order ahead of the response body, feeding the core, so the next segment is being made
-while the current one is sent, and ``_Body`` is the codec that renders the core's outputs as the body.
-The first audio is awaited before the response starts, so an engine that fails at once, whatever it
-raises, gets a proper error status instead of an empty 200 (or no answer at all).
+the input is one utterance (sentence cuts; its text is all there at once, so no early cut), a producer
+task synthesizes its segments in order ahead of the response body, feeding the core, so the next
+segment is being made while the current one is sent, and ``_Body`` is the codec that renders the
+core's outputs as the body. The first audio is awaited before the response starts, so an engine that
+fails at once, whatever it raises, gets a proper error status instead of an empty 200 (or no answer at
+all).
 
 ``pcm`` and ``wav`` stream chunk by chunk. ``mp3``, ``opus`` and ``flac`` are encoded once the
 whole signal is there (their encoders write headers that describe the whole stream: a Xing frame,
@@ -238,7 +239,8 @@ async def create_speech(request: Request) -> Response:
     core_format = OutputFormat(_STREAMED_FORMATS.get(req.response_format, "f32"), rate, frame_ms=100)
     core = Core(core_format)
     now = time.perf_counter()
-    # The whole input is one utterance, cut as the WebSocket cuts it by default.
+    # The whole input is one utterance, cut as the WebSocket cuts it by default. All of its text is
+    # there at once, so no time passes and the eager first segment is never cut early: no ticks.
     config = SessionConfig(split_granularity="sentence", eager_first_segment=True)
     core.receive_message(config, now)
     core.accept_config(config, core_format)

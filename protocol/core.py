@@ -6,8 +6,10 @@ drive it. Client messages go in through ``receive_text`` / ``receive_bytes`` (We
 segmentation) turns them into events, which ``receive`` applies. The shell's engine work goes in
 through ``segment_started`` / ``audio`` / ``segment_done``; typed outputs (``protocol.output``) come
 out of ``data_to_send``, in the order they take effect. Time is an argument (``now``, in seconds of
-one monotonic clock): the core never reads a clock, and never awaits. Flow control (a bounded outbox,
-send timeouts) and timeouts are the shell's.
+one monotonic clock): the core never reads a clock, and never awaits. The one thing time alone
+decides is the early cut of an utterance's first segment: ``next_deadline`` says when it is due and
+the shell calls ``tick`` then (any message that comes in later fires it too). Flow control (a bounded
+outbox, send timeouts) and timeouts are the shell's.
 
 The rules it owns:
 
@@ -103,6 +105,28 @@ class Core:
         self._utterances: dict[int, _Utterance] = {}
         self._out: list[Output] = []
         self._closing = False
+        self._deadline: float | None = None  # when the eager first segment's text has waited enough
+        self._parked = False  # the deadline passed but the text allowed no cut: wait for more text
+
+    def next_deadline(self) -> float | None:
+        """When the shell must call ``tick`` (on the clock of ``now``), or None when nothing is due."""
+        return None if self._parked else self._deadline
+
+    def tick(self, now: float) -> None:
+        """Let time pass: once the eager first segment has waited its budget, cut it if the text allows.
+
+        A segment that waited ``max_buffer_delay_ms`` since its first text arrived, with no sentence end,
+        is cut at the best point available (``Segmenter.cut_early``); if none is, the cut waits for
+        more text (``next_deadline`` is None until a message arrives).
+        """
+        if self._deadline is None or self._parked or now < self._deadline:
+            return
+        for event in self.session.cut_early():
+            self.receive(event, now)
+        if self.session.eager_pending:
+            self._parked = True
+        else:
+            self._deadline = None
 
     def receive_text(self, data: str, now: float) -> None:
         """Take one text WebSocket message, received at ``now``.
@@ -261,6 +285,12 @@ class Core:
     def _apply(self, events: list[Event], now: float) -> None:
         for event in events:
             self.receive(event, now)
+        if not self.session.eager_pending:
+            self._deadline = None
+        elif self._deadline is None:
+            self._deadline = now + self.session.max_buffer_delay_s
+        self._parked = False
+        self.tick(now)
 
     def _open(self, index: int, now: float | None) -> _Utterance:
         fmt = self._format

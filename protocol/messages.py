@@ -45,6 +45,9 @@ TextInputMode = Literal["buffered", "commitment"]
 StreamingMode = Literal["token_level", "sentence_commit"]
 #: Output rate when a config names none, on every surface: vllm-omni's and OpenAI's 24 kHz.
 DEFAULT_SAMPLE_RATE = 24000
+#: The time budget of an utterance's eager first segment when a config names none (``max_buffer_delay_ms``).
+DEFAULT_MAX_BUFFER_DELAY_MS = 300
+BufferDelayMs = Annotated[int, msgspec.Meta(ge=0, le=5000)]
 # vllm-omni caps speaker_embedding at 8192 values.
 Embedding = Annotated[list[float], msgspec.Meta(max_length=8192)]
 
@@ -91,9 +94,9 @@ class SessionConfig(_Client, SpeechOptions, tag="session.config", frozen=True):
     """Configures the session; first message, may be sent again between utterances.
 
     Field names follow vllm-omni's ``StreamingSpeechSessionConfig`` (the shared ones are in
-    ``SpeechOptions``); ``f32``/``mulaw`` formats, ``eager_first_segment``, ``frame_ms`` and
-    ``frame_header`` are voxgate's own. Each config replaces the previous one whole: omitted fields
-    take their defaults.
+    ``SpeechOptions``); ``f32``/``mulaw`` formats, ``eager_first_segment``, ``max_buffer_delay_ms``,
+    ``frame_ms`` and ``frame_header`` are voxgate's own. Each config replaces the previous one whole:
+    omitted fields take their defaults.
     """
 
     voice: str | None = None
@@ -102,6 +105,7 @@ class SessionConfig(_Client, SpeechOptions, tag="session.config", frozen=True):
     stream_audio: bool | None = None
     split_granularity: Granularity | None = None
     eager_first_segment: bool | None = None
+    max_buffer_delay_ms: BufferDelayMs = DEFAULT_MAX_BUFFER_DELAY_MS
     text_input_mode: TextInputMode | None = None
     streaming_mode: StreamingMode | None = None
     frame_ms: FrameMs = 40
@@ -236,6 +240,7 @@ class EffectiveConfig(msgspec.Struct, kw_only=True):
     stream_audio: bool = True
     split_granularity: Granularity = "sentence"
     eager_first_segment: bool = True
+    max_buffer_delay_ms: int = DEFAULT_MAX_BUFFER_DELAY_MS
     frame_ms: int = 40
     frame_header: bool = False
 

@@ -22,16 +22,18 @@ Rules, by granularity:
 * ``"none"``: no punctuation cuts; only the hard cap and :meth:`Segmenter.flush` cut.
 
 With ``eager_first`` the first segment of each utterance (for every granularity, ``"none"``
-included) is cut early, but only when the sentence end is not in sight: a sentence end is always
-taken; an early cut is first only a candidate (the first clause boundary of at least
-:data:`MIN_CLAUSE_WORDS` words, else the point after ``eager_words`` words, replaced by a clause
-boundary that follows before the cut), and it is made once more
-than :data:`EAGER_TAIL_WORDS` words follow it with no sentence end among them. So a sentence whose
-end arrives within that window stays whole ("The quick brown fox jumps over the lazy dog." is one
-segment), an early cut never leaves a tail of a word or two, and a clause boundary is preferred to a
-bare word count (in CJK text the tail is counted as :data:`EAGER_TAIL_CJK_CHARS` characters). CJK
-text without a clause mark is cut after :data:`EAGER_CJK_CHARS` CJK characters. The decision depends
-only on the text, never on how it was split into fragments.
+included) may be cut early, but only on :meth:`Segmenter.cut_early`, which the caller makes when the
+text of that segment has waited long enough (the session core's time budget, ``max_buffer_delay_ms``):
+the cut is driven by time, never by a word count, so a sentence that arrives whole, or fast, is never
+cut before its end. A sentence end is always taken. ``cut_early`` cuts only when the sentence end is not
+in sight (the text does not end in a possible sentence end awaiting its next character), at the last
+clause boundary after at least :data:`MIN_CLAUSE_WORDS` words, else at the last word boundary (between
+words, or between two CJK characters) after at least :data:`EAGER_MIN_WORDS` words
+(:data:`EAGER_MIN_CJK_CHARS` CJK characters), never inside a word, and only where at least
+:data:`EAGER_TAIL_WORDS` complete words (:data:`EAGER_TAIL_CJK_CHARS` CJK characters) of the visible
+text stay behind it, so the end of the sentence is never spoken alone. When no point qualifies it cuts
+nothing (the caller tries again when more text arrives). Without calls to ``cut_early`` the segments
+depend only on the text, never on how it was split into fragments.
 
 No segment exceeds ``max_chars`` characters. When the cap is reached the cut goes to the last
 unused punctuation boundary in the second half of the segment, else the last whitespace, else
@@ -49,17 +51,16 @@ Granularity = Literal["none", "sentence", "clause"]
 # About 50 English words, 15-20 s of speech: real sentences almost never reach it, yet a run-on
 # stream without punctuation still reaches the engine in bounded, promptly spoken pieces.
 MAX_SEGMENT_CHARS: Final = 300
-# About 2.5-3 s of speech: enough context for natural prosody, small enough that the first audio
-# starts after only a handful of LLM tokens.
-EAGER_WORDS: Final = 8
-# Words that must follow an eager cut candidate, with no sentence end among them, before the cut is
-# made: a sentence ending within them stays whole, so an early cut never orphans a word or two ("dog.").
-EAGER_TAIL_WORDS: Final = 3
+# Words before a timed early cut that is not at a clause boundary: about a second of speech, enough for a
+# phrase's intonation; a slow stream waits for them rather than speak "The gateway" alone.
+EAGER_MIN_WORDS: Final = 4
+# The same for CJK text, in characters.
+EAGER_MIN_CJK_CHARS: Final = 6
+# Complete words of the visible text that a timed early cut leaves behind it: the rest of the sentence
+# then holds at least these and the words still to come, never a lone "dog.".
+EAGER_TAIL_WORDS: Final = 2
 # The same for CJK text, in characters (about one syllable each).
 EAGER_TAIL_CJK_CHARS: Final = 4
-# A CJK character is about one syllable (4-5 per second spoken), so 12 is roughly the same speaking
-# time as EAGER_WORDS English words.
-EAGER_CJK_CHARS: Final = 12
 # One-word clauses ("Yes," "Well,") would become choppy audio and pay per-request engine overhead.
 MIN_CLAUSE_WORDS: Final = 2
 # Two CJK characters is typically a single word ("你好，"); four is the shortest natural phrase.
@@ -117,13 +118,13 @@ class Segmenter:
 
     Args:
         granularity: ``"sentence"``, ``"clause"`` or ``"none"`` (see the module docstring).
-        eager_first: Cut the first segment of each utterance early so audio starts sooner. Applies
-            to every granularity, ``"none"`` included, and only to the first emitted segment.
+        eager_first: Let :meth:`cut_early` cut the first segment of each utterance early so audio
+            starts sooner. Applies to every granularity, ``"none"`` included, and only to the first
+            emitted segment; a sentence end is then always cut at.
         max_chars: Hard cap on the length of a segment, in characters after stripping.
-        eager_words: Word count after which the eager first segment is cut.
 
     Raises:
-        ValueError: If ``granularity`` is unknown or ``max_chars``/``eager_words`` is below 1.
+        ValueError: If ``granularity`` is unknown or ``max_chars`` is below 1.
     """
 
     def __init__(
@@ -132,17 +133,15 @@ class Segmenter:
         *,
         eager_first: bool = True,
         max_chars: int = MAX_SEGMENT_CHARS,
-        eager_words: int = EAGER_WORDS,
     ) -> None:
         if granularity not in ("none", "sentence", "clause"):
             raise ValueError(f"unknown granularity {granularity!r}")
-        if max_chars < 1 or eager_words < 1:
-            raise ValueError("max_chars and eager_words must be at least 1")
+        if max_chars < 1:
+            raise ValueError("max_chars must be at least 1")
         self._sentences = granularity != "none"
         self._clauses = granularity == "clause"
         self._eager_first = eager_first
         self._max_chars = max_chars
-        self._eager_words = eager_words
         self._buf = ""
         self._pos = 0  # next index of _buf to scan
         self._out: list[str] = []
@@ -153,6 +152,45 @@ class Segmenter:
     def pending(self) -> str:
         """Buffered text not yet emitted (leading whitespace already dropped)."""
         return self._buf[self._begin :]
+
+    @property
+    def eager_pending(self) -> bool:
+        """Whether text of the utterance's eager first segment is buffered (``cut_early`` may cut it)."""
+        return self._eager and self._has_content
+
+    def cut_early(self) -> list[str]:
+        """Cut the eager first segment now, at the best point the text allows (see the module docstring).
+
+        Returns:
+            The segment cut, or nothing: no eager segment pending, its end in sight, or no point that
+            leaves enough words on both sides.
+        """
+        if self.eager_pending and not self._end_in_sight():
+            at = self._early_point()
+            if at >= 0:
+                self._cut(at)
+                self._recount(at, self._pos)
+                self._compact()
+        out, self._out = self._out, []
+        return out
+
+    def _end_in_sight(self) -> bool:
+        """Whether the scanned text ends in a sentence mark whose next character decides the cut."""
+        buf = self._buf
+        if self._pos < len(buf):
+            return True  # "No." waits for its next character
+        last = buf[self._skip_closers(len(buf) - 1)]
+        return last in _ASCII_TERMINATORS or last in _CJK_TERMINATORS or last == "…"
+
+    def _early_point(self) -> int:
+        """The last clause boundary, else word boundary, with enough complete words after it; else -1."""
+        words = self._words - (1 if self._in_token else 0)  # the last token may still grow
+        cjk = self._cjk
+        for points in (self._clause_points, self._word_points):
+            for at, words_before, cjk_before in reversed(points):
+                if words - words_before >= EAGER_TAIL_WORDS or cjk - cjk_before >= EAGER_TAIL_CJK_CHARS:
+                    return at
+        return -1
 
     def push(self, text: str) -> list[str]:
         """Append text to the utterance.
@@ -219,10 +257,9 @@ class Segmenter:
         self._cjk = 0
         self._last_ws = -1
         self._soft = -1  # last punctuation boundary this granularity did not cut at
-        self._candidate = -1  # where the eager first segment would be cut, once its tail is long enough
-        self._candidate_words = 0  # words before the candidate
-        self._candidate_cjk = 0  # CJK characters before the candidate
-        self._clause_candidate = False  # the candidate is a clause boundary, not a word count
+        # Where cut_early may cut the eager first segment: (position, words before, CJK chars before).
+        self._clause_points: list[tuple[int, int, int]] = []
+        self._word_points: list[tuple[int, int, int]] = []
 
     def _compact(self) -> None:
         drop = self._begin
@@ -233,7 +270,8 @@ class Segmenter:
             self._tok_start = max(0, self._tok_start - drop)
             self._last_ws = self._last_ws - drop if self._last_ws >= 0 else -1
             self._soft = self._soft - drop if self._soft >= 0 else -1
-            self._candidate = self._candidate - drop if self._candidate >= 0 else -1
+            self._clause_points = [(at - drop, w, c) for at, w, c in self._clause_points]
+            self._word_points = [(at - drop, w, c) for at, w, c in self._word_points]
 
     def _scan(self, *, final: bool) -> None:
         buf = self._buf
@@ -261,34 +299,18 @@ class Segmenter:
                     self._cut(i)
                 else:
                     self._soft = i
-                    # A clause boundary beats a bare word count, even one already chosen.
-                    if self._eager and not self._clause_candidate and kind == _CLAUSE and self._big_enough():
-                        self._clause_candidate = True
-                        self._candidate, self._candidate_words, self._candidate_cjk = (
-                            i,
-                            self._words,
-                            self._cjk,
-                        )
-        if self._eager and self._cjk >= EAGER_CJK_CHARS and _is_cjk(char):
-            self._cut(i)
+                    if self._eager and kind == _CLAUSE and self._big_enough():
+                        self._clause_points.append((i, self._words, self._cjk))
         if self._has_content and i - self._begin >= self._max_chars:
             self._cap(i, char)
         self._absorb(i, char)
-        if self._eager:
-            if self._candidate < 0 and self._words > self._eager_words:
-                self._candidate, self._candidate_words = self._tok_start, self._words - 1
-                self._candidate_cjk = self._cjk
-            if self._candidate >= 0 and (
-                self._words - self._candidate_words > EAGER_TAIL_WORDS
-                or self._cjk - self._candidate_cjk > EAGER_TAIL_CJK_CHARS
-            ):
-                at = self._candidate
-                self._cut(at)
-                self._recount(at, i + 1)
         return True
 
     def _big_enough(self) -> bool:
         return self._words >= MIN_CLAUSE_WORDS or self._cjk >= MIN_CLAUSE_CJK_CHARS
+
+    def _long_enough(self) -> bool:
+        return self._words >= EAGER_MIN_WORDS or self._cjk >= EAGER_MIN_CJK_CHARS
 
     def _takes(self, kind: int) -> bool:
         if kind == _SENTENCE:
@@ -321,6 +343,8 @@ class Segmenter:
     def _absorb(self, k: int, char: str) -> None:
         if char.isspace():
             if self._has_content:
+                if self._eager and self._in_token and self._long_enough():
+                    self._word_points.append((k, self._words, self._cjk))
                 self._last_ws = k
                 self._in_token = False
             else:
@@ -337,6 +361,8 @@ class Segmenter:
             self._tok_word = True
             self._words += 1
         if char >= "\u3040" and _is_cjk(char):
+            if self._eager and k > self._begin and self._long_enough() and _is_cjk(self._buf[k - 1]):
+                self._word_points.append((k, self._words, self._cjk))
             self._cjk += 1
 
     def _boundary(self, i: int, char: str, final: bool) -> int:

@@ -26,6 +26,7 @@ from voxgate.protocol.dialect import render
 from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError, field_path
 from voxgate.protocol.messages import (
     CLIENT_TYPES,
+    DEFAULT_MAX_BUFFER_DELAY_MS,
     ClientMessage,
     InputCancel,
     InputCommit,
@@ -146,6 +147,19 @@ class Session:
         self.utterance_index = 0
         self._sentences = 0
         self._segmenter = Segmenter()
+        self.max_buffer_delay_s = DEFAULT_MAX_BUFFER_DELAY_MS / 1000.0
+
+    @property
+    def eager_pending(self) -> bool:
+        """Whether text of the open utterance's eager first segment waits (``cut_early`` may cut it)."""
+        return self._segmenter.eager_pending
+
+    def cut_early(self) -> list[Event]:
+        """Cut the open utterance's eager first segment now, if the text allows (``Segmenter.cut_early``).
+
+        The core calls it once the segment's text has waited ``max_buffer_delay_s``.
+        """
+        return self._segments(self._segmenter.cut_early())
 
     @property
     def configured(self) -> bool:
@@ -222,6 +236,7 @@ class Session:
         self.config = config
         granularity, eager = config.segmentation()
         self._segmenter = Segmenter(granularity, eager_first=eager)
+        self.max_buffer_delay_s = config.max_buffer_delay_ms / 1000.0
 
     def reject_config(self, error: ProtocolError) -> ProtocolError:
         """Turn an engine's refusal of a config into the error to report (fatal before the first config)."""

@@ -685,7 +685,9 @@ def test_the_gateway_streams_audio_from_the_engine() -> None:
 def test_a_cancel_through_the_gateway_aborts_the_request() -> None:
     omni = FakeOmni(delta_script(chunks=200, size=2400), delay_s=0.02)
     with serve_engine(make_engine(omni)) as address, session(address, voice="vivian") as ws:
-        send(ws, type="input.text", text="A long sentence that takes a while to speak and goes on and on.")
+        send(
+            ws, type="input.text", text="A long sentence that takes a while to speak. And it goes on and on."
+        )
         send(ws, type="input.done")
         recv_until(ws, "audio.start")
         send(ws, type="input.cancel")
@@ -693,7 +695,7 @@ def test_a_cancel_through_the_gateway_aborts_the_request() -> None:
         deadline = time.monotonic() + TIMEOUT_S
         while len(omni.aborted) < len(omni.calls) and time.monotonic() < deadline:
             time.sleep(0.01)
-    # The eager first segment and the rest: the second was submitted ahead, and both are aborted.
+    # Two sentences: the second was submitted ahead, and both are aborted.
     assert len(omni.calls) == 2
     assert sorted(omni.aborted) == sorted(call.request_id for call in omni.calls)
 

@@ -393,3 +393,32 @@ def test_clients_without_the_subprotocol_get_no_extensions() -> None:
     assert got.messages("session.done") == [
         {"type": "session.done", "utterance_index": 0, "total_sentences": 1}
     ]
+
+
+def test_the_first_segment_is_cut_when_its_time_budget_passes() -> None:
+    """The client sends nothing more until the first audio.start: only the server's deadline can cut."""
+    with serve_engine(FakeEngine()) as address:
+        with voxgate_connect(f"ws://{address}{URL}") as ws:
+            send(ws, type="session.config", max_buffer_delay_ms=50)
+            ready = recv_message(ws)
+            assert ready["config"]["max_buffer_delay_ms"] == 50
+            send(ws, type="input.text", text="one two three four five six ")
+            start = recv_message(ws)
+            assert start["type"] == "audio.start" and start["sentence_text"] == "one two three four"
+            send(ws, type="input.text", text="seven. Eight")
+            send(ws, type="input.done")
+            received = recv_until(ws, "session.done")
+    texts = [m["sentence_text"] for m in received.messages("audio.start")]
+    assert texts == ["five six seven.", "Eight"]
+    assert received.messages("session.done")[0]["total_sentences"] == 3
+
+
+def test_a_sentence_sent_whole_is_one_segment_after_its_budget() -> None:
+    sentence = "The quick brown fox jumps over the lazy dog and runs far away from the hunter."
+    with serve_engine(FakeEngine()) as address, session(address, max_buffer_delay_ms=20) as ws:
+        send(ws, type="input.text", text=sentence)
+        with pytest.raises(TimeoutError):
+            recv(ws, timeout=0.3)  # the budget passed: its end is in sight, so nothing is cut
+        send(ws, type="input.done")
+        received = recv_until(ws, "session.done")
+    assert [m["sentence_text"] for m in received.messages("audio.start")] == [sentence]

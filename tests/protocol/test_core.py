@@ -222,3 +222,64 @@ def test_an_utterance_reported_but_not_yet_written_is_reported_once() -> None:
     core.receive(UtteranceEnded(1, 0), 0.0)
     assert core.data_to_send() == [Report(0), Report(1)]
     assert core.in_flight == (0, 1)
+
+
+def speaks(core: Core) -> list[str]:
+    return [o.text for o in core.data_to_send() if isinstance(o, Speak)]
+
+
+def text(core: Core, fragment: str, now: float) -> None:
+    core.receive_text(f'{{"type": "input.text", "text": "{fragment}"}}', now)
+
+
+def configured(config: str = "") -> Core:
+    core = Core(PCM)
+    core.receive_text(f'{{"type": "session.config"{config}}}', 0.0)
+    (configure,) = core.data_to_send()
+    assert isinstance(configure, Configure)
+    core.accept_config(configure.config, PCM)
+    return core
+
+
+def test_the_first_segment_is_cut_once_its_text_waited_the_budget() -> None:
+    core = configured(', "max_buffer_delay_ms": 200')
+    assert core.next_deadline() is None
+    text(core, "Let me check that", 10.0)
+    assert speaks(core) == [] and core.next_deadline() == pytest.approx(10.2)
+    core.tick(10.1)  # early: nothing
+    text(core, " for you, it will ", 10.15)
+    assert speaks(core) == [] and core.next_deadline() == pytest.approx(10.2)  # from the first text
+    core.tick(10.2)
+    assert speaks(core) == ["Let me check that for you,"] and core.next_deadline() is None
+    text(core, "take a moment. Then", 10.3)
+    assert speaks(core) == ["it will take a moment."] and core.next_deadline() is None
+    core.tick(99.0)
+    core.receive_message(InputDone(), 99.0)
+    assert speaks(core) == ["Then"]
+    text(core, "A new utterance", 100.0)  # the next utterance is eager again
+    assert core.next_deadline() == pytest.approx(100.2)
+
+
+def test_a_sentence_in_sight_is_not_cut_and_a_blocked_cut_waits_for_text() -> None:
+    core = configured()  # the default budget: 300 ms
+    text(core, "The quick brown fox jumps over the lazy dog.", 0.0)
+    assert core.next_deadline() == pytest.approx(0.3)
+    core.tick(0.5)
+    assert speaks(core) == [] and core.next_deadline() is None  # the end is in sight: no busy ticking
+    text(core, " It", 0.6)
+    assert speaks(core) == ["The quick brown fox jumps over the lazy dog."] and core.next_deadline() is None
+    core.receive_message(InputDone(), 0.7)
+    assert speaks(core) == ["It"]
+    text(core, "Hello wor", 1.0)
+    core.tick(1.3)
+    assert speaks(core) == [] and core.next_deadline() is None  # one complete word: nothing to cut
+    text(core, "ld and many more words here", 2.0)  # past the deadline: the cut is made at once
+    assert speaks(core) == ["Hello world and many"] and core.next_deadline() is None
+
+
+def test_a_whole_sentence_at_once_is_one_segment_whatever_the_time() -> None:
+    core = configured()
+    sentence = "This sentence is long enough that a word count would have cut it in two, but it is whole."
+    text(core, sentence, 0.0)
+    core.receive_message(InputDone(), 0.0)
+    assert speaks(core) == [sentence] and core.next_deadline() is None

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from voxgate.protocol.segmenter import EAGER_CJK_CHARS, EAGER_WORDS, MAX_SEGMENT_CHARS, Granularity, Segmenter
+from voxgate.protocol.segmenter import MAX_SEGMENT_CHARS, Granularity, Segmenter
 
 GRANULARITIES: list[Granularity] = ["none", "sentence", "clause"]
 _WS = re.compile(r"\s+")
@@ -20,10 +20,9 @@ def segment(
     *,
     eager_first: bool = True,
     max_chars: int = MAX_SEGMENT_CHARS,
-    eager_words: int = EAGER_WORDS,
 ) -> list[str]:
-    """Push ``text`` (one string or a list of chunks) through a fresh segmenter, then flush."""
-    seg = Segmenter(granularity, eager_first=eager_first, max_chars=max_chars, eager_words=eager_words)
+    """Push ``text`` (one string or a list of chunks) through a fresh segmenter, then flush (no early cut)."""
+    seg = Segmenter(granularity, eager_first=eager_first, max_chars=max_chars)
     out: list[str] = []
     for chunk in [text] if isinstance(text, str) else text:
         out += seg.push(chunk)
@@ -77,17 +76,21 @@ def test_reset_drops_text_and_restarts_utterance() -> None:
     assert seg.pending == ""
     assert seg.flush() == []
     # Eager applies again after reset.
-    assert seg.push("a b c d e f g h i j k") == []
-    assert seg.push(" l") == ["a b c d e f g h"]
+    assert seg.push("a b c d e f g h") == []
+    assert seg.cut_early() == ["a b c d e"]  # "h" may still grow: "f g" stay behind
 
 
 def test_flush_returns_rest_and_resets_eager() -> None:
     seg = Segmenter()
     words = " ".join(f"w{n}" for n in range(12))
-    assert seg.push(words + " and") == [" ".join(f"w{n}" for n in range(EAGER_WORDS))]
-    assert seg.push(" more words here") == []  # not eager any more; no sentence end yet
-    assert seg.flush() == ["w8 w9 w10 w11 and more words here"]
-    assert seg.push(words) == [" ".join(f"w{n}" for n in range(EAGER_WORDS))]
+    assert seg.push(words + " and") == []
+    assert seg.cut_early() == ["w0 w1 w2 w3 w4 w5 w6 w7 w8 w9"]
+    assert seg.push(" more words here") == []
+    assert seg.cut_early() == []  # not eager any more; no sentence end yet
+    assert seg.flush() == ["w10 w11 and more words here"]
+    assert seg.push(words) == []
+    assert seg.eager_pending
+    assert seg.cut_early() == ["w0 w1 w2 w3 w4 w5 w6 w7 w8"]  # "w11" may still grow
 
 
 def test_flush_of_whitespace_only_is_empty() -> None:
@@ -101,8 +104,6 @@ def test_invalid_arguments_raise() -> None:
         Segmenter("words")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         Segmenter(max_chars=0)
-    with pytest.raises(ValueError):
-        Segmenter(eager_words=0)
 
 
 # --- sentence rules --------------------------------------------------------------------------
@@ -216,39 +217,77 @@ def test_cjk_clauses() -> None:
 # --- eager first segment ---------------------------------------------------------------------
 
 
-def test_eager_cuts_after_eight_words_once_a_long_tail_follows() -> None:
-    seg = Segmenter()
-    assert seg.push("one two three four five six seven eight nine ten eleven") == []
-    assert seg.push(" ") == []  # three words follow the candidate: a sentence end may still be near
-    assert seg.push("t") == ["one two three four five six seven eight"]
-    assert seg.push("welve thirteen fourteen fifteen sixteen seventeen ") == []
-    assert seg.flush() == ["nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen"]
-
-
-def test_eager_keeps_a_sentence_whole_when_its_end_is_in_sight() -> None:
-    text = "The quick brown fox jumps over the lazy dog."
+def test_without_cut_early_a_sentence_is_never_cut_before_its_end() -> None:
+    text = "The quick brown fox jumps over the lazy dog and keeps running far away from the hunter."
     assert segment(text) == [text]
     assert segment(list(text)) == [text]
     assert segment(text + " It barks.") == [text, "It barks."]
-    assert segment("Sure thing, I can.") == ["Sure thing, I can."]
+    assert segment("Hi. How are you, my friend? Fine.") == ["Hi.", "How are you, my friend?", "Fine."]
 
 
-def test_eager_never_leaves_a_short_tail() -> None:
-    words = "one two three four five six seven eight nine ten eleven twelve thirteen"
-    for n in range(9, 14):
-        text = " ".join(words.split()[:n]) + "."
-        first, *rest = segment(text + " Next one.")
-        assert first == text or len(first.split()) == EAGER_WORDS and len(text.split()) - EAGER_WORDS > 3
+def test_cut_early_cuts_at_the_last_word_boundary_leaving_two_complete_words() -> None:
+    seg = Segmenter()
+    assert seg.push("one two three four five six seven eight nine ten eleven tw") == []
+    assert seg.cut_early() == ["one two three four five six seven eight nine"]
+    assert seg.pending == "ten eleven tw"
+    assert not seg.eager_pending
+    assert seg.push("elve. Next") == ["ten eleven twelve."]
+    assert seg.flush() == ["Next"]
 
 
-def test_eager_prefers_a_clause_to_the_word_count() -> None:
-    text = "Let me check that for you, it will take a moment or two to find."
-    assert segment(text) == ["Let me check that for you,", "it will take a moment or two to find."]
+def test_cut_early_never_cuts_inside_a_word_or_too_short() -> None:
+    seg = Segmenter()
+    assert seg.push("Hello wor") == []
+    assert seg.cut_early() == []  # one complete word: nothing to cut
+    assert seg.push("ld, my dear") == []
+    assert seg.cut_early() == []  # "Hello world," would leave only "my"
+    assert seg.push(" friend ") == []
+    assert seg.cut_early() == ["Hello world,"]
+    assert seg.flush() == ["my dear friend"]
 
 
-def test_eager_moves_to_a_clause_that_follows_the_word_count() -> None:
-    text = "A long sentence that takes a while to speak, and then it goes on and on."
-    assert segment(text) == ["A long sentence that takes a while to speak,", "and then it goes on and on."]
+def test_cut_early_waits_while_the_sentence_end_is_in_sight() -> None:
+    for text in ["The quick brown fox jumps over the lazy dog.", 'He said "stop now!"', "And so on and on…"]:
+        seg = Segmenter()
+        assert seg.push(text) == []
+        assert seg.cut_early() == []
+        assert seg.eager_pending
+        assert seg.flush() == [text]
+    seg = Segmenter()
+    assert seg.push("Well I say no. ") == []  # "No." waits for its next character
+    assert seg.cut_early() == []
+    assert seg.push("5 or six") == []
+    assert seg.cut_early() == ["Well I say no."]
+
+
+def test_cut_early_prefers_the_last_clause_boundary() -> None:
+    seg = Segmenter()
+    assert seg.push("So, first of all, let me check that for you, it will take") == []
+    assert seg.cut_early() == ["So, first of all, let me check that for you,"]
+    assert seg.flush() == ["it will take"]
+    assert segment("Well, yes, I think so, and then more, and more.", "clause") == [
+        "Well, yes,",
+        "I think so,",
+        "and then more,",
+        "and more.",
+    ]
+
+
+def test_cut_early_skips_leading_whitespace() -> None:
+    seg = Segmenter("none")
+    assert seg.push("  one two") == []
+    assert seg.push(" three four five ") == []
+    assert seg.cut_early() == []  # four words before the cut and two after it: six are needed
+    assert seg.push("six ") == []
+    assert seg.cut_early() == ["one two three four"]
+    assert seg.cut_early() == []
+
+
+def test_cut_early_is_off_without_eager_first() -> None:
+    seg = Segmenter(eager_first=False)
+    assert seg.push("one two three four five six") == []
+    assert not seg.eager_pending
+    assert seg.cut_early() == []
 
 
 def test_commit_cuts_the_buffer_in_the_same_utterance() -> None:
@@ -260,32 +299,16 @@ def test_commit_cuts_the_buffer_in_the_same_utterance() -> None:
     assert seg.flush() == ["the rest."]
 
 
-def test_eager_cuts_at_first_clause() -> None:
-    text = "Well, yes, I think so, and then more, and more."
-    assert segment(text) == ["Well, yes,", "I think so, and then more, and more."]
-    assert segment(text, "clause") == ["Well, yes,", "I think so,", "and then more,", "and more."]
-
-
-def test_eager_sentence_comes_first_when_short() -> None:
-    assert segment("Hi. How are you, my friend? Fine.") == ["Hi.", "How are you, my friend?", "Fine."]
-
-
-def test_eager_words_parameter() -> None:
-    assert segment("a b c d e f g", eager_words=3) == ["a b c", "d e f g"]
-    assert segment("a b c d e f", eager_words=3) == ["a b c d e f"]
-
-
-def test_eager_applies_to_granularity_none() -> None:
-    text = "one two three four five six seven eight nine ten eleven twelve. Eleven, twelve thirteen."
-    expected = ["one two three four five six seven eight", "nine ten eleven twelve. Eleven, twelve thirteen."]
-    assert segment(text, "none") == expected
-    assert calm(text, "none") == [text]
-
-
-def test_eager_cjk_without_punctuation() -> None:
-    text = "今天天气很好我们去公园散步吧好不好"
-    assert segment(text) == [text[:EAGER_CJK_CHARS], text[EAGER_CJK_CHARS:]]
-    assert segment("今天天气很好，我们去公园散步吧好不好") == ["今天天气很好，", "我们去公园散步吧好不好"]
+def test_cut_early_in_cjk_text() -> None:
+    seg = Segmenter()
+    assert seg.push("今天天气很好我们去公园") == []
+    assert seg.cut_early() == ["今天天气很好我"]
+    assert seg.flush() == ["们去公园"]
+    seg = Segmenter()
+    assert seg.push("今天天气很好，我们去公园散步") == []
+    assert seg.cut_early() == ["今天天气很好，"]
+    assert seg.push("吧") == []
+    assert seg.flush() == ["我们去公园散步吧"]
 
 
 # --- hard cap --------------------------------------------------------------------------------
@@ -382,6 +405,38 @@ def test_properties_without_spaces(
     granularity: Granularity, eager: bool, case: tuple[str, list[str]], max_chars: int
 ) -> None:
     _check(*case, granularity, eager, max_chars)
+
+
+_WORDY = st.lists(
+    st.one_of(st.sampled_from(["ab", "cde", "X9", "你好", "天ひら"]), st.sampled_from(list(" ,.!?;。，\n"))),
+    max_size=60,
+).map("".join)
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@_PROPERTY
+@given(case=chunked(_WORDY), ticks=st.lists(st.booleans(), max_size=21))
+def test_properties_with_early_cuts(
+    granularity: Granularity, case: tuple[str, list[str]], ticks: list[bool]
+) -> None:
+    """Early cuts after any chunks keep every character and never split a word."""
+    text, chunks = case
+    seg = Segmenter(granularity)
+    out: list[str] = []
+    for i, chunk in enumerate(chunks):
+        out += seg.push(chunk)
+        if i < len(ticks) and ticks[i]:
+            out += seg.cut_early()
+    out += seg.flush()
+    assert _WS.sub("", "".join(out)) == _WS.sub("", text)
+    pos = 0
+    for piece in out:
+        assert piece and piece == piece.strip()
+        start = text.index(piece, pos)
+        pos = start + len(piece)
+        if pos < len(text):
+            before, after = text[pos - 1], text[pos]
+            assert not (before.isascii() and before.isalnum() and after.isascii() and after.isalnum())
 
 
 @settings(max_examples=60, deadline=None)
