@@ -21,6 +21,7 @@ from voxgate.gateway import speech, voices
 from voxgate.gateway.auth import AuthMiddleware
 from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.http import HttpOnly, RequestIdMiddleware, not_found, not_found_error
+from voxgate.gateway.sessions import Admission, Sessions
 from voxgate.gateway.settings import Settings
 from voxgate.gateway.store import VoiceStore
 from voxgate.gateway.ws import speech_stream
@@ -34,6 +35,7 @@ class State(TypedDict):
     """What the lifespan hands to every request."""
 
     catalog: Catalog
+    sessions: Sessions
     settings: Settings
     voices: VoiceStore
 
@@ -44,8 +46,10 @@ async def healthz(request: Request) -> JSONResponse:
 
 
 async def readyz(request: Request) -> JSONResponse:
-    """Every engine is loaded and answering; reports each one."""
+    """Every engine is loaded and answering, and the server is not draining; reports each one."""
     catalog: Catalog = request.state.catalog
+    if request.state.sessions.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
     report: dict[str, str] = {}
     for name, engine in catalog.engines.items():
         try:
@@ -72,6 +76,11 @@ def create_app(
         unknown = [n for n in engine_names(settings) if n not in ENGINES]
         if unknown:
             raise ValueError(f"unknown engine(s) {unknown}; choose from {sorted(ENGINES)}")
+    sessions = Sessions(
+        drain_timeout_s=settings.drain_timeout_s,
+        max_sessions=settings.max_sessions,
+        max_sessions_per_key=settings.max_sessions_per_key,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
@@ -82,10 +91,11 @@ def create_app(
         store = VoiceStore(settings.resolved_voices_dir(), max_voices=settings.max_voices)
         catalog = Catalog(engines, aliases=settings.voice_aliases, store=store)
         await catalog.start()
+        sessions.start()
         for e in engines:
             logger.info("engine %s ready at %d Hz", e.name, e.sample_rate)
         try:
-            yield {"catalog": catalog, "settings": settings, "voices": store}
+            yield {"catalog": catalog, "sessions": sessions, "settings": settings, "voices": store}
         finally:
             await catalog.aclose()
 
@@ -102,9 +112,11 @@ def create_app(
     middleware = [
         Middleware(RequestIdMiddleware),
         Middleware(AuthMiddleware, keys=settings.all_api_keys(), allowed_origins=settings.allowed_origins),
+        Middleware(Admission, sessions=sessions),
     ]
     app = Starlette(
         routes=routes, lifespan=lifespan, middleware=middleware, exception_handlers={404: not_found_error}
     )
+    app.state.sessions = sessions  # voxgate serve drains them on SIGTERM
     app.router.default = not_found  # a WebSocket to an unknown path: 404, not Starlette's close (403)
     return app

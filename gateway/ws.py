@@ -27,7 +27,12 @@ async def speech_stream(websocket: WebSocket) -> None:
     await websocket.accept(subprotocol=chosen)
     state = websocket.state
     connection = Connection(
-        websocket, state.catalog, state.settings, owner=getattr(state, "owner", ""), extensions=extensions
+        websocket,
+        state.catalog,
+        state.settings,
+        owner=getattr(state, "owner", ""),
+        extensions=extensions,
+        sessions=getattr(state, "sessions", None),
     )
     try:
         await connection.run()

@@ -168,6 +168,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from voxgate.engine import ENGINES
     from voxgate.gateway.app import create_app, engine_names
+    from voxgate.gateway.server import DRAIN_GRACE_S, DrainingServer
 
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     settings = Settings.from_env(**fields)
@@ -185,13 +186,16 @@ def _serve(args: argparse.Namespace) -> int:
     for name in ("uvicorn.access", "uvicorn.error"):
         logging.getLogger(name).addFilter(RedactKeys())
     # uvicorn's own frame limit sits above ours, so an oversized message gets our error, not a bare 1009.
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         ws_max_size=settings.max_config_bytes + 1024 * 1024,
+        timeout_graceful_shutdown=int(DRAIN_GRACE_S) + 1,  # then what is left is cancelled
     )
+    DrainingServer(config, app.state.sessions).run()
     return 0
 
 
