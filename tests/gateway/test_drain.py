@@ -112,3 +112,39 @@ def test_a_session_still_speaking_when_the_drain_times_out_gets_server_shutdown(
             recv(ws)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
         assert proc.wait(TIMEOUT_S) == 0
+
+
+def _await_draining(address: str) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while httpx.get(f"http://{address}/readyz").status_code == 200:
+        assert time.monotonic() < deadline, "readyz never turned 503"
+        time.sleep(0.02)
+
+
+def test_a_rest_stream_in_flight_runs_to_its_end(tmp_path: Path) -> None:
+    text = "A long request body to speak, paced by the fake engine. " * 4
+    with voxgate_serve(tmp_path) as (proc, address):
+        request = {"input": text, "voice": "tone", "response_format": "pcm", "sample_rate": 16000}
+        with httpx.stream("POST", f"http://{address}/v1/audio/speech", json=request, timeout=TIMEOUT_S) as r:
+            assert r.status_code == 200
+            chunks = r.iter_bytes()
+            body = next(chunks)
+            proc.send_signal(signal.SIGTERM)
+            body += b"".join(chunks)
+        # Every segment's tone, whole: SECONDS_PER_CHAR of 16 kHz s16le audio per character.
+        assert len(body) >= 2 * int(len(text.replace(" ", "")) * 0.06 * 16000)
+        assert proc.wait(TIMEOUT_S) == 0
+
+
+def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
+    with voxgate_serve(tmp_path) as (proc, address), session(address) as ws:
+        send(ws, type="input.text", text=TEXT)
+        recv_until(ws, "audio.start")
+        proc.send_signal(signal.SIGTERM)
+        _await_draining(address)
+        proc.send_signal(signal.SIGTERM)  # the utterance is still open: only the second signal ends it
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                recv(ws)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+        assert proc.wait(TIMEOUT_S) == 0
