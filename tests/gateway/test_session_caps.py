@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import MutableMapping
+from typing import Any
 
 import httpx
 import pytest
+from starlette.types import Receive, Scope, Send
 from websockets.exceptions import InvalidStatus
 
 from tests.conftest import TIMEOUT_S, recv_message, recv_until, send, serve_engine, voxgate_connect
 from voxgate.engine.fake import FakeEngine
+from voxgate.gateway.sessions import Admission, Sessions
 
 URL = "/v1/audio/speech/stream"
 
@@ -98,3 +103,22 @@ def test_text_past_the_backlog_cap_is_refused_and_the_session_goes_on() -> None:
             send(ws, type="input.done")
             got = recv_until(ws, "session.done")
             assert [m["sentence_text"] for m in got.messages("audio.start")] == ["Short."]
+
+
+def test_a_server_without_denial_responses_gets_a_close_before_accept() -> None:
+    sessions = Sessions(drain_timeout_s=1.0)
+    sessions.draining = True
+    sent: list[dict[str, object]] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("a refused session never reaches the app")
+
+    async def receive() -> dict[str, object]:
+        return {"type": "websocket.connect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+
+    scope: Scope = {"type": "websocket", "path": URL, "state": {"owner": ""}}
+    asyncio.run(Admission(app, sessions=sessions)(scope, receive, send))
+    assert sent == [{"type": "websocket.close", "code": 1001, "reason": "server_shutdown"}]
