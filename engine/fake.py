@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from typing import Annotated
 
 import msgspec
 import numpy as np
@@ -23,13 +24,18 @@ from voxgate.engine.base import (
     Voice,
     demands,
 )
+from voxgate.engine.options import option
 
 # 60 ms of audio per character is close to natural speech (about 15 characters a second).
 SECONDS_PER_CHAR = 0.06
 
 
 class FakeSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Engine ``fake`` has no settings."""
+    """Engine ``fake``'s one setting: its pace, so that tests of real servers can catch it mid-stream."""
+
+    fake_delay_s: Annotated[
+        float, option("seconds slept before each 250 ms chunk of the tone", flag=True)
+    ] = 0.0
 
 
 class FakeEngine:
@@ -121,4 +127,4 @@ class FakeEngine:
 
 def create(settings: FakeSettings) -> FakeEngine:
     """The engine ``--engine fake`` runs: a test tone."""
-    return FakeEngine()
+    return FakeEngine(delay_s=settings.fake_delay_s)

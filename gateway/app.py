@@ -23,6 +23,7 @@ from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.headers import SecurityHeadersMiddleware
 from voxgate.gateway.http import HttpOnly, RequestIdMiddleware, not_found, not_found_error
 from voxgate.gateway.metrics import Metrics, metrics_endpoint
+from voxgate.gateway.sessions import Admission, Sessions
 from voxgate.gateway.settings import Settings
 from voxgate.gateway.store import VoiceStore
 from voxgate.gateway.ws import speech_stream
@@ -37,6 +38,7 @@ class State(TypedDict):
 
     catalog: Catalog
     metrics: Metrics
+    sessions: Sessions
     settings: Settings
     voices: VoiceStore
 
@@ -47,8 +49,10 @@ async def healthz(request: Request) -> JSONResponse:
 
 
 async def readyz(request: Request) -> JSONResponse:
-    """Every engine is loaded and answering; reports each one."""
+    """Every engine is loaded and answering, and the server is not draining; reports each one."""
     catalog: Catalog = request.state.catalog
+    if request.state.sessions.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
     report: dict[str, str] = {}
     for name, engine in catalog.engines.items():
         try:
@@ -76,6 +80,11 @@ def create_app(
         if unknown:
             raise ValueError(f"unknown engine(s) {unknown}; choose from {sorted(ENGINES)}")
     metrics = Metrics()
+    sessions = Sessions(
+        drain_timeout_s=settings.drain_timeout_s,
+        max_sessions=settings.max_sessions,
+        max_sessions_per_key=settings.max_sessions_per_key,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
@@ -87,10 +96,17 @@ def create_app(
         catalog = Catalog(engines, aliases=settings.voice_aliases, store=store)
         await catalog.start()
         metrics.watch(engines)
+        sessions.start()
         for e in engines:
             logger.info("engine %s ready at %d Hz", e.name, e.sample_rate)
         try:
-            yield {"catalog": catalog, "metrics": metrics, "settings": settings, "voices": store}
+            yield {
+                "catalog": catalog,
+                "metrics": metrics,
+                "sessions": sessions,
+                "settings": settings,
+                "voices": store,
+            }
         finally:
             await catalog.aclose()
 
@@ -115,9 +131,11 @@ def create_app(
             server=(settings.host, settings.port),
             keyed_paths=() if settings.metrics_public else ("/metrics",),
         ),
+        Middleware(Admission, sessions=sessions),
     ]
     app = Starlette(
         routes=routes, lifespan=lifespan, middleware=middleware, exception_handlers={404: not_found_error}
     )
+    app.state.sessions = sessions  # voxgate serve drains them on SIGTERM
     app.router.default = not_found  # a WebSocket to an unknown path: 404, not Starlette's close (403)
     return app

@@ -33,6 +33,7 @@ from voxgate.gateway.failures import REFUSALS, error_for
 from voxgate.gateway.jobs import JobQueue, Segment, Utterance
 from voxgate.gateway.metrics import Metrics, SessionMeter
 from voxgate.gateway.outbox import Outbox, SlowConsumer
+from voxgate.gateway.sessions import Sessions, shutdown_error
 from voxgate.gateway.settings import Settings
 from voxgate.protocol.core import Core
 from voxgate.protocol.dialect import sends
@@ -82,6 +83,7 @@ class Connection:
     owner: str = ""
     extensions: bool = True  # the client opted in to voxgate's extensions (protocol.dialect)
     meter: SessionMeter = field(default_factory=lambda: Metrics().session("voxgate.v1"))
+    sessions: Sessions | None = None  # the process's sessions: their drain ends this one
     session: Session = field(init=False)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
@@ -90,6 +92,7 @@ class Connection:
         session = Session(
             max_config_bytes=s.max_config_bytes,
             max_message_bytes=s.max_message_bytes,
+            max_pending_text_chars=s.max_pending_text_chars,
             extensions=self.extensions,
         )
         self.core = Core(OutputFormat("pcm", 24000), session)  # the first session.config sets the format
@@ -110,6 +113,8 @@ class Connection:
                 tg.create_task(self._read())
                 tg.create_task(self._synthesize())
                 tg.create_task(self._write())
+                if self.sessions is not None:
+                    tg.create_task(self._drain(self.sessions))
         except* _Stop as group:
             stop = group.exceptions[0]  # type: ignore[assignment]
         except* SlowConsumer as group:
@@ -118,6 +123,11 @@ class Connection:
             await self._close_streams(self.jobs.drain())
         if stop is not None and stop.error is not None:
             await self._abort(stop.error)
+
+    async def _drain(self, sessions: Sessions) -> None:
+        """On a drain, end the session once nothing is in flight, or when the drain's time is up."""
+        await sessions.until_idle(lambda: bool(self.core.in_flight) or self._busy())
+        raise _Stop(shutdown_error())
 
     # -- reader -------------------------------------------------------------------------------
 
@@ -253,6 +263,9 @@ class Connection:
             idle_timeout_s=s.idle_timeout_s,
             max_buffered_audio_s=s.max_buffered_audio_s,
             send_timeout_s=s.send_timeout_s,
+            max_pending_text_chars=s.max_pending_text_chars,
+            max_sessions=s.max_sessions,
+            max_sessions_per_key=s.max_sessions_per_key,
         )
         ready = SessionReady(
             session_id=self.id, config=effective, limits=limits, ignored_fields=list(ignored_fields)

@@ -88,6 +88,26 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         float,
         option("seconds a write may make no progress before the client is closed (4001)", flag=True),
     ] = 15.0
+    # Below Kubernetes' default grace period of 30 s, with room for the closes that follow.
+    drain_timeout_s: Annotated[
+        float,
+        option(
+            "seconds a drain (on SIGTERM) lets sessions finish before it closes the rest "
+            "(1001 `server_shutdown`)",
+            flag=True,
+        ),
+    ] = 20.0
+    max_sessions: Annotated[
+        int, option("sessions (WebSockets and speech requests) per process, 0 for no cap (503)", flag=True)
+    ] = 512
+    max_sessions_per_key: Annotated[
+        int, option("sessions per API key when keys are set, 0 for no cap (429)", flag=True)
+    ] = 64
+    # About 20 minutes of speech: more than any reader keeps ahead, far less than a flood.
+    max_pending_text_chars: Annotated[
+        int,
+        option("unsynthesized text a session may hold; more is refused (`text_backlog_full`)", flag=True),
+    ] = 20_000
     log_level: Annotated[str, option("`debug`, `info`, `warning`, `error`", flag=True)] = "info"
     voices_dir: Annotated[
         str, option("where uploaded voices are stored", flag=True, shown="`~/.cache/voxgate/voices`")

@@ -34,6 +34,7 @@ async def speech_stream(websocket: WebSocket) -> None:
         owner=getattr(state, "owner", ""),
         extensions=extensions,
         meter=meter,
+        sessions=getattr(state, "sessions", None),
     )
     try:
         with meter.active():

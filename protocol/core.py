@@ -70,6 +70,7 @@ class _Segment:
     text: str
     ready_t: float
     counted: int = 0  # utterance samples already handed out as Audio
+    started: bool = False  # synthesis began (its text left the session's backlog)
     first_sent_t: float | None = None
     synthesis_s: float = 0.0
     total_bytes: int = 0
@@ -180,6 +181,7 @@ class Core:
                 self._open(u, now)
             case SegmentReady(utterance_index=u, sentence_index=s, text=text):
                 self._utterance(u).segments[s] = _Segment(text, now)
+                self.session.backlog += len(text)
                 self._out.append(Speak(u, s, text))
             case UtteranceEnded(utterance_index=u, total_sentences=n):
                 self._utterance(u).total = n
@@ -201,6 +203,8 @@ class Core:
             open_index: the utterance the client had open, confirmed when nothing was in flight.
         """
         victims = tuple(self._utterances)
+        for u in self._utterances.values():
+            self.session.backlog -= sum(len(seg.text) for seg in u.segments.values() if not seg.started)
         self._utterances.clear()
         self._out.append(Drop(victims))
         for index in victims or (open_index,):
@@ -212,6 +216,8 @@ class Core:
         if u is None:
             return  # cancelled
         seg = u.segments[sentence]
+        seg.started = True
+        self.session.backlog -= len(seg.text)
         start = seg.counted = u.packer.start_segment(sentence)
         msg = AudioStart(
             utterance_index=utterance,

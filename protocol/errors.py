@@ -31,6 +31,8 @@ class CloseCode(enum.IntEnum):
     """WebSocket close codes used by voxgate (RFC 6455 section 7.4, plus private 4xxx codes)."""
 
     NORMAL = 1000
+    #: The server is shutting down (a drain on SIGTERM): reconnect, to another replica.
+    GOING_AWAY = 1001
     INVALID_DATA = 1007
     POLICY_VIOLATION = 1008
     MESSAGE_TOO_BIG = 1009
@@ -68,6 +70,14 @@ class ErrorCode(enum.StrEnum):
     IDLE_TIMEOUT = "idle_timeout"
     SLOW_CONSUMER = "slow_consumer"
     INTERNAL_ERROR = "internal_error"
+    #: The server is draining for shutdown: a new session is refused, a remaining one is closed.
+    SERVER_SHUTDOWN = "server_shutdown"
+    #: The process already holds ``max_sessions`` sessions.
+    SERVER_BUSY = "server_busy"
+    #: The API key already holds ``max_sessions_per_key`` sessions.
+    TOO_MANY_SESSIONS = "too_many_sessions"
+    #: An ``input.text`` would take the unsynthesized text over ``max_pending_text_chars``.
+    TEXT_BACKLOG_FULL = "text_backlog_full"
 
 
 class Failure(NamedTuple):
@@ -104,6 +114,11 @@ FAILURES: dict[ErrorCode, Failure] = {
     ErrorCode.IDLE_TIMEOUT: Failure(CloseCode.TIMEOUT, 408),
     ErrorCode.SLOW_CONSUMER: Failure(CloseCode.SLOW_CONSUMER, 408),
     ErrorCode.INTERNAL_ERROR: Failure(CloseCode.INTERNAL_ERROR, 500),
+    ErrorCode.SERVER_SHUTDOWN: Failure(CloseCode.GOING_AWAY, 503),
+    # Refused before the WebSocket is accepted: the HTTP status is the answer, no close code is sent.
+    ErrorCode.SERVER_BUSY: Failure(CloseCode.GOING_AWAY, 503),
+    ErrorCode.TOO_MANY_SESSIONS: Failure(_POLICY, 429),
+    ErrorCode.TEXT_BACKLOG_FULL: Failure(_POLICY, 429, "$.text"),
 }
 #: The message of an ``internal_error``: the details stay in the server log.
 INTERNAL_ERROR_MESSAGE = "internal error; see the server log"

@@ -225,6 +225,9 @@ class Limits(msgspec.Struct, kw_only=True):
     idle_timeout_s: float = 0.0
     max_buffered_audio_s: float = 0.0
     send_timeout_s: float = 0.0
+    max_pending_text_chars: int = 0
+    max_sessions: int = 0
+    max_sessions_per_key: int = 0
 
 
 class EffectiveConfig(msgspec.Struct, kw_only=True):

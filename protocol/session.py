@@ -129,6 +129,8 @@ class Session:
     Args:
         max_config_bytes: largest accepted ``session.config`` message.
         max_message_bytes: largest accepted message of any other type.
+        max_pending_text_chars: most text not yet handed to the engine (buffered here, or in segments not
+            started yet: ``backlog``, kept by the ``Core``) an ``input.text`` may bring it to; 0 for no cap.
         extensions: the client opted in to voxgate's extensions (``protocol.dialect``).
     """
 
@@ -137,6 +139,7 @@ class Session:
         *,
         max_config_bytes: int = MAX_CONFIG_BYTES,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        max_pending_text_chars: int = 0,
         extensions: bool = True,
     ) -> None:
         self.extensions = extensions
@@ -144,6 +147,9 @@ class Session:
         self.config: SessionConfig | None = None
         self.max_config_bytes = max_config_bytes
         self.max_message_bytes = max_message_bytes
+        self.max_pending_text_chars = max_pending_text_chars
+        #: Characters of segments handed out whose synthesis has not started (the ``Core`` keeps it).
+        self.backlog = 0
         self.utterance_index = 0
         self._sentences = 0
         self._segmenter = Segmenter()
@@ -202,6 +208,7 @@ class Session:
             case InputText(text=text):
                 if not text:
                     return []  # an empty text is a keep-alive, as in ElevenLabs' protocol
+                self._check_backlog(text)
                 if self.state is State.READY:
                     events.append(UtteranceStarted(self.utterance_index))
                 events.extend(self._segments(self._segmenter.push(text)))
@@ -253,6 +260,16 @@ class Session:
         ``protocol.dialect.render``).
         """
         return render(msg, extensions=self.extensions, streamed=streamed)
+
+    def _check_backlog(self, text: str) -> None:
+        cap = self.max_pending_text_chars
+        pending = self.backlog + len(self._segmenter.pending)
+        if cap and pending + len(text) > cap:
+            raise self._error(
+                ErrorCode.TEXT_BACKLOG_FULL,
+                f"{pending} characters are waiting to be spoken; {len(text)} more would pass the "
+                f"limit of {cap}: send it once the audio has caught up",
+            )
 
     def _segments(self, texts: list[str]) -> list[Event]:
         out: list[Event] = []

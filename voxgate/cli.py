@@ -168,6 +168,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from voxgate.engine import ENGINES
     from voxgate.gateway.app import create_app, engine_names
+    from voxgate.gateway.server import DRAIN_GRACE_S, DrainingServer
 
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     settings = Settings.from_env(**fields)
@@ -183,13 +184,16 @@ def _serve(args: argparse.Namespace) -> int:
     from voxgate.gateway.auth import install_redaction
 
     install_redaction(settings.all_api_keys())  # every log record, uvicorn's access and error lines too
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        timeout_graceful_shutdown=int(DRAIN_GRACE_S) + 1,  # then what is left is cancelled
         **uvicorn_ws_options(settings),
     )
+    DrainingServer(config, app.state.sessions).run()
     return 0
 
 

@@ -38,7 +38,8 @@ def test_serve_flags_map_onto_settings() -> None:
         "--max-buffered-audio-s", "20", "--send-timeout-s", "7", "--log-level", "debug", "--upstream", "http://a:8091",
         "--upstream", "http://b:8091", "--upstream-model", "m", "--voices-dir", "/v", "--max-voices", "7",
         "--api-keys-file", "/k", "--allowed-origin", "https://app.example", "--vllm-model", "Qwen/x",
-        "--vllm-deploy-config", "d.yaml",
+        "--vllm-deploy-config", "d.yaml", "--drain-timeout-s", "4", "--max-sessions", "9",
+        "--max-sessions-per-key", "3", "--max-pending-text-chars", "100", "--fake-delay-s", "0.5",
     )  # fmt: skip
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     assert fields == {
@@ -47,7 +48,8 @@ def test_serve_flags_map_onto_settings() -> None:
         "send_timeout_s": 7.0,
         "log_level": "debug", "upstreams": ["http://a:8091", "http://b:8091"], "upstream_model": "m",
         "voices_dir": "/v", "max_voices": 7, "api_keys_file": "/k", "allowed_origins": ["https://app.example"],
-        "vllm_model": "Qwen/x", "vllm_deploy_config": "d.yaml",
+        "vllm_model": "Qwen/x", "vllm_deploy_config": "d.yaml", "drain_timeout_s": 4.0, "max_sessions": 9,
+        "max_sessions_per_key": 3, "max_pending_text_chars": 100, "fake_delay_s": 0.5,
     }  # fmt: skip
     settings = Settings.from_env({}, **fields)
     assert settings.of(RemoteSettings).upstreams == ("http://a:8091", "http://b:8091")

@@ -15,6 +15,7 @@ from voxgate.protocol.messages import (
     Error,
     InputCommitted,
     InputDone,
+    InputText,
     SessionConfig,
     SessionDone,
 )
@@ -34,6 +35,8 @@ from voxgate.protocol.session import (
     Committed,
     ConfigAccepted,
     SegmentReady,
+    Session,
+    State,
     UtteranceCancelled,
     UtteranceEnded,
     UtteranceStarted,
@@ -283,3 +286,28 @@ def test_a_whole_sentence_at_once_is_one_segment_whatever_the_time() -> None:
     text(core, sentence, 0.0)
     core.receive_message(InputDone(), 0.0)
     assert speaks(core) == [sentence] and core.next_deadline() is None
+
+
+def test_text_past_the_backlog_cap_is_refused_without_changing_anything() -> None:
+    core = Core(PCM, Session(max_pending_text_chars=20))
+    core.receive_message(SessionConfig(), 0.0)
+    (configure,) = core.data_to_send()
+    assert isinstance(configure, Configure)
+    core.accept_config(configure.config, PCM)
+    core.receive_message(InputText(text="One two three. Four"), 1.0)  # the space between is dropped
+    assert core.session.backlog + len(core.session._segmenter.pending) == 18  # "One two three." + "Four"
+    speaks = [o for o in core.data_to_send() if isinstance(o, Speak)]
+    with pytest.raises(ProtocolError) as full:
+        core.receive_message(InputText(text=" five"), 2.0)
+    assert full.value.code is ErrorCode.TEXT_BACKLOG_FULL and not full.value.fatal
+    assert core.data_to_send() == [] and core.session.state is State.SPEAKING
+    # Once a segment's synthesis starts its text no longer waits: there is room again.
+    core.segment_started(0, speaks[0].sentence)
+    core.receive_message(InputText(text=" five"), 3.0)
+    # A cancel drops what waited: the whole cap is free again.
+    core.receive_message(InputDone(), 4.0)
+    core.cancel()
+    assert core.session.backlog == 0
+    core.receive_message(InputText(text="x" * 20), 5.0)
+    with pytest.raises(ProtocolError):
+        core.receive_message(InputText(text="y"), 6.0)
