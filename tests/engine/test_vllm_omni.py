@@ -690,9 +690,12 @@ def test_a_cancel_through_the_gateway_aborts_the_request() -> None:
         )
         send(ws, type="input.done")
         recv_until(ws, "audio.start")
+        # A gate, not a race: cancel only once the second sentence has been submitted ahead.
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(omni.calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         send(ws, type="input.cancel")
         recv_until(ws, "audio.cancelled")
-        deadline = time.monotonic() + TIMEOUT_S
         while len(omni.aborted) < len(omni.calls) and time.monotonic() < deadline:
             time.sleep(0.01)
     # Two sentences: the second was submitted ahead, and both are aborted.
