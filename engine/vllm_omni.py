@@ -191,7 +191,7 @@ class _Stream(AsyncGenerator[AudioChunk, None]):
         self.request_id = f"voxgate-{uuid.uuid4().hex}"
         self._engine = engine
         self._queue: asyncio.Queue[AudioChunk | EngineError | None] = asyncio.Queue()
-        self._submitted = self._finished = self._closed = False
+        self._submitted = self._closed = False
         engine._streams.add(self)
         self._task = asyncio.get_running_loop().create_task(self._pump(req), name=self.request_id)
 
@@ -214,13 +214,11 @@ class _Stream(AsyncGenerator[AudioChunk, None]):
         raise typ if isinstance(typ, BaseException) else typ()
 
     async def aclose(self) -> None:
-        """Abort the request if it is still generating, and end the task that reads it."""
+        """End the task that reads the request; it aborts the request if it is still generating."""
         self._closed = True
         self._engine._streams.discard(self)
         if self._task.done():
             return
-        if self._submitted and not self._finished:
-            await self._engine._abort(self.request_id)
         self._task.cancel()
         await asyncio.wait([self._task])
 
@@ -237,6 +235,12 @@ class _Stream(AsyncGenerator[AudioChunk, None]):
                     for chunk in reader.read(output):
                         self._queue.put_nowait(chunk)
             self._queue.put_nowait(None)
+        except asyncio.CancelledError:
+            # Closed before the end (cancel, disconnect): the engine must stop too. The abort is its own
+            # task, so a second cancel of this one cannot interrupt it halfway.
+            if self._submitted:
+                await asyncio.shield(asyncio.ensure_future(self._engine._abort(self.request_id)))
+            raise
         except EngineError as exc:
             self._queue.put_nowait(exc)
         # The library boundary: vllm-omni raises ValueError, RuntimeError, EngineDeadError and more.
@@ -244,7 +248,6 @@ class _Stream(AsyncGenerator[AudioChunk, None]):
             logger.warning("vllm-omni request %s failed: %r", self.request_id, exc)
             self._queue.put_nowait(EngineError(f"vllm-omni failed: {exc}"))
         finally:
-            self._finished = True
             self._engine._streams.discard(self)
 
 

@@ -207,6 +207,10 @@ class Connection:
                     if self.speaking is None or self.speaking.index != u:
                         self.speaking = self._utterance(u)  # its config: none can come in mid-utterance
                     self.jobs.put(Segment(self.speaking, s, text))
+                    # A segment is streaming: the next one's engine work starts now, as when it was
+                    # queued before that segment opened (see ``_speak``), however the two raced.
+                    if self.current is not None and (following := self.jobs.peek()) is not None:
+                        following.open()
                 case Drop(utterances=victims):
                     dropped += self.jobs.drain()
                     if self.current is not None:
