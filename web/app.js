@@ -25,6 +25,7 @@ const stats = {
   samplesPlayed: 0, // of the current utterance, at the AudioContext's rate (counted by the worklet)
   secondsPlayed: 0,
   bufferedMs: 0,
+  stoppedAt: null, // {secondsPlayed, bufferedMs} as the Stop button found them
   underruns: 0,
   peak: 0, // loudest sample played in the current utterance (Piper normalises to 0.9)
   ttfaMs: null, // first input.text sent -> first binary frame received, client clock
@@ -269,6 +270,7 @@ async function speak() {
 function stop() {
   attempt += 1;
   const u = current;
+  stats.stoppedAt = { secondsPlayed: stats.secondsPlayed, bufferedMs: stats.bufferedMs };
   player.flush(); // silence at once; frames still in flight are dropped by utterance_index
   if (u) {
     u.feed.stop();

@@ -215,7 +215,6 @@ def test_stop_cancels_mid_paragraph(page: Page, piper_gateway: str) -> None:
     page.focus("#text")
     page.keyboard.press("Control+Enter")
     page.wait_for_function("() => window.voxgate.secondsPlayed >= 0.5", timeout=WAIT_MS)
-    at_stop = voxgate(page)
     page.click("#stop-btn")
     page.wait_for_function(
         "() => window.voxgate.cancelled >= 1 && window.voxgate.state === 'idle'", timeout=WAIT_MS
@@ -227,7 +226,9 @@ def test_stop_cancels_mid_paragraph(page: Page, piper_gateway: str) -> None:
     assert after["framesReceived"] == before["framesReceived"]
     assert after["framesDropped"] == before["framesDropped"]
     assert after["bufferedMs"] == 0
-    # Silence within a click's round trip, although more audio than that was buffered.
+    # Silence at once, although more audio than that was buffered: measured from the page's own record of
+    # the moment Stop ran, not from this process, which a busy machine may delay by any amount.
+    at_stop = after["stoppedAt"]
     assert at_stop["bufferedMs"] > 500
     assert after["secondsPlayed"] - at_stop["secondsPlayed"] < 0.3
     assert "cancelled" in page.inner_text("#status")
