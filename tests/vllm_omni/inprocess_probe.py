@@ -44,6 +44,7 @@ from tests.vllm_omni.server import (  # noqa: E402
     SAMPLE_RATE,
     CpuTtsEngineClient,
     install_import_shims,
+    omni_output,
     write_model_dir,
 )
 
@@ -277,32 +278,6 @@ async def compare_kind(kind: str, root: Path) -> dict[str, Any]:
     return results
 
 
-def snapshot_output(request_id: str, audio: Any, finished: bool) -> Any:
-    """A real OmniRequestOutput of the code2wav stage, built as vllm-omni's output processor builds it."""
-    import torch
-    from vllm_omni.outputs import OmniRequestOutput
-    from vllm_omni.outputs.mm_outputs import MultimodalCompletionOutput, MultimodalPayload
-
-    payload = MultimodalPayload(tensors={"audio": audio}, metadata={"sr": torch.tensor(SAMPLE_RATE)})
-    completion = MultimodalCompletionOutput(
-        multimodal_output=payload,
-        index=0,
-        text="",
-        token_ids=[],
-        cumulative_logprob=None,
-        logprobs=None,
-        finish_reason="stop" if finished else None,
-    )
-    return OmniRequestOutput(
-        request_id=request_id,
-        prompt_token_ids=None,
-        outputs=[completion],
-        finished=finished,
-        stage_id=1,
-        final_output_type="audio",
-    )
-
-
 async def cumulative(root: Path) -> dict[str, Any]:
     """async_chunk off: the coerced output kind on both sides, and the samples voxgate's engine emits."""
     import torch
@@ -321,14 +296,14 @@ async def cumulative(root: Path) -> dict[str, Any]:
     snapshots = [full[:1200].clone(), full[:3000].clone(), full.clone()]
     scripts: dict[str, Callable[[str], list[Any]]] = {
         # FINAL_ONLY, as the output processor sends it: one finished output, the history as a list.
-        "final history list": lambda rid: [snapshot_output(rid, list(snapshots), True)],
+        "final history list": lambda rid: [omni_output(rid, list(snapshots), True)],
         # The same snapshot again after it (a terminal re-send), and an empty tail entry.
         "final list, repeated": lambda rid: [
-            snapshot_output(rid, list(snapshots), True),
-            snapshot_output(rid, [*snapshots, torch.zeros(0)], True),
+            omni_output(rid, list(snapshots), True),
+            omni_output(rid, [*snapshots, torch.zeros(0)], True),
         ],
         # One growing tensor per output (CUMULATIVE kind).
-        "growing tensors": lambda rid: [snapshot_output(rid, s, i == 2) for i, s in enumerate(snapshots)],
+        "growing tensors": lambda rid: [omni_output(rid, s, i == 2) for i, s in enumerate(snapshots)],
     }
     out: dict[str, Any] = {"samples_expected": int(full.numel())}
     try:

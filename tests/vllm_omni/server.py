@@ -439,29 +439,49 @@ class CpuTtsEngineClient:
         finished: bool,
         metrics: dict[str, Any] | None = None,
     ) -> Any:
-        import torch
-        from vllm_omni.outputs import OmniRequestOutput
-        from vllm_omni.outputs.mm_outputs import MultimodalCompletionOutput, MultimodalPayload
-
-        payload = MultimodalPayload(tensors={"audio": audio}, metadata={"sr": torch.tensor(SAMPLE_RATE)})
-        completion = MultimodalCompletionOutput(
-            multimodal_output=payload,
-            index=0,
-            text="",
-            token_ids=[],
-            cumulative_logprob=None,
-            logprobs=None,
-            finish_reason="stop" if finished else None,
-        )
-        return OmniRequestOutput(
-            request_id=request_id,
-            prompt_token_ids=list(prompt_token_ids) if prompt_token_ids is not None else None,
-            outputs=[completion],
-            finished=finished,
-            metrics=metrics or {},
+        return omni_output(
+            request_id,
+            audio,
+            finished,
             stage_id=len(self.stage_configs) - 1,
-            final_output_type="audio",
+            prompt_token_ids=prompt_token_ids,
+            metrics=metrics,
         )
+
+
+def omni_output(
+    request_id: str,
+    audio: Any,
+    finished: bool,
+    *,
+    stage_id: int = 1,
+    prompt_token_ids: Any = None,
+    metrics: dict[str, Any] | None = None,
+) -> Any:
+    """A real OmniRequestOutput of the code2wav stage, built as vllm-omni's output processor builds it."""
+    import torch
+    from vllm_omni.outputs import OmniRequestOutput
+    from vllm_omni.outputs.mm_outputs import MultimodalCompletionOutput, MultimodalPayload
+
+    payload = MultimodalPayload(tensors={"audio": audio}, metadata={"sr": torch.tensor(SAMPLE_RATE)})
+    completion = MultimodalCompletionOutput(
+        multimodal_output=payload,
+        index=0,
+        text="",
+        token_ids=[],
+        cumulative_logprob=None,
+        logprobs=None,
+        finish_reason="stop" if finished else None,
+    )
+    return OmniRequestOutput(
+        request_id=request_id,
+        prompt_token_ids=list(prompt_token_ids) if prompt_token_ids is not None else None,
+        outputs=[completion],
+        finished=finished,
+        metrics=metrics or {},
+        stage_id=stage_id,
+        final_output_type="audio",
+    )
 
 
 def _first(value: Any, default: str) -> str:
