@@ -1,0 +1,510 @@
+"""ElevenLabs-compatible endpoints: the ``stream-input`` WebSockets, REST text to speech, ``GET /v1/voices``.
+
+Each ElevenLabs context is one voxgate session: a ``Connection`` (``gateway/connection.py``, which drives
+the session core) talks to a ``_Pipe`` instead of a socket, and ``protocol.elevenlabs.Context`` translates
+both ways. So every rule of the session core and its shell (segmentation, backpressure, timeouts, drain,
+metrics) holds here unchanged. ``multi-stream-input`` runs one session per context (``_Socket._open``);
+once the core has contexts of its own, that one method maps them onto one session instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import cast
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from voxgate.gateway.catalog import Catalog
+from voxgate.gateway.connection import CLOSE_TIMEOUT_S, Connection
+from voxgate.gateway.failures import REFUSALS, error_for
+from voxgate.gateway.http import BodyTooLarge, read_body
+from voxgate.protocol.elevenlabs import (
+    Alignment,
+    Context,
+    Inbound,
+    Params,
+    decode_inbound,
+    http_error,
+    parse_params,
+    seconds_alignment,
+)
+from voxgate.protocol.errors import INTERNAL_ERROR_MESSAGE, CloseCode, ErrorCode, ProtocolError, field_path
+from voxgate.protocol.messages import ClientMessage
+
+logger = logging.getLogger(__name__)
+
+#: The ``dialect`` label of this surface in the metrics.
+DIALECT = "elevenlabs"
+#: Contexts one socket may hold at once (ElevenLabs allows 5; the session core's contexts will allow 8).
+MAX_CONTEXTS = 8
+#: A REST body holds text (ElevenLabs allows 5,000 to 40,000 characters by model) and a few options.
+MAX_BODY_BYTES = 1024 * 1024
+#: Segments the REST producer may run ahead of a slow reader.
+AHEAD_SEGMENTS = 4
+_encode = msgspec.json.Encoder().encode
+_Sink = Callable[[str | bytes], Awaitable[None]]
+
+
+class _Pipe:
+    """The socket of a context's ``Connection``: messages in from the endpoint, its output to ``sink``."""
+
+    def __init__(self, sink: _Sink) -> None:
+        self._inbox: asyncio.Queue[dict[str, object]] = asyncio.Queue()
+        self._sink = sink
+        self.close_code: int | None = None
+
+    def push(self, msg: ClientMessage) -> None:
+        self._inbox.put_nowait({"type": "websocket.receive", "text": _encode(msg).decode()})
+
+    def hang_up(self) -> None:
+        self._inbox.put_nowait({"type": "websocket.disconnect", "code": CloseCode.NORMAL})
+
+    async def receive(self) -> dict[str, object]:
+        return await self._inbox.get()
+
+    async def send_text(self, data: str) -> None:
+        await self._sink(data)
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self._sink(data)
+
+    async def close(self, code: int = CloseCode.NORMAL, reason: str | None = None) -> None:
+        if self.close_code is None:
+            self.close_code = code
+
+
+@dataclass
+class _Live:
+    """One context: its codec, its pipe, and the task running its session."""
+
+    codec: Context
+    pipe: _Pipe
+    task: asyncio.Task[None] | None = None
+
+
+def _connection(scope_state: object, pipe: _Pipe, params: Params) -> Connection:
+    """A voxgate session behind ``pipe``; ElevenLabs' ``inactivity_timeout`` is its idle timeout."""
+    settings = scope_state.settings  # type: ignore[attr-defined]
+    settings = msgspec.structs.replace(settings, idle_timeout_s=float(params.inactivity_timeout_s))
+    return Connection(
+        cast(WebSocket, pipe),  # the four calls a Connection makes on its socket, _Pipe has
+        scope_state.catalog,  # type: ignore[attr-defined]
+        settings,
+        owner=getattr(scope_state, "owner", ""),
+        extensions=True,
+        meter=scope_state.metrics.session(DIALECT),  # type: ignore[attr-defined]
+        sessions=getattr(scope_state, "sessions", None),
+    )
+
+
+async def _run(connection: Connection) -> None:
+    """Run a session to its end; an unexpected failure is logged and ends it as an internal error."""
+    try:
+        with connection.meter.active():
+            await connection.run()
+    except Exception:
+        logger.exception("elevenlabs session %s failed", connection.id)
+        pipe = cast(_Pipe, connection.ws)
+        error = ProtocolError(ErrorCode.INTERNAL_ERROR, INTERNAL_ERROR_MESSAGE, fatal=True)
+        with contextlib.suppress(Exception):
+            await pipe.send_text(
+                _encode({"type": "error", "code": error.code, "message": error.message}).decode()
+            )
+        await pipe.close(CloseCode.INTERNAL_ERROR)
+
+
+async def _check_voice(state: object, voice_id: str, params: Params) -> None:
+    """Refuse an unknown voice (or model options) before any text arrives, as ElevenLabs does."""
+    catalog: Catalog = state.catalog  # type: ignore[attr-defined]
+    try:
+        await catalog.prepare(getattr(state, "owner", ""), voice_id, params.model_id, {})
+    except REFUSALS as exc:
+        raise error_for(exc) from None
+
+
+# -- WebSocket -------------------------------------------------------------------------------------------
+
+
+class _Socket:
+    """One ``stream-input`` or ``multi-stream-input`` socket: its contexts, and the order of what it sends."""
+
+    def __init__(self, ws: WebSocket, voice_id: str, params: Params, *, multi: bool) -> None:
+        self.ws, self.voice_id, self.params, self.multi = ws, voice_id, params, multi
+        self.contexts: dict[str | None, _Live] = {}
+        self._lock = asyncio.Lock()  # one writer at a time on the socket
+        self._closed = False
+
+    async def send(self, data: bytes) -> None:
+        async with self._lock:
+            if self._closed:
+                raise WebSocketDisconnect(CloseCode.NORMAL)
+            await self.ws.send_text(data.decode())
+
+    async def close(self, code: int) -> None:
+        async with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect, TimeoutError):
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.ws.close(code)
+
+    def _open(self, context_id: str | None) -> _Live:
+        """Start a context: one voxgate session of its own (the place to switch to the core's contexts)."""
+
+        async def sink(data: str | bytes) -> None:
+            for message in live.codec.render(data):
+                await self.send(message)
+
+        live = _Live(Context(self.voice_id, self.params, context_id, multi=self.multi), _Pipe(sink))
+        live.task = asyncio.create_task(
+            self._context(live, _connection(self.ws.state, live.pipe, self.params))
+        )
+        self.contexts[context_id] = live
+        return live
+
+    async def _context(self, live: _Live, connection: Connection) -> None:
+        await _run(connection)
+        normal = live.pipe.close_code == CloseCode.NORMAL
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+            for message in live.codec.finish(normal):
+                await self.send(message)
+        self.contexts.pop(live.codec.context_id, None)
+        if not self.multi:  # stream-input: the socket ends with its one context
+            await self.close(live.pipe.close_code or CloseCode.NORMAL)
+
+    async def run(self) -> None:
+        try:
+            await self._read()
+        finally:
+            for live in list(self.contexts.values()):
+                live.pipe.hang_up()
+            tasks = [live.task for live in self.contexts.values() if live.task is not None]
+            if tasks:
+                await asyncio.wait(tasks)
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                # ElevenLabs' inactivity timeout: a socket with no context waits this long for text; a
+                # context's own session times out the same way (its idle timeout).
+                async with asyncio.timeout(None if self.contexts else self.params.inactivity_timeout_s):
+                    message = await self.ws.receive()
+            except TimeoutError:
+                timeout = self.params.inactivity_timeout_s
+                err = ProtocolError(
+                    ErrorCode.IDLE_TIMEOUT, f"no text received within the timeout of {timeout} seconds"
+                )
+                await self._fail(err, CloseCode.POLICY_VIOLATION)
+                return
+            if message["type"] == "websocket.disconnect":
+                return
+            try:
+                msg = decode_inbound(message.get("text") or message.get("bytes") or b"")
+            except ProtocolError as err:
+                await self._fail(err, err.close_code)
+                return
+            if msg.close_socket:
+                await self._close_all()
+                return
+            self._route(msg)
+
+    def _route(self, msg: Inbound) -> None:
+        context_id = msg.context_id if self.multi else None
+        live = self.contexts.get(context_id)
+        if live is None:
+            opening = bool(msg.text) or msg.voice_settings is not None
+            if not opening or (self.multi and len(self.contexts) >= MAX_CONTEXTS):
+                if opening:
+                    err = ProtocolError(
+                        ErrorCode.INVALID_STATE, f"at most {MAX_CONTEXTS} contexts may be open on one socket"
+                    )
+                    self._later(Context(self.voice_id, self.params, context_id, multi=True).error(err))
+                return  # a keep-alive or close of a context not (or no longer) open
+            live = self._open(context_id)
+        try:
+            for out in live.codec.receive(msg):
+                live.pipe.push(out)
+        except ProtocolError as err:
+            self._later(live.codec.error(err))
+
+    def _later(self, message: bytes) -> None:
+        task = asyncio.create_task(self.send(message))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _close_all(self) -> None:
+        """``close_socket``: end every context's input, let each finish, then close normally."""
+        for live in list(self.contexts.values()):
+            for out in live.codec.receive(Inbound(close_socket=True)):
+                live.pipe.push(out)
+        tasks = [live.task for live in self.contexts.values() if live.task is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+        await self.close(CloseCode.NORMAL)
+
+    async def _fail(self, err: ProtocolError, close_code: int) -> None:
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+            await self.send(Context(self.voice_id, self.params, multi=False).error(err))
+        await self.close(close_code)
+
+
+async def _serve(websocket: WebSocket, *, multi: bool) -> None:
+    voice_id = websocket.path_params["voice_id"]
+    await websocket.accept()
+    try:
+        params = parse_params(websocket.query_params)
+        await _check_voice(websocket.state, voice_id, params)
+    except ProtocolError as err:
+        socket = _Socket(websocket, voice_id, Params(), multi=False)
+        await socket._fail(err, CloseCode.POLICY_VIOLATION)
+        return
+    socket = _Socket(websocket, voice_id, params, multi=multi)
+    try:
+        await socket.run()
+    except Exception:
+        logger.exception("elevenlabs socket failed")
+        if websocket.application_state is not WebSocketState.DISCONNECTED:
+            await socket.close(CloseCode.INTERNAL_ERROR)
+
+
+async def stream_input(websocket: WebSocket) -> None:
+    """``WS /v1/text-to-speech/{voice_id}/stream-input``: one context."""
+    await _serve(websocket, multi=False)
+
+
+async def multi_stream_input(websocket: WebSocket) -> None:
+    """``WS /v1/text-to-speech/{voice_id}/multi-stream-input``: contexts named by ``context_id``."""
+    await _serve(websocket, multi=True)
+
+
+# -- REST ------------------------------------------------------------------------------------------------
+
+
+class _Body(msgspec.Struct, frozen=True, kw_only=True):
+    """The body of ``POST /v1/text-to-speech/{voice_id}``; the fields not named here are ignored."""
+
+    text: str
+    model_id: str | None = None
+    seed: int | None = None
+    voice_settings: dict[str, object] | None = None
+
+
+#: What the REST producer hands the response: a segment, the failure that ended it, None at the end.
+_Item = tuple[bytes, Alignment] | ProtocolError | None
+
+
+def _refused(err: ProtocolError) -> Response:
+    return Response(http_error(err), status_code=err.status, media_type="application/json")
+
+
+async def _speak(request: Request, timestamps: bool) -> Response:
+    voice_id = request.path_params["voice_id"]
+    state = request.state
+    try:
+        params = parse_params(request.query_params)
+        body = msgspec.json.decode(await read_body(request, MAX_BODY_BYTES), type=_Body)
+        if not body.text.strip():
+            raise ProtocolError(ErrorCode.EMPTY_INPUT, "text has nothing to speak", field="text")
+        params = Params(
+            params.output_format, body.model_id or params.model_id, body.seed, params.inactivity_timeout_s
+        )
+        await _check_voice(state, voice_id, params)
+        first = decode_inbound(_encode({"text": body.text, "voice_settings": body.voice_settings}))
+    except BodyTooLarge as exc:
+        return _refused(ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc)))
+    except msgspec.ValidationError as exc:
+        return _refused(ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)))
+    except msgspec.DecodeError as exc:
+        return _refused(ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON body: {exc}"))
+    except ProtocolError as err:
+        return _refused(err)
+
+    codec = Context(voice_id, params, multi=False)
+    queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=AHEAD_SEGMENTS)
+
+    async def sink(data: str | bytes) -> None:
+        if isinstance(data, bytes):
+            await queue.put(codec.segment(data))
+        elif (error := codec.observe(data)) is not None:
+            await queue.put(ProtocolError(ErrorCode(error.code), error.message))
+
+    pipe = _Pipe(sink)
+    try:
+        for out in codec.receive(first) + codec.receive(Inbound(text="")):
+            pipe.push(out)
+    except ProtocolError as err:
+        return _refused(err)
+
+    async def produce() -> None:
+        await _run(_connection(state, pipe, params))
+        await queue.put(None)
+
+    producer = asyncio.create_task(produce())
+    head = await queue.get()
+    if isinstance(head, ProtocolError):
+        producer.cancel()
+        return _refused(head)
+    fmt, rate = params.audio
+    headers = {"x-sample-rate": str(rate)}
+    if not timestamps:
+        media = "audio/basic" if fmt == "mulaw" else "audio/pcm"
+        return StreamingResponse(_audio(head, queue, producer), media_type=media, headers=headers)
+    return StreamingResponse(
+        _timestamps(head, queue, producer, bytes_per_ms=(1 if fmt == "mulaw" else 2) * rate / 1000.0),
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+async def _items(
+    head: _Item, queue: asyncio.Queue[_Item], producer: asyncio.Task[None]
+) -> AsyncIterator[_Item]:
+    try:
+        item = head
+        while item is not None:
+            yield item
+            if isinstance(item, ProtocolError):
+                return
+            item = await queue.get()
+    finally:
+        producer.cancel()  # a client that goes away stops the engine work too
+        await asyncio.wait([producer])
+
+
+async def _audio(
+    head: _Item, queue: asyncio.Queue[_Item], producer: asyncio.Task[None]
+) -> AsyncIterator[bytes]:
+    async for item in _items(head, queue, producer):
+        if isinstance(item, ProtocolError):
+            logger.warning("engine failed mid-stream; response truncated: %s", item.message)
+            return
+        assert item is not None
+        yield item[0]
+
+
+async def _timestamps(
+    head: _Item, queue: asyncio.Queue[_Item], producer: asyncio.Task[None], *, bytes_per_ms: float
+) -> AsyncIterator[bytes]:
+    """NDJSON, one line a segment: ``audio_base64``, ``alignment`` and ``normalized_alignment`` (seconds)."""
+    offset_ms = 0.0
+    async for item in _items(head, queue, producer):
+        if isinstance(item, ProtocolError):
+            logger.warning("engine failed mid-stream; response truncated: %s", item.message)
+            return
+        assert item is not None
+        audio, alignment = item
+        shape = msgspec.to_builtins(seconds_alignment(alignment, offset_ms))
+        line = {
+            "audio_base64": base64.b64encode(audio).decode(),
+            "alignment": shape,
+            "normalized_alignment": shape,
+        }
+        offset_ms += len(audio) / bytes_per_ms
+        yield _encode(line) + b"\n"
+
+
+async def convert(request: Request) -> Response:
+    """``POST /v1/text-to-speech/{voice_id}`` and ``.../stream``: the audio, streamed as it is made."""
+    return await _speak(request, timestamps=False)
+
+
+async def stream_with_timestamps(request: Request) -> Response:
+    """``POST /v1/text-to-speech/{voice_id}/stream/with-timestamps``: NDJSON audio with alignment."""
+    return await _speak(request, timestamps=True)
+
+
+async def convert_with_timestamps(request: Request) -> Response:
+    """``POST /v1/text-to-speech/{voice_id}/with-timestamps``: one JSON object, its alignment whole."""
+    response = await _speak(request, timestamps=True)
+    if not isinstance(response, StreamingResponse):
+        return response
+    audio, chars, starts, ends = bytearray(), [], [], []
+    async for line in response.body_iterator:
+        part = json.loads(bytes(line) if not isinstance(line, str) else line)
+        audio += base64.b64decode(part["audio_base64"])
+        chars += part["alignment"]["characters"]
+        starts += part["alignment"]["character_start_times_seconds"]
+        ends += part["alignment"]["character_end_times_seconds"]
+    shape = {
+        "characters": chars,
+        "character_start_times_seconds": starts,
+        "character_end_times_seconds": ends,
+    }
+    return JSONResponse(
+        {
+            "audio_base64": base64.b64encode(bytes(audio)).decode(),
+            "alignment": shape,
+            "normalized_alignment": shape,
+        }
+    )
+
+
+async def list_voices(request: Request) -> JSONResponse:
+    """``GET /v1/voices``: our built-in voices in ElevenLabs' shape (the id is the voice's name)."""
+    catalog: Catalog = request.state.catalog
+    names = dict.fromkeys(v.name for v in await catalog.builtin_voices())
+    voices: list[dict[str, object]] = [
+        {"voice_id": name, "name": name, "category": "premade", "labels": {}, "description": None}
+        for name in names
+    ]
+    return JSONResponse({"voices": voices, "has_more": False, "total_count": len(voices)})
+
+
+class KeyHeader:
+    """Lets ElevenLabs clients present their key as ElevenLabs does, on ElevenLabs' routes.
+
+    ``xi-api-key`` (header, or query parameter) becomes the ``Authorization: Bearer`` that
+    ``gateway/auth.py`` checks; the query parameter is removed so no log line shows it.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket") and _elevenlabs_path(scope["path"]):
+            _move_key(scope)
+        await self.app(scope, receive, send)
+
+
+def _elevenlabs_path(path: str) -> bool:
+    return path.startswith("/v1/text-to-speech/") or path == "/v1/voices"
+
+
+def _move_key(scope: Scope) -> None:
+    headers: list[tuple[bytes, bytes]] = list(scope.get("headers", []))
+    names = {k.lower() for k, _ in headers}
+    key = next((v for k, v in headers if k.lower() == b"xi-api-key"), None)
+    query = scope.get("query_string", b"").decode("latin-1")
+    kept = []
+    for part in query.split("&") if query else []:
+        name, _, value = part.partition("=")
+        if name.lower() in ("xi-api-key", "xi_api_key"):
+            key = key or value.encode("latin-1")
+        else:
+            kept.append(part)
+    scope["query_string"] = "&".join(kept).encode("latin-1")
+    if key is not None and b"authorization" not in names:
+        headers.append((b"authorization", b"Bearer " + key))
+        scope["headers"] = headers
+
+
+routes = [
+    WebSocketRoute("/v1/text-to-speech/{voice_id}/stream-input", stream_input),
+    WebSocketRoute("/v1/text-to-speech/{voice_id}/multi-stream-input", multi_stream_input),
+    Route("/v1/text-to-speech/{voice_id}", convert, methods=["POST"]),
+    Route("/v1/text-to-speech/{voice_id}/stream", convert, methods=["POST"]),
+    Route("/v1/text-to-speech/{voice_id}/with-timestamps", convert_with_timestamps, methods=["POST"]),
+    Route("/v1/text-to-speech/{voice_id}/stream/with-timestamps", stream_with_timestamps, methods=["POST"]),
+    Route("/v1/voices", list_voices),
+]
