@@ -1,0 +1,158 @@
+"""The real ElevenLabs clients from PyPI speak through voxgate, unchanged apart from the address.
+
+pipecat's ``ElevenLabsTTSService`` (driven as pipecat's own tests drive a service, with
+``pipecat.tests.utils.run_test``), livekit-plugins-elevenlabs' ``TTS`` and the ``elevenlabs`` SDK, against a
+real gateway with the Piper engine and an API key, which each client sends its own way (``xi-api-key``).
+Whisper checks that what comes back is the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+from collections.abc import Iterator
+
+import aiohttp
+import httpx
+import numpy as np
+import pytest
+from elevenlabs.client import ElevenLabs
+from livekit.plugins import elevenlabs as livekit_elevenlabs
+from pipecat.frames.frames import TTSAudioRawFrame, TTSSpeakFrame, TTSTextFrame
+from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
+from pipecat.tests.utils import run_test
+
+from tests.conftest import TIMEOUT_S, serve_engine
+from tests.speech_check import load_whisper, word_error_rate
+from voxgate.protocol.audio import decode
+
+pytestmark = pytest.mark.slow
+
+KEY = "eleven-test-key"
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[str]:
+    """A gateway with the Piper engine that needs an API key."""
+    with serve_engine(None, engine="piper", piper_workers=1, api_keys=KEY) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def whisper() -> object:
+    return load_whisper()
+
+
+@pytest.fixture
+def client(gateway: str) -> Iterator[ElevenLabs]:
+    """The SDK pointed at the gateway (with an HTTP client the test closes; the SDK's own is never closed)."""
+    with httpx.Client(timeout=TIMEOUT_S) as http:
+        yield ElevenLabs(base_url=f"http://{gateway}", api_key=KEY, httpx_client=http)
+
+
+def _pcm(data: bytes) -> np.ndarray:
+    return decode(data, "pcm")
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+def test_pipecat_service_speaks_with_word_timestamps(gateway: str, whisper: object) -> None:
+    tts = ElevenLabsTTSService(
+        api_key=KEY,
+        url=f"ws://{gateway}",
+        sample_rate=24000,
+        settings=ElevenLabsTTSService.Settings(voice="joe"),
+    )
+    down, _ = asyncio.run(run_test(tts, frames_to_send=[TTSSpeakFrame(SENTENCE)]))
+    audio = b"".join(f.audio for f in down if isinstance(f, TTSAudioRawFrame))
+    assert len(audio) > 2 * 24000 * 1.5  # more than 1.5 s of speech
+    # Word timestamps: pipecat turns the character alignment into one TTSTextFrame per word, with
+    # presentation times that follow the audio.
+    words = [f for f in down if isinstance(f, TTSTextFrame)]
+    assert [f.text for f in words] == _words(SENTENCE)
+    times = [f.pts for f in words]
+    assert all(isinstance(t, int) for t in times)
+    assert times == sorted(times) and len(set(times)) == len(times)
+    spread_ns = times[-1] - times[0]
+    duration_ns = len(audio) / 2 / 24000 * 1e9
+    assert 0.5 * duration_ns < spread_ns < duration_ns
+    error, heard = word_error_rate(whisper, _pcm(audio), 24000, SENTENCE)
+    assert error < 0.25, heard
+
+
+def test_livekit_plugin_streams_audio(gateway: str, whisper: object) -> None:
+    async def speak() -> tuple[bytes, int]:
+        async with aiohttp.ClientSession() as http:
+            tts = livekit_elevenlabs.TTS(
+                api_key=KEY,
+                base_url=f"http://{gateway}/v1",
+                voice_id="joe",
+                encoding="pcm_24000",
+                http_session=http,
+            )
+            stream = tts.stream()
+            for start in range(0, len(SENTENCE), 5):  # as an LLM streams it
+                stream.push_text(SENTENCE[start : start + 5])
+            stream.end_input()
+            audio, rate = bytearray(), 0
+            async for event in stream:
+                audio += event.frame.data.tobytes()
+                rate = event.frame.sample_rate
+            await stream.aclose()
+            voices = await tts.list_voices()
+            await tts.aclose()
+            assert "joe" in [v.id for v in voices]
+            return bytes(audio), rate
+
+    audio, rate = asyncio.run(speak())
+    assert rate == 24000
+    assert len(audio) > 2 * 24000 * 1.5
+    error, heard = word_error_rate(whisper, _pcm(audio), 24000, SENTENCE)
+    assert error < 0.25, heard
+
+
+def test_sdk_convert_is_intelligible(client: ElevenLabs, whisper: object) -> None:
+    sentences = "Hello, and welcome to the voice gateway. Please hold while I transfer your call."
+    audio = b"".join(
+        client.text_to_speech.convert(
+            "joe", text=sentences, output_format="pcm_16000", model_id="eleven_flash_v2_5", seed=7
+        )
+    )
+    error, heard = word_error_rate(whisper, _pcm(audio), 16000, sentences)
+    assert error < 0.15, heard
+
+
+def test_sdk_stream_in_telephony_format(client: ElevenLabs, whisper: object) -> None:
+    chunks = list(client.text_to_speech.stream("joe", text=SENTENCE, output_format="ulaw_8000", seed=7))
+    audio = decode(b"".join(chunks), "mulaw").astype(np.float32)
+    assert len(audio) > 8000 * 1.5
+    error, heard = word_error_rate(whisper, audio, 8000, SENTENCE)
+    assert error < 0.25, heard
+
+
+def test_sdk_timestamps_cover_the_audio(client: ElevenLabs) -> None:
+    text = "Good morning. See you soon."
+    whole = client.text_to_speech.convert_with_timestamps("joe", text=text, output_format="pcm_24000", seed=7)
+    audio = base64.b64decode(whole.audio_base_64)
+    alignment = whole.alignment
+    assert alignment is not None
+    assert "".join(alignment.characters).split() == text.split()
+    starts, ends = alignment.character_start_times_seconds, alignment.character_end_times_seconds
+    assert starts == sorted(starts) and ends == sorted(ends)
+    assert ends[-1] == pytest.approx(len(audio) / 2 / 24000, abs=0.002)
+
+    streamed = list(
+        client.text_to_speech.stream_with_timestamps("joe", text=text, output_format="pcm_24000", seed=7)
+    )
+    assert len(streamed) == 2  # one chunk a sentence, each with its characters
+    assert [re.sub(r"\s", "", "".join(c.alignment.characters)) for c in streamed if c.alignment] == [
+        "Goodmorning.",
+        "Seeyousoon.",
+    ]
+    offsets = [c.alignment.character_start_times_seconds[0] for c in streamed if c.alignment]
+    first = base64.b64decode(streamed[0].audio_base_64 or "")
+    assert offsets[0] == 0.0 and offsets[1] == pytest.approx(len(first) / 2 / 24000, abs=0.002)
