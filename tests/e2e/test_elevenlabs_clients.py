@@ -74,8 +74,8 @@ def test_pipecat_service_speaks_with_word_timestamps(gateway: str, whisper: obje
     # presentation times that follow the audio.
     words = [f for f in down if isinstance(f, TTSTextFrame)]
     assert [f.text for f in words] == _words(SENTENCE)
-    times = [f.pts for f in words]
-    assert all(isinstance(t, int) for t in times)
+    times = [f.pts for f in words if f.pts is not None]
+    assert len(times) == len(words)
     assert times == sorted(times) and len(set(times)) == len(times)
     spread_ns = times[-1] - times[0]
     duration_ns = len(audio) / 2 / 24000 * 1e9
