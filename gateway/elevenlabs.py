@@ -267,7 +267,7 @@ async def _serve(websocket: WebSocket, *, multi: bool) -> None:
         await _check_voice(websocket.state, voice_id, params)
     except ProtocolError as err:
         socket = _Socket(websocket, voice_id, Params(), multi=False)
-        await socket._fail(err, CloseCode.POLICY_VIOLATION)
+        await socket._fail(err, err.close_code)
         return
     socket = _Socket(websocket, voice_id, params, multi=multi)
     try:
