@@ -3,7 +3,8 @@
 pipecat's ``ElevenLabsTTSService`` (driven as pipecat's own tests drive a service, with
 ``pipecat.tests.utils.run_test``), livekit-plugins-elevenlabs' ``TTS`` and the ``elevenlabs`` SDK, against a
 real gateway with the Piper engine and an API key, which each client sends its own way (``xi-api-key``).
-Whisper checks that what comes back is the text.
+Each is set up by the code docs/agents.md shows (the blocks marked ``test:``). Whisper checks that what
+comes back is the text.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import asyncio
 import base64
 import re
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
@@ -31,6 +34,7 @@ pytestmark = pytest.mark.slow
 
 KEY = "eleven-test-key"
 SENTENCE = "The quick brown fox jumps over the lazy dog."
+DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +56,16 @@ def client(gateway: str) -> Iterator[ElevenLabs]:
         yield ElevenLabs(base_url=f"http://{gateway}", api_key=KEY, httpx_client=http)
 
 
+def _doc_code(name: str, address: str) -> dict[str, Any]:
+    """Run the block of docs/agents.md marked ``<!-- test: name -->`` against ``address``; its names."""
+    found = re.search(rf"<!-- test: {name} -->\n```python\n(.*?)```", DOC.read_text(), re.DOTALL)
+    assert found, f"docs/agents.md has no block marked test: {name}"
+    code = found[1].replace("127.0.0.1:8000", address).replace("your-voxgate-key", KEY)
+    names: dict[str, Any] = {}
+    exec(compile(code, f"docs/agents.md ({name})", "exec"), names)
+    return names
+
+
 def _pcm(data: bytes) -> np.ndarray:
     return decode(data, "pcm")
 
@@ -61,12 +75,8 @@ def _words(text: str) -> list[str]:
 
 
 def test_pipecat_service_speaks_with_word_timestamps(gateway: str, whisper: object) -> None:
-    tts = ElevenLabsTTSService(
-        api_key=KEY,
-        url=f"ws://{gateway}",
-        sample_rate=24000,
-        settings=ElevenLabsTTSService.Settings(voice="joe"),
-    )
+    tts = _doc_code("pipecat", gateway)["tts"]
+    assert isinstance(tts, ElevenLabsTTSService)
     down, _ = asyncio.run(run_test(tts, frames_to_send=[TTSSpeakFrame(SENTENCE)]))
     audio = b"".join(f.audio for f in down if isinstance(f, TTSAudioRawFrame))
     assert len(audio) > 2 * 24000 * 1.5  # more than 1.5 s of speech
@@ -87,13 +97,8 @@ def test_pipecat_service_speaks_with_word_timestamps(gateway: str, whisper: obje
 def test_livekit_plugin_streams_audio(gateway: str, whisper: object) -> None:
     async def speak() -> tuple[bytes, int]:
         async with aiohttp.ClientSession() as http:
-            tts = livekit_elevenlabs.TTS(
-                api_key=KEY,
-                base_url=f"http://{gateway}/v1",
-                voice_id="joe",
-                encoding="pcm_24000",
-                http_session=http,
-            )
+            tts = _doc_code("livekit", gateway)["voxgate_tts"](http)
+            assert isinstance(tts, livekit_elevenlabs.TTS)
             stream = tts.stream()
             for start in range(0, len(SENTENCE), 5):  # as an LLM streams it
                 stream.push_text(SENTENCE[start : start + 5])
@@ -113,6 +118,15 @@ def test_livekit_plugin_streams_audio(gateway: str, whisper: object) -> None:
     assert len(audio) > 2 * 24000 * 1.5
     error, heard = word_error_rate(whisper, _pcm(audio), 24000, SENTENCE)
     assert error < 0.25, heard
+
+
+def test_sdk_as_documented(gateway: str, whisper: object) -> None:
+    names = _doc_code("sdk", gateway)
+    names["client"]._client_wrapper.httpx_client.httpx_client.close()  # the SDK never closes its own
+    error, heard = word_error_rate(
+        whisper, _pcm(names["audio"]), 16000, "Hello, and welcome to the voice gateway."
+    )
+    assert error < 0.15, heard
 
 
 def test_sdk_convert_is_intelligible(client: ElevenLabs, whisper: object) -> None:
