@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
+from elevenlabs.client import ElevenLabs
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.conftest import TIMEOUT_S, serve_engine
+from tests.conftest import TIMEOUT_S, bound_socket, serve_engine
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
+from voxgate.gateway.app import create_app
 from voxgate.gateway.elevenlabs import MAX_CONTEXTS
+from voxgate.gateway.settings import Settings
 
 KEY = "eleven-key"
 
@@ -223,3 +234,53 @@ def test_rest_refuses_a_body_that_is_not_json(address: str) -> None:
 def test_voices_in_elevenlabs_shape(address: str) -> None:
     voices = httpx.get(f"http://{address}/v1/voices", headers={"xi-api-key": KEY}).json()
     assert voices["voices"][0]["voice_id"] == "tone" and voices["voices"][0]["category"] == "premade"
+
+
+@pytest.fixture(scope="module")
+def tls_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A gateway behind TLS with a self-signed certificate for 127.0.0.1 (the SDK's realtime helper
+    always connects with wss://); yields its address and the certificate."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="voxgate-voices-") as voices:
+        app = create_app(Settings.from_env({}, api_keys=KEY, voices_dir=voices), engine=FakeEngine())
+        sock = bound_socket()
+        config = uvicorn.Config(app, log_level="warning", ssl_certfile=str(cert), ssl_keyfile=str(key))
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + TIMEOUT_S
+            while not server.started:
+                assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+                time.sleep(0.01)
+            yield f"127.0.0.1:{sock.getsockname()[1]}", cert
+        finally:
+            server.should_exit = True
+            thread.join(TIMEOUT_S)
+            sock.close()
+
+
+# The SDK reads ConnectionClosed.code, which websockets 14+ deprecates, when the server closes normally.
+@pytest.mark.filterwarnings("ignore:ConnectionClosed.code is deprecated:DeprecationWarning")
+def test_sdk_realtime_helper_streams_text_in(
+    tls_address: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address, cert = tls_address
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trust the test certificate, as a deployment's CA
+    with httpx.Client(verify=ssl.create_default_context(cafile=str(cert))) as http:
+        client = ElevenLabs(base_url=f"https://{address}", api_key=KEY, httpx_client=http)
+        tokens = iter(["Hello ", "there, ", "how are", " you?"])
+        audio = b"".join(
+            client.text_to_speech.convert_realtime("tone", text=tokens, output_format="pcm_16000")
+        )
+    # The fake engine speaks SECONDS_PER_CHAR a character of what it was given.
+    assert len(audio) / 2 / 16000 == pytest.approx(len("Hello there, how are you?") * SECONDS_PER_CHAR)
