@@ -34,6 +34,7 @@ from voxgate.protocol.elevenlabs import (
     Context,
     Inbound,
     Params,
+    close_code,
     decode_inbound,
     http_error,
     parse_params,
@@ -182,7 +183,7 @@ class _Socket:
                 await self.send(message)
         self.contexts.pop(live.codec.context_id, None)
         if not self.multi:  # stream-input: the socket ends with its one context
-            await self.close(live.pipe.close_code or CloseCode.NORMAL)
+            await self.close(close_code(live.pipe.close_code or CloseCode.NORMAL))
 
     async def run(self) -> None:
         try:
@@ -206,14 +207,14 @@ class _Socket:
                 err = ProtocolError(
                     ErrorCode.IDLE_TIMEOUT, f"no text received within the timeout of {timeout} seconds"
                 )
-                await self._fail(err, CloseCode.POLICY_VIOLATION)
+                await self._fail(err)
                 return
             if message["type"] == "websocket.disconnect":
                 return
             try:
                 msg = decode_inbound(message.get("text") or message.get("bytes") or b"")
             except ProtocolError as err:
-                await self._fail(err, err.close_code)
+                await self._fail(err)
                 return
             if msg.close_socket:
                 await self._close_all()
@@ -253,10 +254,10 @@ class _Socket:
             await asyncio.wait(tasks)
         await self.close(CloseCode.NORMAL)
 
-    async def _fail(self, err: ProtocolError, close_code: int) -> None:
+    async def _fail(self, err: ProtocolError) -> None:
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
             await self.send(Context(self.voice_id, self.params, multi=False).error(err))
-        await self.close(close_code)
+        await self.close(close_code(err.close_code))
 
 
 async def _serve(websocket: WebSocket, *, multi: bool) -> None:
@@ -267,7 +268,7 @@ async def _serve(websocket: WebSocket, *, multi: bool) -> None:
         await _check_voice(websocket.state, voice_id, params)
     except ProtocolError as err:
         socket = _Socket(websocket, voice_id, Params(), multi=False)
-        await socket._fail(err, err.close_code)
+        await socket._fail(err)
         return
     socket = _Socket(websocket, voice_id, params, multi=multi)
     try:

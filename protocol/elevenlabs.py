@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import msgspec
 
 from voxgate.protocol.audio import BYTES_PER_SAMPLE, AudioFormat
-from voxgate.protocol.errors import ErrorCode, ProtocolError, field_path
+from voxgate.protocol.errors import FAILURES, CloseCode, ErrorCode, ProtocolError, field_path
 from voxgate.protocol.messages import (
     AudioStart,
     ClientMessage,
@@ -63,6 +63,15 @@ _CODES: dict[str, str] = {
     ErrorCode.IDLE_TIMEOUT: "input_timeout_exceeded",
     ErrorCode.UNSUPPORTED_FORMAT: "invalid_output_format",
 }
+
+
+#: The close code of each error code (``protocol.errors.FAILURES``), by the code's string.
+_CLOSE_CODES: dict[str, CloseCode] = {str(code): failure.close_code for code, failure in FAILURES.items()}
+
+
+def close_code(code: int) -> int:
+    """The close code an ElevenLabs client gets: ours, but 1008 for a timeout (ElevenLabs' own choice)."""
+    return int(CloseCode.POLICY_VIOLATION) if code == CloseCode.TIMEOUT else code
 
 
 class VoiceSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -258,7 +267,7 @@ class Context:
         if isinstance(data, bytes):
             return [self.audio_message(*self.segment(data))]
         error = self.observe(data)
-        return [] if error is None else [self.error(ProtocolError(ErrorCode(error.code), error.message))]
+        return [] if error is None else [self._shape(ws_error(error.code, error.message))]
 
     def observe(self, text: str) -> Error | None:
         """Take one JSON message of the session: notes each segment's text, hands back its errors."""
@@ -295,7 +304,7 @@ class Context:
 
     def error(self, err: ProtocolError) -> bytes:
         """An error of this context in ElevenLabs' shape."""
-        return self._shape(ws_error(err))
+        return self._shape(ws_error(err.code, err.message))
 
     def _shape(self, payload: dict[str, object]) -> bytes:
         if self.multi:
@@ -303,9 +312,13 @@ class Context:
         return _encode(payload)
 
 
-def ws_error(err: ProtocolError) -> dict[str, object]:
-    """A WebSocket error in ElevenLabs' shape: ``message``, ``error`` (its code), ``code`` (close code)."""
-    return {"message": err.message, "error": _CODES.get(err.code, err.code), "code": int(err.close_code)}
+def ws_error(code: str, message: str) -> dict[str, object]:
+    """A WebSocket error in ElevenLabs' shape: ``message``, ``error`` (its code), ``code`` (close code).
+
+    ``code`` is a voxgate error code; one the error table lacks gets 1011 (internal error).
+    """
+    close = close_code(_CLOSE_CODES.get(code, CloseCode.INTERNAL_ERROR))
+    return {"message": message, "error": _CODES.get(code, code), "code": close}
 
 
 def http_error(err: ProtocolError) -> bytes:

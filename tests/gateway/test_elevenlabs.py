@@ -150,11 +150,15 @@ def test_a_malformed_message_is_refused(address: str) -> None:
     assert code == 1007 and got[0]["error"] == "invalid_json"
 
 
-def test_inactivity_timeout_closes_a_silent_socket(address: str) -> None:
-    with _ws(address, "tone/multi-stream-input", "output_format=pcm_16000&inactivity_timeout=1") as ws:
+@pytest.mark.parametrize("path", ["tone/multi-stream-input", "tone/stream-input"])
+def test_inactivity_timeout_closes_a_silent_socket(address: str, path: str) -> None:
+    with _ws(address, path, "output_format=pcm_16000&inactivity_timeout=1") as ws:
+        if path.endswith("/stream-input"):
+            _send(ws, text=" ")  # a context is open: its own session times out
         got, code = _until_closed(ws)
     assert code == 1008
-    assert got[0]["error"] == "input_timeout_exceeded"
+    assert [m["error"] for m in got] == ["input_timeout_exceeded"]
+    assert got[0]["code"] == 1008
 
 
 def test_keys_as_elevenlabs_clients_send_them(address: str) -> None:

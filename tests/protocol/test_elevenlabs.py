@@ -15,6 +15,7 @@ from voxgate.protocol.elevenlabs import (
     Inbound,
     Params,
     VoiceSettings,
+    close_code,
     decode_inbound,
     http_error,
     parse_params,
@@ -196,7 +197,7 @@ def test_render_reports_errors_and_skips_what_has_no_counterpart() -> None:
 
 def test_errors_use_elevenlabs_shapes_and_codes() -> None:
     unknown = ProtocolError(ErrorCode.VOICE_NOT_FOUND, "voice 'x' was not found")
-    assert ws_error(unknown) == {
+    assert ws_error(unknown.code, unknown.message) == {
         "message": "voice 'x' was not found",
         "error": "voice_not_found",
         "code": 1008,
@@ -204,8 +205,13 @@ def test_errors_use_elevenlabs_shapes_and_codes() -> None:
     assert _json(http_error(unknown)) == {
         "detail": {"status": "voice_not_found", "message": "voice 'x' was not found"}
     }
-    idle = ProtocolError(ErrorCode.IDLE_TIMEOUT, "quiet")
-    assert ws_error(idle)["error"] == "input_timeout_exceeded"
+    assert ws_error(ErrorCode.IDLE_TIMEOUT, "quiet") == {
+        "message": "quiet",
+        "error": "input_timeout_exceeded",
+        "code": 1008,  # ElevenLabs closes an idle socket with 1008; voxgate's own code is 4008
+    }
+    assert ws_error("some_new_code", "?")["code"] == 1011
+    assert close_code(1000) == 1000 and close_code(4008) == 1008
     assert _json(http_error(ProtocolError(ErrorCode.EMPTY_INPUT, "empty"))) == {
         "detail": {"status": "empty_input", "message": "empty"}
     }
