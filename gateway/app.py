@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from voxgate.engine import ENGINES, TTSEngine
-from voxgate.gateway import elevenlabs, speech, voices
+from voxgate.gateway import elevenlabs, elevenlabs_rest, speech, voices
 from voxgate.gateway.auth import AuthMiddleware
 from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.headers import SecurityHeadersMiddleware
@@ -119,6 +119,7 @@ def create_app(
         *voices.routes,
         *speech.routes,
         *elevenlabs.routes,
+        *elevenlabs_rest.routes,
     ]
     if WEB_DIR.is_dir():
         routes.append(Mount("/", HttpOnly(StaticFiles(directory=WEB_DIR, html=True)), name="web"))

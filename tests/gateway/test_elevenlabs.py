@@ -288,3 +288,15 @@ def test_sdk_realtime_helper_streams_text_in(
         )
     # The fake engine speaks SECONDS_PER_CHAR a character of what it was given.
     assert len(audio) / 2 / 16000 == pytest.approx(len("Hello there, how are you?") * SECONDS_PER_CHAR)
+
+
+def test_a_context_refused_as_it_opens_is_not_kept(address: str) -> None:
+    with _ws(address, "tone/multi-stream-input") as ws:
+        _send(ws, text=" ", context_id="a", voice_settings={"speed": 9.0})
+        refused = json.loads(ws.recv(timeout=TIMEOUT_S))
+        assert refused["contextId"] == "a" and refused["error"] == "invalid_message"
+        _send(ws, text="Fine. ", context_id="b")
+        _send(ws, close_socket=True)
+        got, code = _until_closed(ws)
+    assert code == 1000
+    assert [m["contextId"] for m in got] == ["b", "b"] and got[-1]["isFinal"] is True
