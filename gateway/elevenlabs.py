@@ -24,6 +24,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.connection import CLOSE_TIMEOUT_S, Connection
 from voxgate.gateway.failures import REFUSALS, error_for
+from voxgate.gateway.sessions import Sessions, shutdown_error
 from voxgate.protocol.elevenlabs import (
     Context,
     Inbound,
@@ -175,14 +176,23 @@ class _Socket:
             await self.close(close_code(live.pipe.close_code or CloseCode.NORMAL))
 
     async def run(self) -> None:
+        sessions: Sessions | None = getattr(self.ws.state, "sessions", None)
+        watcher = asyncio.create_task(self._drain(sessions)) if sessions is not None else None
         try:
             await self._read()
         finally:
+            if watcher is not None:
+                watcher.cancel()
             for live in list(self.contexts.values()):
                 live.pipe.hang_up()
             tasks = [live.task for live in self.contexts.values() if live.task is not None]
             if tasks:
                 await asyncio.wait(tasks)
+
+    async def _drain(self, sessions: Sessions) -> None:
+        """On a drain, close once no context is left (each context's own session ends itself)."""
+        await sessions.until_idle(lambda: bool(self.contexts))
+        await self._fail(shutdown_error())
 
     async def _read(self) -> None:
         while True:

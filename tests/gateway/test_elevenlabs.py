@@ -18,6 +18,8 @@ import httpx
 import pytest
 import uvicorn
 from elevenlabs.client import ElevenLabs
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
@@ -300,3 +302,21 @@ def test_a_context_refused_as_it_opens_is_not_kept(address: str) -> None:
         got, code = _until_closed(ws)
     assert code == 1000
     assert [m["contextId"] for m in got] == ["b", "b"] and got[-1]["isFinal"] is True
+
+
+def test_a_drain_closes_a_socket_with_no_context_left() -> None:
+    with tempfile.TemporaryDirectory(prefix="voxgate-voices-") as voices:
+        app = create_app(Settings.from_env({}, voices_dir=voices), engine=FakeEngine())
+        with TestClient(app) as client:
+            path = "/v1/text-to-speech/tone/multi-stream-input?output_format=pcm_16000"
+            with client.websocket_connect(path) as ws:
+                assert client.portal is not None
+                client.portal.start_task_soon(app.state.sessions.drain, 1.0)
+                assert ws.receive_json() == {
+                    "message": "the server is shutting down",
+                    "error": "server_shutdown",
+                    "code": 1001,
+                }
+                with pytest.raises(WebSocketDisconnect) as closed:
+                    ws.receive_text()
+    assert closed.value.code == 1001
