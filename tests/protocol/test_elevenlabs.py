@@ -192,6 +192,8 @@ def test_render_reports_errors_and_skips_what_has_no_counterpart() -> None:
     ]
     assert ctx.render(_encode(SessionDone()).decode()) == []
     assert ctx.render('{"type": "audio.words", "words": []}') == []  # a message this dialect lacks
+    refused = ctx.error(ProtocolError(ErrorCode.INVALID_STATE, "too many"))
+    assert _json(refused) == {"message": "too many", "error": "invalid_state", "code": 1008}
     assert _json(ctx.finish(True)[0]) == {"isFinal": True}
 
 
