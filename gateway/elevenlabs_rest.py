@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import logging
 from collections.abc import AsyncIterator
 
 import msgspec
+import numpy as np
+import soundfile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -21,6 +24,7 @@ from starlette.routing import Route
 from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.elevenlabs import Pipe, check_voice, connection_for, run_session
 from voxgate.gateway.http import BodyTooLarge, read_body
+from voxgate.protocol.audio import BYTES_PER_SAMPLE, decode
 from voxgate.protocol.elevenlabs import (
     Alignment,
     Context,
@@ -32,6 +36,7 @@ from voxgate.protocol.elevenlabs import (
     seconds_alignment,
 )
 from voxgate.protocol.errors import ErrorCode, ProtocolError, field_path
+from voxgate.protocol.messages import Error
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +57,7 @@ class _Body(msgspec.Struct, frozen=True, kw_only=True):
 
 
 #: What the REST producer hands the response: a segment, the failure that ended it, None at the end.
-_Item = tuple[bytes, Alignment] | ProtocolError | None
+_Item = tuple[bytes, Alignment, float] | ProtocolError | None
 
 
 def _refused(err: ProtocolError) -> Response:
@@ -63,7 +68,7 @@ async def _speak(request: Request, timestamps: bool) -> Response:
     voice_id = request.path_params["voice_id"]
     state = request.state
     try:
-        params = parse_params(request.query_params)
+        params = parse_params(request.query_params, mp3=not timestamps)
         body = msgspec.json.decode(await read_body(request, MAX_BODY_BYTES), type=_Body)
         if not body.text.strip():
             raise ProtocolError(ErrorCode.EMPTY_INPUT, "text has nothing to speak", field="text")
@@ -83,12 +88,14 @@ async def _speak(request: Request, timestamps: bool) -> Response:
 
     codec = Context(voice_id, params, multi=False)
     queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=AHEAD_SEGMENTS)
+    fmt, rate = params.audio
 
     async def sink(data: str | bytes) -> None:
         if isinstance(data, bytes):
-            await queue.put(codec.segment(data))
+            audio, alignment = codec.segment(data)
+            await queue.put((audio, alignment, len(data) / BYTES_PER_SAMPLE[fmt] / rate * 1000.0))
         elif (error := codec.observe(data)) is not None:
-            await queue.put(ProtocolError(ErrorCode(error.code), error.message))
+            await queue.put(_failure(error))
 
     pipe = Pipe(sink)
     try:
@@ -106,16 +113,40 @@ async def _speak(request: Request, timestamps: bool) -> Response:
     if isinstance(head, ProtocolError):
         producer.cancel()
         return _refused(head)
-    fmt, rate = params.audio
     headers = {"x-sample-rate": str(rate)}
     if not timestamps:
+        if params.mp3:
+            return StreamingResponse(_whole_mp3(head, queue, producer, rate), media_type="audio/mpeg")
         media = "audio/basic" if fmt == "mulaw" else "audio/pcm"
         return StreamingResponse(_audio(head, queue, producer), media_type=media, headers=headers)
     return StreamingResponse(
-        _timestamps(head, queue, producer, bytes_per_ms=(1 if fmt == "mulaw" else 2) * rate / 1000.0),
-        media_type="application/json",
-        headers=headers,
+        _timestamps(head, queue, producer), media_type="application/json", headers=headers
     )
+
+
+async def _whole_mp3(
+    head: _Item, queue: asyncio.Queue[_Item], producer: asyncio.Task[None], rate: int
+) -> AsyncIterator[bytes]:
+    """The whole answer as one mp3, encoded once all of it is there (its header describes the whole)."""
+    pieces = [piece async for piece in _audio(head, queue, producer)]
+    yield await asyncio.to_thread(_mp3, b"".join(pieces), rate)
+
+
+def _mp3(data: bytes, rate: int) -> bytes:
+    out = io.BytesIO()
+    soundfile.write(
+        out, np.clip(decode(data, "f32"), -1.0, 1.0), rate, format="MP3", subtype="MPEG_LAYER_III"
+    )
+    return out.getvalue()
+
+
+def _failure(error: Error) -> ProtocolError:
+    """A session's error as a failure of the request (a code outside the error table: internal)."""
+    try:
+        code = ErrorCode(error.code)
+    except ValueError:
+        code = ErrorCode.INTERNAL_ERROR
+    return ProtocolError(code, error.message)
 
 
 async def _items(
@@ -145,7 +176,7 @@ async def _audio(
 
 
 async def _timestamps(
-    head: _Item, queue: asyncio.Queue[_Item], producer: asyncio.Task[None], *, bytes_per_ms: float
+    head: _Item, queue: asyncio.Queue[_Item], producer: asyncio.Task[None]
 ) -> AsyncIterator[bytes]:
     """NDJSON, one line a segment: ``audio_base64``, ``alignment`` and ``normalized_alignment`` (seconds)."""
     offset_ms = 0.0
@@ -154,14 +185,14 @@ async def _timestamps(
             logger.warning("engine failed mid-stream; response truncated: %s", item.message)
             return
         assert item is not None
-        audio, alignment = item
+        audio, alignment, duration_ms = item
         shape = msgspec.to_builtins(seconds_alignment(alignment, offset_ms))
         line = {
             "audio_base64": base64.b64encode(audio).decode(),
             "alignment": shape,
             "normalized_alignment": shape,
         }
-        offset_ms += len(audio) / bytes_per_ms
+        offset_ms += duration_ms
         yield _encode(line) + b"\n"
 
 

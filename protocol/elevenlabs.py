@@ -52,7 +52,21 @@ OUTPUT_FORMATS: dict[str, tuple[AudioFormat, int]] = {
     **{f"pcm_{rate}": ("pcm", rate) for rate in (8000, 16000, 22050, 24000, 32000, 44100, 48000)},
     "ulaw_8000": ("mulaw", 8000),
 }
-#: ElevenLabs' default when ``output_format`` is left out (we cannot make mp3 as a stream: refused).
+#: ElevenLabs' mp3 formats, by rate (the bitrate is the encoder's choice). Only the REST routes make them,
+#: each segment encoded whole; the WebSockets refuse them.
+MP3_FORMATS: dict[str, int] = {
+    f"mp3_{rate}_{kbps}": rate
+    for rate, kbps in (
+        (22050, 32),
+        (24000, 48),
+        (44100, 32),
+        (44100, 64),
+        (44100, 96),
+        (44100, 128),
+        (44100, 192),
+    )
+}
+#: ElevenLabs' default when ``output_format`` is left out.
 DEFAULT_OUTPUT_FORMAT = "mp3_44100_128"
 #: ElevenLabs closes a socket that sent no text for this long (its documented default and maximum).
 DEFAULT_INACTIVITY_TIMEOUT_S = 20
@@ -131,20 +145,26 @@ class Params:
 
     @property
     def audio(self) -> tuple[AudioFormat, int]:
-        """Our format and rate."""
-        return OUTPUT_FORMATS[self.output_format]
+        """Our format and rate (``f32`` for mp3, which the REST route encodes)."""
+        return OUTPUT_FORMATS.get(self.output_format) or ("f32", MP3_FORMATS[self.output_format])
+
+    @property
+    def mp3(self) -> bool:
+        """An mp3 format: the shell encodes each segment's ``f32`` audio."""
+        return self.output_format in MP3_FORMATS
 
 
-def parse_params(query: Mapping[str, str]) -> Params:
-    """Read a request's query parameters.
+def parse_params(query: Mapping[str, str], *, mp3: bool = False) -> Params:
+    """Read a request's query parameters; ``mp3``: the route can encode mp3 (REST).
 
     Raises:
         ProtocolError: an ``output_format`` we cannot make (``unsupported_format``), or a
             malformed ``inactivity_timeout`` / ``seed`` (``invalid_message``).
     """
     fmt = query.get("output_format", DEFAULT_OUTPUT_FORMAT)
-    if fmt not in OUTPUT_FORMATS:
-        message = f"output_format {fmt!r} is not available here; use one of {sorted(OUTPUT_FORMATS)}"
+    formats = sorted(OUTPUT_FORMATS) + (sorted(MP3_FORMATS) if mp3 else [])
+    if fmt not in formats:
+        message = f"output_format {fmt!r} is not available here; use one of {formats}"
         raise ProtocolError(ErrorCode.UNSUPPORTED_FORMAT, message, field="output_format")
     timeout = _int(query, "inactivity_timeout", DEFAULT_INACTIVITY_TIMEOUT_S)
     if timeout is None or not 1 <= timeout <= MAX_INACTIVITY_TIMEOUT_S:

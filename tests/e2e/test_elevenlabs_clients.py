@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import aiohttp
 import httpx
 import numpy as np
 import pytest
+import soundfile
 from elevenlabs.client import ElevenLabs
 from livekit.plugins import elevenlabs as livekit_elevenlabs
 from pipecat.frames.frames import TTSAudioRawFrame, TTSSpeakFrame, TTSTextFrame
@@ -138,6 +140,14 @@ def test_sdk_convert_is_intelligible(client: ElevenLabs, whisper: object) -> Non
     )
     error, heard = word_error_rate(whisper, _pcm(audio), 16000, sentences)
     assert error < 0.15, heard
+
+
+def test_sdk_default_format_is_mp3(client: ElevenLabs, whisper: object) -> None:
+    answer = b"".join(client.text_to_speech.convert("joe", text=SENTENCE, seed=7))  # mp3_44100_128
+    audio, rate = soundfile.read(io.BytesIO(answer), dtype="float32")
+    assert rate == 44100
+    error, heard = word_error_rate(whisper, audio, rate, SENTENCE)
+    assert error < 0.25, heard
 
 
 def test_sdk_stream_in_telephony_format(client: ElevenLabs, whisper: object) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import shutil
 import ssl
@@ -16,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import soundfile
 import uvicorn
 from elevenlabs.client import ElevenLabs
 from starlette.testclient import TestClient
@@ -206,11 +208,24 @@ def test_rest_convert_and_timestamps(address: str) -> None:
     assert chunks[1]["alignment"]["character_start_times_seconds"][0] == pytest.approx(first_s, abs=0.001)
 
 
+def test_rest_answers_in_mp3_by_default(address: str) -> None:
+    url = f"http://{address}/v1/text-to-speech/tone"
+    answer = httpx.post(url, json={"text": "One. Two three."}, headers={"xi-api-key": KEY})
+    assert answer.status_code == 200 and answer.headers["content-type"] == "audio/mpeg"
+    audio, rate = soundfile.read(io.BytesIO(answer.content))
+    assert rate == 44100
+    # One mp3 of the whole answer (encoded at the end), give or take the encoder's padding.
+    assert len(audio) / rate == pytest.approx(len("One.Two three.") * SECONDS_PER_CHAR, abs=0.1)
+    # With timestamps the audio comes a sentence at a time, so only in the formats that stream.
+    timed = httpx.post(f"{url}/stream/with-timestamps", json={"text": "One."}, headers={"xi-api-key": KEY})
+    assert timed.status_code == 400 and timed.json()["detail"]["status"] == "invalid_output_format"
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "error"),
     [
         ("nobody?output_format=pcm_16000", {"text": "Hi."}, 400, "voice_not_found"),
-        ("tone", {"text": "Hi."}, 400, "invalid_output_format"),
+        ("tone?output_format=opus_48000_64", {"text": "Hi."}, 400, "invalid_output_format"),
         ("tone?output_format=pcm_16000", {"text": "  "}, 400, "empty_input"),
         ("tone?output_format=pcm_16000", {"words": "Hi."}, 400, "invalid_message"),
         (

@@ -64,6 +64,16 @@ def test_decode_inbound_refuses_bad_json_and_bad_fields() -> None:
     assert bad_field.value.code is ErrorCode.INVALID_MESSAGE and bad_field.value.field == "$.text"
 
 
+def test_mp3_is_for_the_routes_that_encode_it() -> None:
+    params = parse_params({}, mp3=True)  # ElevenLabs' default, mp3_44100_128
+    assert params.mp3 and params.audio == ("f32", 44100)
+    assert parse_params({"output_format": "mp3_22050_32"}, mp3=True).audio == ("f32", 22050)
+    assert not parse_params({"output_format": "pcm_16000"}, mp3=True).mp3
+    with pytest.raises(ProtocolError) as refused:
+        parse_params({"output_format": "mp3_44100_128"})
+    assert "mp3" not in refused.value.message.split("use one of")[1]
+
+
 def test_parse_params_maps_formats_and_ignores_what_it_cannot_honour() -> None:
     params = parse_params(
         {
