@@ -340,7 +340,7 @@ class Connection:
                 t = time.perf_counter()
                 async for chunk in chunks:
                     synthesis_s += time.perf_counter() - t
-                    self.core.audio(u, s, chunk.samples, chunk.sample_rate)
+                    self.core.audio(u, s, chunk.samples, chunk.sample_rate, chunk.words)
                     await self._flush()
                     await self.outbox.room()
                     t = time.perf_counter()

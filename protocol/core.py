@@ -22,6 +22,7 @@ The rules it owns:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from voxgate.protocol.audio import Samples
@@ -35,6 +36,8 @@ from voxgate.protocol.messages import (
     InputCommitted,
     SessionConfig,
     SessionDone,
+    WordTimestamp,
+    WordTimestamps,
 )
 from voxgate.protocol.output import (
     Audio,
@@ -76,6 +79,9 @@ class _Segment:
     total_bytes: int = 0
     samples: int = 0
     error: bool = False
+    start_ms: float = 0.0  # where its audio starts on the utterance clock
+    engine_s: float = 0.0  # engine audio taken so far (the clock of the words that come with it)
+    word_chunks: int = 0  # audio.chunk word messages sent
 
 
 @dataclass(slots=True)
@@ -219,6 +225,7 @@ class Core:
         seg.started = True
         self.session.backlog -= len(seg.text)
         start = seg.counted = u.packer.start_segment(sentence)
+        seg.start_ms = start * 1000.0 / u.packer.sample_rate
         msg = AudioStart(
             utterance_index=utterance,
             sentence_index=sentence,
@@ -229,11 +236,28 @@ class Core:
         )
         self._out.append(Message(msg, utterance, streamed=u.streamed))
 
-    def audio(self, utterance: int, sentence: int, samples: Samples, sample_rate: int) -> None:
-        """Engine audio of a started segment, at the engine's ``sample_rate``."""
+    def audio(
+        self,
+        utterance: int,
+        sentence: int,
+        samples: Samples,
+        sample_rate: int,
+        words: Sequence[tuple[str, int, int]] = (),
+    ) -> None:
+        """Engine audio of a started segment, at the engine's ``sample_rate``.
+
+        ``words`` are the timings of the words in it, ``(word, start, end)`` in samples from its first
+        sample at ``sample_rate`` (``engine.base.WordTiming``): they go out as an ``audio.chunk`` before
+        its frames, in milliseconds on the utterance's output clock.
+        """
         u = self._utterances.get(utterance)
-        if u is not None:
-            self._frames(u, sentence, u.packer.push(samples, sample_rate))
+        if u is None:
+            return
+        seg = u.segments[sentence]
+        if words:
+            self._words(u, sentence, seg, len(samples), sample_rate, words)
+        seg.engine_s += len(samples) / sample_rate
+        self._frames(u, sentence, u.packer.push(samples, sample_rate))
 
     def segment_done(
         self, utterance: int, sentence: int, *, synthesis_s: float, error: ProtocolError | None = None
@@ -321,6 +345,33 @@ class Core:
         if frames:
             audio_s = new_samples / packer.sample_rate / len(frames)  # a whole segment when not streamed
             self._out.extend(Audio(frame, u.index, sentence, audio_s) for frame in frames)
+
+    def _words(
+        self,
+        u: _Utterance,
+        sentence: int,
+        seg: _Segment,
+        length: int,
+        rate: int,
+        words: Sequence[tuple[str, int, int]],
+    ) -> None:
+        # Resampling keeps time, so engine seconds into the segment are output seconds into it.
+        base = seg.start_ms + seg.engine_s * 1000.0
+
+        def ms(sample: int) -> float:
+            return round(base + sample * 1000.0 / rate, 2)
+
+        msg = WordTimestamps(
+            utterance_index=u.index,
+            sentence_index=sentence,
+            chunk_id=seg.word_chunks,
+            chunk_start_ms=ms(0),
+            chunk_end_ms=ms(length),
+            sample_rate=u.packer.sample_rate,
+            timestamps=[WordTimestamp(word=w, start_ms=ms(start), end_ms=ms(end)) for w, start, end in words],
+        )
+        seg.word_chunks += 1
+        self._out.append(Message(msg, u.index))
 
     def _settle(self) -> None:
         """Hand out the ``session.done`` of finished utterances in order, then ``Finish`` when closing."""

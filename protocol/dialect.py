@@ -19,6 +19,18 @@ _encode = msgspec.json.Encoder().encode
 # vllm-omni's field set of each message it sends; messages not listed here are voxgate's own.
 _VLLM_FIELDS: dict[str, tuple[str, ...]] = {
     "audio.start": ("type", "utterance_index", "sentence_index", "sentence_text", "format"),
+    # Sent only to a client that asked for word_timestamps, in either dialect: asking is opting in.
+    "audio.chunk": (
+        "type",
+        "utterance_index",
+        "sentence_index",
+        "chunk_id",
+        "chunk_start_ms",
+        "chunk_end_ms",
+        "sample_rate",
+        "audio_b64",
+        "timestamps",
+    ),
     "audio.done": ("type", "utterance_index", "sentence_index", "total_bytes", "error"),
     "session.done": ("type", "utterance_index", "total_sentences"),
     "input.committed": ("type", "commit_id", "utterance_index", "sentence_index"),

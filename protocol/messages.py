@@ -7,6 +7,7 @@ Message flow (``docs/protocol.md`` is the full contract)::
                    ◀───────────────────────── session.ready
     input.text  (any number, any size) ─────▶
                    ◀───────────────────────── audio.start      (per segment)
+                   ◀───────────────────────── audio.chunk      (word timings, with word_timestamps)
                    ◀───────────────────────── <binary audio>   (frames of frame_ms)
                    ◀───────────────────────── audio.done       (per segment)
     input.done  (flush; the socket stays) ──▶
@@ -269,6 +270,34 @@ class AudioStart(_Server, tag="audio.start"):
     start_sample: int = 0
 
 
+class WordTimestamp(msgspec.Struct, kw_only=True):
+    """One spoken word: ``[start_ms, end_ms)`` on the utterance's audio clock."""
+
+    word: str = ""
+    start_ms: float = 0.0
+    end_ms: float = 0.0
+
+
+class WordTimestamps(_Server, tag="audio.chunk"):
+    """Word timings of a stretch of a segment's audio, sent before that audio (``word_timestamps``).
+
+    vllm-omni's alignment chunk (an ``audio.chunk`` whose ``audio_b64`` is empty), with voxgate's timing
+    rules: it comes before the binary frames it describes, and every time (``chunk_start_ms``,
+    ``chunk_end_ms``, each word's) counts milliseconds from the start of the utterance's audio as the
+    client receives it (output samples / ``sample_rate``), the clock of ``audio.start``'s ``start_sample``.
+    ``chunk_id`` counts these messages within the segment.
+    """
+
+    utterance_index: int = 0
+    sentence_index: int = 0
+    chunk_id: int = 0
+    chunk_start_ms: float = 0.0
+    chunk_end_ms: float = 0.0
+    sample_rate: int = 0
+    audio_b64: str = ""
+    timestamps: list[WordTimestamp] = msgspec.field(default_factory=list)
+
+
 class AudioDone(_Server, tag="audio.done"):
     """Ends the audio of one segment, with its timing."""
 
@@ -329,6 +358,7 @@ class Error(_Server, tag="error"):
 ServerMessage = (
     SessionReady
     | AudioStart
+    | WordTimestamps
     | AudioDone
     | SessionDone
     | AudioCancelled
