@@ -25,7 +25,7 @@ def test_false_is_accepted_by_an_engine_without_them() -> None:
             send(ws, type="session.config", word_timestamps=False)
             send(ws, type="input.text", text="Hi.")
             send(ws, type="input.done")
-            types = []
+            types: list[str] = []
             while not types or types[-1] != "session.done":
                 item = recv(ws)
                 types.append("<audio>" if isinstance(item, bytes) else str(item["type"]))
