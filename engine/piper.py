@@ -220,6 +220,8 @@ def _model(path: str) -> str | bytes:
 
     The durations (``Ceil`` of the duration predictor) are computed anyway; exposing them leaves the audio
     bit for bit the same, so every request runs this one model (``bench/piper_alignment.py`` compares).
+    Patching parses and re-serializes the graph (about a second): build it once and create every ONNX
+    Runtime session of the engine from the same bytes.
     """
     if not _ALIGNABLE:
         return path
