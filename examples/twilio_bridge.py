@@ -269,7 +269,7 @@ class _Hangup(Exception):
 
 
 def create_bridge(config: BridgeConfig) -> Starlette:
-    """The bridge's Starlette app; ``app.state.calls`` lists its calls, newest last."""
+    """The app; ``app.state.calls`` lists its calls (newest last), ``.config`` its config."""
     calls: list[Call] = []
 
     async def twilio(ws: WebSocket) -> None:
@@ -283,6 +283,7 @@ def create_bridge(config: BridgeConfig) -> Starlette:
 
     app = Starlette(routes=[WebSocketRoute("/twilio", twilio)])
     app.state.calls = calls
+    app.state.config = config
     return app
 
 

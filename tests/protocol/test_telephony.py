@@ -1,4 +1,4 @@
-"""Carrier framing: audio and segment ends in, a carrier's JSON messages out; mark echoes in, positions out."""
+"""Carrier framing: audio and segment ends in, carrier JSON messages out; mark echoes in, positions out."""
 
 from __future__ import annotations
 
@@ -133,7 +133,8 @@ def test_mark_echoes_report_what_was_heard_in_order() -> None:
             played_ms=720.0,
         )
     ]
-    assert second is not None and second[0].text == "How are you?" and second[0].played_ms == 1220.5
+    assert second is not None and isinstance(position := second[0], PlaybackPosition)
+    assert position.text == "How are you?" and position.played_ms == 1220.5
     # Each mark reports once; a name never sent is ignored (the carrier echoes whatever it was given).
     assert framing.receive(json.dumps({**echo, "mark": {"name": "utt-0-seg-0"}})) == []
     assert framing.receive(json.dumps({**echo, "mark": {"name": "someone-else"}})) == []
