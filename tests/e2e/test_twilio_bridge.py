@@ -157,20 +157,26 @@ def test_voxgate_writes_twilio_media_and_a_mark_after_each_sentence() -> None:
     assert done["audio_ms"] > position["played_ms"]
 
 
-def test_input_cancel_sends_twilio_a_clear_before_audio_cancelled() -> None:
+def test_input_cancel_sends_twilio_a_clear_before_audio_cancelled_and_forgets_marks_out() -> None:
     engine = FakeEngine(chunk_s=0.05, delay_s=0.05)
     with serve_engine(engine) as address, session(address, framing="twilio", stream_sid=SID) as ws:
-        send(ws, type="input.text", text="This is a long sentence that takes a while to say.")
+        send(ws, type="input.text", text="Short one. Then a long sentence that takes a while to say.")
         send(ws, type="input.done")
-        while recv_message(ws).get("event") != "media":
+        while recv_message(ws).get("event") != "mark":
             pass
         send(ws, type="input.cancel")
         after: list[dict[str, Any]] = []
         while not after or after[-1].get("type") != "audio.cancelled":
             after.append(recv_message(ws))
+        # Twilio echoes the marks a clear dropped: that audio was not heard, so no playback.position
+        # (the commit's answer comes next, in order, with nothing before it).
+        send(ws, event="mark", streamSid=SID, mark={"name": "utt-0-seg-0"})
+        send(ws, type="input.commit", commit_id="after-the-echo")
+        answer = recv_message(ws)
     clear = after.index({"event": "clear", "streamSid": SID})
     assert all(m.get("event") != "media" for m in after[clear:])
     assert after[clear + 1]["type"] == "audio.cancelled"
+    assert answer["type"] == "input.committed" and answer["commit_id"] == "after-the-echo"
 
 
 def test_twilio_framing_needs_a_stream_sid_and_stays_fixed() -> None:
