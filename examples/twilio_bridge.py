@@ -186,15 +186,20 @@ class Call:
         try:
             while True:
                 text = await self.twilio.receive_text()
-                msg = json.loads(text)
-                match msg.get("event"):
-                    case "media" if msg["media"].get("track", "inbound") == "inbound":
-                        if detector.feed(base64.b64decode(msg["media"]["payload"])):
-                            await self._barge_in()
-                    case "mark":
-                        await voxgate.send(text)  # the echo as Twilio wrote it: voxgate reads its shape
-                    case "stop":
-                        raise _Hangup()
+                try:
+                    msg = json.loads(text)
+                    event = msg.get("event")
+                    speech = event == "media" and msg["media"].get("track", "inbound") == "inbound"
+                    loud = speech and detector.feed(base64.b64decode(msg["media"]["payload"]))
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                    logger.warning("ignored a malformed Twilio message (%s): %.200s", exc, text)
+                    continue
+                if loud:
+                    await self._barge_in()
+                elif event == "mark":
+                    await voxgate.send(text)  # the echo as Twilio wrote it: voxgate reads its shape
+                elif event == "stop":
+                    raise _Hangup()
         except WebSocketDisconnect:
             raise _Hangup() from None
 
