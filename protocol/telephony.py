@@ -8,8 +8,9 @@ writes the carrier's own messages, so the bridge forwards them without decoding 
   ``{"event":"media","streamSid":…,"media":{"payload":<base64>}}`` instead of a binary frame;
 - each segment's ``audio.done`` is preceded by ``{"event":"mark","streamSid":…,"mark":{"name":…}}``;
   the carrier echoes a mark once the audio before it has played, so marks tell playback position;
-- each ``audio.cancelled`` is preceded by ``{"event":"clear","streamSid":…}``, which makes the
-  carrier drop the audio it has buffered: an ``input.cancel`` stops what the caller hears.
+- a cancel's ``audio.cancelled`` is preceded by ``{"event":"clear","streamSid":…}`` when audio went
+  out since the last clear: the carrier drops the audio it has buffered, so an ``input.cancel`` stops
+  what the caller hears.
 
 voxgate's own messages (``"type"``) still go out as before; a bridge forwards those with ``"event"``
 to the carrier and reads the others. Inbound, the bridge relays the carrier's ``mark`` echoes and
@@ -159,6 +160,7 @@ class Framing:
         self._stream: dict[str, str] = {carrier.stream_field: stream_id} if stream_id is not None else {}
         self._texts: dict[tuple[int, int], str] = {}  # segments announced and not yet ended
         self._pending: dict[str, PlaybackPosition] = {}  # marks sent and not yet echoed
+        self._unclear = False  # audio went out since the last clear: the carrier may be playing it
         self.played_ms = 0.0  # audio heard so far: the segments whose marks came back
 
     @classmethod
@@ -171,14 +173,17 @@ class Framing:
     def media(self, data: bytes) -> str:
         """The carrier message carrying one frame of audio (a short last frame is padded with silence)."""
         frame = data.ljust(self.carrier.frame_bytes, self.carrier.silence)
+        self._unclear = True
         payload = base64.b64encode(frame).decode("ascii")
         return self._message("media", {"media": {"payload": payload}})
 
     def cues(self, msg: ServerMessage) -> list[str]:
         """The carrier messages to write just before a voxgate message, as the writer reaches it.
 
-        A mark before each ``audio.done`` (the segment's audio has all been written), a clear before
-        each ``audio.cancelled``; ``audio.start`` is only noted (its text is reported with the mark).
+        A mark before each ``audio.done`` (the segment's audio has all been written); a clear before an
+        ``audio.cancelled`` if audio went out since the last clear (one clear for a cancel of several
+        utterances, none when nothing was sent); ``audio.start`` is only noted (its text is reported
+        with the mark).
         """
         match msg:
             case AudioStart(utterance_index=u, sentence_index=s, sentence_text=text):
@@ -190,7 +195,8 @@ class Framing:
                     mark=name, utterance_index=u, sentence_index=s, text=text, duration_ms=duration_ms
                 )
                 return [self._message("mark", {"mark": {"name": name}})]
-            case AudioCancelled():
+            case AudioCancelled() if self._unclear:
+                self._unclear = False
                 return [self._message("clear", {})]
         return []
 

@@ -107,13 +107,19 @@ def test_audio_frames_become_media_messages_padded_to_20_ms() -> None:
 
 def test_a_mark_goes_before_each_audio_done_and_a_clear_before_audio_cancelled() -> None:
     framing = twilio()
+    assert framing.cues(AudioCancelled(utterance_index=None)) == []  # nothing was sent: nothing to clear
+    framing.media(b"\xff" * 160)
     [mark] = end_segment(framing, 2, 1, "Hello there.", 720.0)
     assert json.loads(mark) == {"event": "mark", "streamSid": SID, "mark": {"name": "utt-2-seg-1"}}
     assert mark_name(2, 1) == "utt-2-seg-1"
-    assert [json.loads(m) for m in framing.cues(AudioCancelled(utterance_index=3))] == [
+    assert framing.cues(SessionDone(utterance_index=2)) == []
+    # One clear for a cancel of two utterances: before the first audio.cancelled.
+    assert [json.loads(m) for m in framing.cues(AudioCancelled(utterance_index=2))] == [
         {"event": "clear", "streamSid": SID}
     ]
-    assert framing.cues(SessionDone(utterance_index=2)) == []
+    assert framing.cues(AudioCancelled(utterance_index=3)) == []
+    framing.media(b"\xff" * 160)
+    assert len(framing.cues(AudioCancelled(utterance_index=None))) == 1  # audio since: Twilio may play it
 
 
 def test_mark_echoes_report_what_was_heard_in_order() -> None:
