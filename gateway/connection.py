@@ -41,6 +41,7 @@ from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from voxgate.protocol.messages import (
     EffectiveConfig,
     Error,
+    InputCancel,
     Limits,
     ServerMessage,
     ServerWarning,
@@ -49,6 +50,7 @@ from voxgate.protocol.messages import (
 )
 from voxgate.protocol.output import Audio, Configure, Drop, Finish, Message, OutputFormat, Speak
 from voxgate.protocol.session import Session, State
+from voxgate.protocol.telephony import Framing, framed_config
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +107,7 @@ class Connection:
         self.resolved: Resolved | None = None
         self.sending = False  # the writer is inside a send (it may block on a client that does not read)
         self.last_activity = time.monotonic()
+        self.framing: Framing | None = None  # a phone carrier's messages (protocol.telephony)
 
     async def run(self) -> None:
         stop: _Stop | None = None
@@ -141,7 +144,7 @@ class Connection:
                 text, data = message.get("text"), message.get("bytes")
                 now = time.perf_counter()
                 if isinstance(text, str):
-                    self.core.receive_text(text, now)
+                    self._receive_text(text, now)
                 else:
                     self.core.receive_bytes(data if isinstance(data, bytes) else b"", now)
                 await self._flush()
@@ -151,6 +154,16 @@ class Connection:
                 self._report(err)
             if self.session.state is State.CLOSED:
                 return
+
+    def _receive_text(self, text: str, now: float) -> None:
+        replies = self.framing.receive(text) if self.framing is not None else None
+        if replies is None:
+            self.core.receive_text(text, now)
+        for reply in replies or ():
+            if isinstance(reply, InputCancel):
+                self.core.receive_message(reply, now)  # the carrier's clear
+            else:
+                self._send(reply)
 
     async def _receive(self) -> dict[str, object]:
         s = self.settings
@@ -216,6 +229,8 @@ class Connection:
                     if self.current is not None:
                         self.current.cancel()
                     self.outbox.drop(victims)
+                    if self.framing is not None:
+                        self.framing.cleared()
                     self.log.info("cancelled utterances %s", list(victims))
                 case Message(msg=msg) if not sends(msg, extensions=self.extensions):
                     pass
@@ -225,6 +240,10 @@ class Connection:
 
     async def _configure(self, config: SessionConfig, ignored_fields: tuple[str, ...] = ()) -> None:
         voice_field = "$.speaker" if config.voice is None and config.speaker is not None else "$.voice"
+        try:
+            config = framed_config(config, self.session.config)
+        except ProtocolError as err:
+            raise self.core.reject_config(err) from None
         try:
             resolved = await self.catalog.prepare(
                 self.owner,
@@ -238,6 +257,7 @@ class Connection:
             error = error_for(exc, voice_field=voice_field, ref_audio=config.ref_audio is not None)
             raise self.core.reject_config(error) from None
         self.resolved = resolved
+        self.framing = self.framing or Framing.of(config)
         engine = resolved.engine
         self.meter.configured(engine.name)
         s = self.settings
@@ -260,6 +280,7 @@ class Connection:
             max_buffer_delay_ms=config.max_buffer_delay_ms,
             frame_ms=config.frame_ms,
             frame_header=config.frame_header,
+            framing=config.framing,
         )
         limits = Limits(
             max_message_bytes=s.max_message_bytes,
@@ -364,8 +385,10 @@ class Connection:
                         await self.ws.close(CloseCode.NORMAL)
                     raise _Stop()
                 case Audio(data=data):
-                    await self._send_now(data)
+                    await self._send_now(data if self.framing is None else self.framing.media(data))
                 case Message(msg=msg, streamed=streamed):
+                    for cue in self.framing.cues(msg) if self.framing is not None else ():
+                        await self._send_now(cue)  # a carrier's mark or clear (protocol.telephony)
                     await self._send_now(self.session.send(msg, streamed=streamed))
             self.last_activity = time.monotonic()
 

@@ -16,6 +16,8 @@ Message flow (``docs/protocol.md`` is the full contract)::
                    ◀───────────────────────── input.committed
     input.cancel (barge-in) ────────────────▶
                    ◀───────────────────────── audio.cancelled  (no audio of it after this)
+    {"event":"mark"} (carrier echo, framing) ▶
+                   ◀───────────────────────── playback.position
     session.config (again, between utterances)
     session.close ──────────────────────────▶ (all queued audio goes out, then close 1000)
                    ◀───────────────────────── error            (any time; fatal ones close)
@@ -49,6 +51,10 @@ DEFAULT_SAMPLE_RATE = 24000
 #: The time budget of an utterance's eager first segment when a config names none (``max_buffer_delay_ms``).
 DEFAULT_MAX_BUFFER_DELAY_MS = 300
 BufferDelayMs = Annotated[int, msgspec.Meta(ge=0, le=5000)]
+#: Carriers whose media-stream framing ``framing`` can produce (``protocol.telephony.CARRIERS``).
+CarrierName = Literal["twilio", "telnyx"]
+# Twilio's stream SIDs are 34 characters; room for other carriers' ids, never for a payload.
+StreamId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 # vllm-omni caps speaker_embedding at 8192 values.
 Embedding = Annotated[list[float], msgspec.Meta(max_length=8192)]
 
@@ -112,6 +118,8 @@ class SessionConfig(_Client, SpeechOptions, tag="session.config", frozen=True):
     frame_ms: FrameMs = 40
     frame_header: bool = False
     word_timestamps: bool = False
+    framing: CarrierName | None = None
+    stream_sid: StreamId | None = None
 
     @property
     def voice_name(self) -> str | None:
@@ -247,6 +255,7 @@ class EffectiveConfig(msgspec.Struct, kw_only=True):
     max_buffer_delay_ms: int = DEFAULT_MAX_BUFFER_DELAY_MS
     frame_ms: int = 40
     frame_header: bool = False
+    framing: CarrierName | None = None
 
 
 class SessionReady(_Server, tag="session.ready"):
@@ -337,6 +346,20 @@ class InputCommitted(_Server, tag="input.committed"):
     sentence_index: int | None = None
 
 
+class PlaybackPosition(_Server, tag="playback.position"):
+    """A carrier echoed a segment's mark (``framing``): the listener has heard that segment to its end.
+
+    ``played_ms`` is all the audio heard on the socket so far: the segments whose marks came back.
+    """
+
+    mark: str = ""
+    utterance_index: int = 0
+    sentence_index: int = 0
+    text: str = ""
+    duration_ms: float = 0.0
+    played_ms: float = 0.0
+
+
 class ServerWarning(_Server, tag="warning"):
     """Something the server did differently from what was asked, e.g. an option it ignored."""
 
@@ -363,6 +386,7 @@ ServerMessage = (
     | SessionDone
     | AudioCancelled
     | InputCommitted
+    | PlaybackPosition
     | ServerWarning
     | Error
 )
