@@ -415,7 +415,8 @@ class Core:
         self._forget(victims)
         if victims or confirm:
             self._out.append(Drop(tuple(u.index for u in victims)))
-        for index in [u.index for u in victims] or ([None] if confirm else []):
+        indices: list[int | None] = [u.index for u in victims]
+        for index in indices or ([None] if confirm else []):
             self._out.append(Message(AudioCancelled(utterance_index=index, context_id=context_id)))
 
     def _close(self, context_id: str, number: int | None, reason: CloseReason) -> None:

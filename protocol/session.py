@@ -248,7 +248,7 @@ class Session:
         return any(stream.segmenter.eager_pending for stream in self._streams())
 
     def eager_pending_in(self, context_number: int) -> bool:
-        """Whether the eager first segment of the context's open utterance waits (``cut_early`` may cut it)."""
+        """Whether the eager first segment of the context's open utterance waits (``cut_early`` cuts it)."""
         stream = self._by_number(context_number)
         return stream is not None and stream.segmenter.eager_pending
 
@@ -341,10 +341,10 @@ class Session:
                 else:
                     self._stream(cid, events)
             case ContextClose():
-                stream = self._named.pop(msg.context_id, None)
-                if stream is not None and stream.utterance is not None:
-                    events.extend(self._end_utterance(stream))
-                events.append(ContextEnded(msg.context_id, None if stream is None else stream.number))
+                closing = self._named.pop(msg.context_id, None)
+                if closing is not None and closing.utterance is not None:
+                    events.extend(self._end_utterance(closing))
+                events.append(ContextEnded(msg.context_id, None if closing is None else closing.number))
             case SessionClose():  # pragma: no branch - the _TRANSITIONS check lets only these through
                 for stream in sorted(self._streams(), key=_open_index):
                     if stream.utterance is not None:
@@ -433,8 +433,8 @@ class Session:
 
     def _cancel(self, context_id: str | None) -> list[Event]:
         if context_id is not None:
-            stream = self._named.pop(context_id, None)
-            return [ContextCancelled(context_id, None if stream is None else stream.number)]
+            closed = self._named.pop(context_id, None)
+            return [ContextCancelled(context_id, None if closed is None else closed.number)]
         opened = [s.utterance for s in self._streams() if s.utterance is not None]
         for stream in self._streams():
             stream.segmenter.reset()
