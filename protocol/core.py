@@ -172,13 +172,14 @@ class Core:
                     ctx.parked = True
                 else:
                     ctx.deadline = None
-            idle_at = self._idle_at(ctx)
-            if idle_at is not None and now >= idle_at:
-                if self._busy(ctx.number):
-                    ctx.active_t = now
-                else:
-                    for event in self.session.expire(ctx.number):
-                        self.receive(event, now)
+        # Idle contexts close in the order their time ran out, however late the tick comes.
+        idle = [(t, c) for c in self._contexts.values() if (t := self._idle_at(c)) is not None and now >= t]
+        for _, ctx in sorted(idle, key=lambda pair: pair[0]):
+            if self._busy(ctx.number):
+                ctx.active_t = now
+            else:
+                for event in self.session.expire(ctx.number):
+                    self.receive(event, now)
 
     def receive_text(self, data: str, now: float) -> None:
         """Take one text WebSocket message, received at ``now``.

@@ -521,3 +521,13 @@ def test_the_context_frame_header_golden_bytes() -> None:
         FrameHeader.parse(data[:24])  # a VGC1 frame cut at the VGA1 size
     with pytest.raises(ValueError, match="context_number"):
         FrameHeader(0, 0, 0, 0, 2**32).check()
+
+
+def test_idle_contexts_close_in_the_order_their_time_ran_out_however_late_the_tick() -> None:
+    core = core_with(context_idle_timeout_s=1.0)
+    core.receive_text(msg("keepalive", context_id="a"), 0.0)
+    core.receive_text(msg("keepalive", context_id="b"), 0.1)
+    core.receive_text(msg("keepalive", context_id="a"), 0.2)
+    core.data_to_send()
+    core.tick(9.0)
+    assert [m.context_id for m in messages(core.data_to_send()) if isinstance(m, ContextClosed)] == ["b", "a"]
