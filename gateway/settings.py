@@ -114,7 +114,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         option(
             "named contexts (`context_id`) a WebSocket session may have open at once; more is refused "
             "(`too_many_contexts`), 0 refuses every named context",
-            flag=True,
         ),
     ] = 8
     # ElevenLabs' context timeout: long enough for an agent's pause between turns.
@@ -123,7 +122,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         option(
             "seconds a named context may go without a message (or `keepalive`) once its audio is out, "
             "before it is closed (`context.closed`, `idle_timeout`); 0 for never",
-            flag=True,
         ),
     ] = 20.0
     log_level: Annotated[str, option("`debug`, `info`, `warning`, `error`", flag=True)] = "info"
