@@ -7,7 +7,9 @@ shell feeds them messages, engine audio and the time, and moves their outputs to
   waits on the socket no longer than the core's next deadline (``Core.next_deadline``), and calls
   ``Core.tick`` when it passes: the eager first segment is cut by time, with no polling.
 - The synthesizer takes segments in order and feeds their engine audio to the core as fast as the
-  engine makes it: while segment k is being sent, segment k+1 is already being synthesized.
+  engine makes it: while segment k is being sent, segment k+1 is already being synthesized. Segments
+  of several contexts (``context_id``) take their turns in the order they were cut, so their frames
+  interleave on the socket; a cancel of one context stops only its segments.
 - The writer drains the outbox (the bounded backpressure queue) into the socket, rendering each
   output in the session's dialect.
 
@@ -25,6 +27,7 @@ import uuid
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
+import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from voxgate.engine.base import EngineError
@@ -96,6 +99,8 @@ class Connection:
             max_message_bytes=s.max_message_bytes,
             max_pending_text_chars=s.max_pending_text_chars,
             extensions=self.extensions,
+            max_contexts=s.max_contexts,
+            context_idle_timeout_s=s.context_idle_timeout_s,
         )
         self.core = Core(OutputFormat("pcm", 24000), session)  # the first session.config sets the format
         self.session = session
@@ -104,6 +109,7 @@ class Connection:
         self.jobs = JobQueue()
         self.speaking: Utterance | None = None  # the utterance the client has open
         self.current: asyncio.Task[None] | None = None
+        self.current_utterance: int | None = None  # the utterance of the segment ``current`` speaks
         self.resolved: Resolved | None = None
         self.sending = False  # the writer is inside a send (it may block on a client that does not read)
         self.last_activity = time.monotonic()
@@ -225,8 +231,13 @@ class Connection:
                     if self.current is not None and (following := self.jobs.peek()) is not None:
                         following.open()
                 case Drop(utterances=victims):
-                    dropped += self.jobs.drain()
-                    if self.current is not None:
+                    # Only the victims' segments: a cancel of one context leaves the others queued.
+                    for job in self.jobs.drain():
+                        if job.utterance.index in victims:
+                            dropped.append(job)
+                        else:
+                            self.jobs.put(job)
+                    if self.current is not None and self.current_utterance in victims:
                         self.current.cancel()
                     self.outbox.drop(victims)
                     if self.framing is not None:
@@ -291,6 +302,8 @@ class Connection:
             max_pending_text_chars=s.max_pending_text_chars,
             max_sessions=s.max_sessions,
             max_sessions_per_key=s.max_sessions_per_key,
+            max_contexts=s.max_contexts,
+            context_idle_timeout_s=s.context_idle_timeout_s,
         )
         ready = SessionReady(
             session_id=self.id, config=effective, limits=limits, ignored_fields=list(ignored_fields)
@@ -325,6 +338,7 @@ class Connection:
                 fatal=err.fatal,
                 field=err.field,
                 utterance_index=utterance,
+                context_id=msgspec.UNSET if err.context_id is None else err.context_id,
             )
         )
 
@@ -338,11 +352,12 @@ class Connection:
         while True:
             seg = await self.jobs.get()
             self.current = task = asyncio.create_task(self._speak(seg))
+            self.current_utterance = seg.utterance.index
             try:
                 await asyncio.wait([task])
             finally:
                 task.cancel()  # a no-op once done; stops the segment when the session ends
-                self.current = None
+                self.current = self.current_utterance = None
             if not task.cancelled() and (exc := task.exception()) is not None:
                 raise exc
 

@@ -108,6 +108,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         int,
         option("unsynthesized text a session may hold; more is refused (`text_backlog_full`)", flag=True),
     ] = 20_000
+    # ElevenLabs allows 5 per socket; a few more leave room for contexts a barge-in is still closing.
+    max_contexts: Annotated[
+        int,
+        option(
+            "named contexts (`context_id`) a WebSocket session may have open at once; more is refused "
+            "(`too_many_contexts`), 0 refuses every named context",
+        ),
+    ] = 8
+    # ElevenLabs' context timeout: long enough for an agent's pause between turns.
+    context_idle_timeout_s: Annotated[
+        float,
+        option(
+            "seconds a named context may go without a message (or `keepalive`) once its audio is out, "
+            "before it is closed (`context.closed`, `idle_timeout`); 0 for never",
+        ),
+    ] = 20.0
     log_level: Annotated[str, option("`debug`, `info`, `warning`, `error`", flag=True)] = "info"
     voices_dir: Annotated[
         str, option("where uploaded voices are stored", flag=True, shown="`~/.cache/voxgate/voices`")

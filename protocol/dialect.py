@@ -3,14 +3,21 @@
 A client that opts in to voxgate's extensions (the WebSocket subprotocol ``voxgate.v1``) gets every
 message with every field. Any other client speaks vllm-omni's protocol and gets exactly vllm-omni's
 events and field sets (``serving_speech_stream.py`` in vllm-omni 0.30): no ``session.ready``, no
-``audio.cancelled`` or ``warning``, no timings and no error codes.
+``audio.cancelled``, ``warning`` or ``context.*``, no timings, no error codes and no ``context_id``.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from voxgate.protocol.messages import AudioCancelled, ServerMessage, ServerWarning, SessionReady
+from voxgate.protocol.messages import (
+    AudioCancelled,
+    ContextClosed,
+    ContextOpened,
+    ServerMessage,
+    ServerWarning,
+    SessionReady,
+)
 
 #: The subprotocol a client offers to opt in to voxgate's extensions.
 EXTENSIONS_SUBPROTOCOL = "voxgate.v1"
@@ -36,7 +43,7 @@ _VLLM_FIELDS: dict[str, tuple[str, ...]] = {
     "input.committed": ("type", "commit_id", "utterance_index", "sentence_index"),
     "error": ("type", "message"),
 }
-_EXTENSION_ONLY = (SessionReady, AudioCancelled, ServerWarning)
+_EXTENSION_ONLY = (SessionReady, AudioCancelled, ServerWarning, ContextOpened, ContextClosed)
 
 
 def sends(msg: ServerMessage, *, extensions: bool) -> bool:

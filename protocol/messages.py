@@ -18,6 +18,9 @@ Message flow (``docs/protocol.md`` is the full contract)::
                    ◀───────────────────────── audio.cancelled  (no audio of it after this)
     {"event":"mark"} (carrier echo, framing) ▶
                    ◀───────────────────────── playback.position
+    keepalive   (restarts idle timers) ─────▶
+    context.close (one context, gracefully) ▶
+                   ◀───────────────────────── context.opened / context.closed
     session.config (again, between utterances)
     session.close ──────────────────────────▶ (all queued audio goes out, then close 1000)
                    ◀───────────────────────── error            (any time; fatal ones close)
@@ -27,6 +30,12 @@ servers know); ``session.ready`` lists the ignored config fields back to clients
 voxgate's extensions (``session.ready``, ``input.cancel``, ``warning``, timings). Server messages give
 every field a default, so adding one never breaks a client; ``protocol.dialect`` renders them with
 exactly vllm-omni's field sets for clients that did not opt in.
+
+Contexts (a voxgate extension): ``input.text``, ``input.done``, ``input.commit``, ``input.cancel`` and
+``keepalive`` may name a ``context_id``, one of several independent streams of utterances on one socket
+(ElevenLabs' multi-context WebSocket). Without it a message is about the default context, as before. The
+server messages about a named context's utterances carry its ``context_id``; a field that is ``UNSET`` is
+left out of the JSON, so messages of the default context are written exactly as before.
 """
 
 from __future__ import annotations
@@ -57,6 +66,10 @@ CarrierName = Literal["twilio", "telnyx"]
 StreamId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 # vllm-omni caps speaker_embedding at 8192 values.
 Embedding = Annotated[list[float], msgspec.Meta(max_length=8192)]
+#: A context's id: what UUIDs, short ids and readable names need, and nothing that must be escaped in logs.
+ContextId = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+#: Why a context was closed: ``context.close`` / ``session.close``, ``input.cancel``, or its idle timeout.
+CloseReason = Literal["closed", "cancelled", "idle_timeout"]
 
 
 class _Client(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
@@ -192,33 +205,69 @@ def engine_options(msg: msgspec.Struct) -> dict[str, object]:
 
 
 class InputText(_Client, tag="input.text", frozen=True):
-    """Appends text to the current utterance (starts one if none is open)."""
+    """Appends text to the context's open utterance (starts one if none is open)."""
 
     text: str
+    context_id: ContextId | None = None
 
 
 class InputDone(_Client, tag="input.done", frozen=True):
-    """Flush: synthesize everything buffered and end the utterance; the socket stays open."""
+    """Flush: synthesize everything buffered and end the context's utterance; the socket stays open."""
+
+    context_id: ContextId | None = None
 
 
 class InputCommit(_Client, tag="input.commit", frozen=True):
-    """Cut the text buffered so far into a segment now; answered by ``input.committed``."""
+    """Cut the context's text buffered so far into a segment now; answered by ``input.committed``."""
 
     commit_id: str | None = None
+    context_id: ContextId | None = None
 
 
 class InputCancel(_Client, tag="input.cancel", frozen=True):
-    """Barge-in: drop buffered text, abort synthesis and discard queued audio."""
+    """Barge-in: drop buffered text, abort synthesis and discard queued audio (of one context, or all)."""
+
+    context_id: ContextId | None = None
+
+
+class Keepalive(_Client, tag="keepalive", frozen=True):
+    """Restart the idle timer of one context (``context_id``), or of every context; nothing else."""
+
+    context_id: ContextId | None = None
+
+
+class ContextClose(_Client, tag="context.close", frozen=True):
+    """End the context's open utterance as ``input.done`` would; once its audio is out, close it."""
+
+    context_id: ContextId
 
 
 class SessionClose(_Client, tag="session.close", frozen=True):
     """Finish the current utterance as ``input.done`` would, then close with 1000."""
 
 
-ClientMessage = SessionConfig | InputText | InputDone | InputCommit | InputCancel | SessionClose
+ClientMessage = (
+    SessionConfig
+    | InputText
+    | InputDone
+    | InputCommit
+    | InputCancel
+    | Keepalive
+    | ContextClose
+    | SessionClose
+)
 CLIENT_TYPES: frozenset[str] = frozenset(
     str(t.__struct_config__.tag)
-    for t in (SessionConfig, InputText, InputDone, InputCommit, InputCancel, SessionClose)
+    for t in (
+        SessionConfig,
+        InputText,
+        InputDone,
+        InputCommit,
+        InputCancel,
+        Keepalive,
+        ContextClose,
+        SessionClose,
+    )
 )
 
 
@@ -237,6 +286,8 @@ class Limits(msgspec.Struct, kw_only=True):
     max_pending_text_chars: int = 0
     max_sessions: int = 0
     max_sessions_per_key: int = 0
+    max_contexts: int = 0
+    context_idle_timeout_s: float = 0.0
 
 
 class EffectiveConfig(msgspec.Struct, kw_only=True):
@@ -277,6 +328,7 @@ class AudioStart(_Server, tag="audio.start"):
     sample_rate: int = 0
     channels: int = 1
     start_sample: int = 0
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class WordTimestamp(msgspec.Struct, kw_only=True):
@@ -305,6 +357,7 @@ class WordTimestamps(_Server, tag="audio.chunk"):
     sample_rate: int = 0
     audio_b64: str = ""
     timestamps: list[WordTimestamp] = msgspec.field(default_factory=list)
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class AudioDone(_Server, tag="audio.done"):
@@ -317,6 +370,7 @@ class AudioDone(_Server, tag="audio.done"):
     error: bool = False
     text_to_first_audio_ms: float | None = None
     synthesis_ms: float = 0.0
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionDone(_Server, tag="session.done"):
@@ -327,6 +381,7 @@ class SessionDone(_Server, tag="session.done"):
     first_text_to_first_audio_ms: float | None = None
     audio_ms: float = 0.0
     synthesis_ms: float = 0.0
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class AudioCancelled(_Server, tag="audio.cancelled"):
@@ -336,6 +391,7 @@ class AudioCancelled(_Server, tag="audio.cancelled"):
     """
 
     utterance_index: int | None = None
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class InputCommitted(_Server, tag="input.committed"):
@@ -344,6 +400,7 @@ class InputCommitted(_Server, tag="input.committed"):
     commit_id: str | None = None
     utterance_index: int = 0
     sentence_index: int | None = None
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class PlaybackPosition(_Server, tag="playback.position"):
@@ -376,6 +433,25 @@ class Error(_Server, tag="error"):
     fatal: bool = False
     utterance_index: int | None = None
     field: str | None = None
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class ContextOpened(_Server, tag="context.opened"):
+    """A named context opened (at the first message naming it); frames of it carry ``context_number``."""
+
+    context_id: str = ""
+    context_number: int = 0
+
+
+class ContextClosed(_Server, tag="context.closed"):
+    """A named context closed: after its last ``session.done``, or at once when cancelled or idle.
+
+    ``context_number`` is None when the context was not open (a ``context.close`` of an unknown id).
+    """
+
+    context_id: str = ""
+    context_number: int | None = None
+    reason: CloseReason = "closed"
 
 
 ServerMessage = (
@@ -389,4 +465,6 @@ ServerMessage = (
     | PlaybackPosition
     | ServerWarning
     | Error
+    | ContextOpened
+    | ContextClosed
 )
