@@ -6,11 +6,14 @@ Used by voice uploads (``gateway.voices``) and by the inline ``ref_audio`` of a 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import threading
-from typing import NamedTuple
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple, ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -34,12 +37,33 @@ MAX_STORED_RATE = 24000
 # Source audio decoded per step: 1 MiB of float32 frames is 0.17 s of 192 kHz 8-channel audio, 16 s of
 # 16 kHz mono; a 30 s clip then costs this plus its canonical form, never its decoded size (184 MB there).
 DECODE_BLOCK_BYTES = 1 << 20
-# Decodes at once in the process: each holds a few MB (block, resampler, result); more uploads wait their
-# turn (a decode takes well under a second) instead of adding up.
+# Decodes at once in the process, each on its own thread (an upload's also stores the result there): each
+# holds a few MB (block, resampler, result, the file written); more wait their turn (30 s at 192 kHz with
+# 8 channels take about half a second) instead of adding up. Few threads matter as much as few buffers:
+# glibc keeps a thread's freed memory in that thread's arena, so 20 uploads decoded on 20 threads kept
+# 140 MB where 4 threads keep 40.
 MAX_CONCURRENT_DECODES = 4
 # libsndfile's frame count for a file whose header does not say (SF_COUNT_MAX).
 _UNKNOWN_FRAMES = 2**63 - 1
-_DECODES = threading.BoundedSemaphore(MAX_CONCURRENT_DECODES)
+_DECODER_THREAD = "voxgate-decode"
+_decoder = ThreadPoolExecutor(MAX_CONCURRENT_DECODES, thread_name_prefix=_DECODER_THREAD)
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _on_decoder(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn`` run on a decode thread, the caller blocking meanwhile (at once when it is one)."""
+    if threading.current_thread().name.startswith(_DECODER_THREAD):
+        return fn(*args, **kwargs)
+    return _decoder.submit(fn, *args, **kwargs).result()
+
+
+async def decoding(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Await ``fn`` run on one of the ``MAX_CONCURRENT_DECODES`` decode threads: a decode, and what is
+    made of its result (a voice file), so that concurrent uploads cannot add their buffers up."""
+    return await asyncio.wrap_future(_decoder.submit(fn, *args, **kwargs))
+
+
 _MIME_TYPES = {"WAV": "audio/wav", "FLAC": "audio/flac", "OGG": "audio/ogg", "MP3": "audio/mpeg"}
 
 
@@ -158,15 +182,20 @@ def decode_audio(
     ``MAX_STORED_RATE`` when higher; with that rate and the clip's MIME type.
 
     Rate, channels and length are read from the header and refused before any decoding; the decode
-    then goes block by block (``DECODE_BLOCK_BYTES``), at most ``MAX_CONCURRENT_DECODES`` at once, so
-    a clip costs a few MB of memory whatever its rate and channel count.
+    then goes block by block (``DECODE_BLOCK_BYTES``) on a decode thread, at most
+    ``MAX_CONCURRENT_DECODES`` at once, so a clip costs a few MB of memory whatever its rate and channel
+    count. Blocks the calling thread meanwhile.
 
     Raises:
         Rejected: 415 ``unsupported_audio`` (not decodable), 400 ``invalid_audio`` (rate, channels,
             unknown length, NaN or infinite samples) or ``invalid_duration`` (not 1 to 30 s).
     """
+    return _on_decoder(_decode, data, param)
+
+
+def _decode(data: bytes | bytearray | memoryview, param: str) -> tuple[npt.NDArray[np.float32], int, str]:
     try:
-        with _DECODES, soundfile.SoundFile(_Bytes(data)) as f:
+        with soundfile.SoundFile(_Bytes(data)) as f:
             header = _check_header(f, param)
             samples, frames = _decode_blocks(f, header, param)
     except (soundfile.SoundFileError, ValueError, EOFError) as exc:

@@ -119,7 +119,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_voice_bytes: Annotated[
         int,
         option(
-            "disk bytes of uploaded voices allowed per API key, 0 for no cap (409 `voice_quota_exceeded`)"
+            "disk bytes of uploaded voices allowed per API key, 0 for no cap (409 `voice_quota_exceeded`)",
+            shown="268435456 (256 MiB)",
         ),
     ] = 256 << 20
     api_keys: Annotated[

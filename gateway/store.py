@@ -224,8 +224,10 @@ def _info(
 
 def _pcm16(audio: npt.NDArray[Any]) -> npt.NDArray[np.int16]:
     """Float samples as 16-bit PCM (``PCM16_SCALE``), clipped to its range."""
-    scaled = np.rint(np.asarray(audio, dtype=np.float32) * np.float32(PCM16_SCALE))
-    pcm: npt.NDArray[np.int16] = np.clip(scaled, -PCM16_SCALE, PCM16_SCALE - 1).astype(np.int16)
+    scaled = np.asarray(audio, dtype=np.float32) * np.float32(PCM16_SCALE)
+    np.rint(scaled, out=scaled)
+    np.clip(scaled, -PCM16_SCALE, PCM16_SCALE - 1, out=scaled)
+    pcm: npt.NDArray[np.int16] = scaled.astype(np.int16)
     return pcm
 
 

@@ -44,7 +44,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from voxgate.engine.base import Voice
-from voxgate.gateway.clips import MAX_AUDIO_BYTES, decode_audio, parse_embedding
+from voxgate.gateway.clips import MAX_AUDIO_BYTES, decode_audio, decoding, parse_embedding
 from voxgate.gateway.http import Rejected, api_error
 from voxgate.gateway.multipart import FormLimits, Part, read_form, text_field
 from voxgate.gateway.settings import Settings
@@ -129,6 +129,24 @@ def _check_form(parts: dict[str, Part]) -> _Upload:
     )
 
 
+def _save(store: VoiceStore, owner: str, upload: _Upload, max_bytes: int | None) -> VoiceInfo:
+    """Decode the clip (if any) and store the voice; run on a decode thread (``clips.decoding``), so a
+    clip's decoded samples and its voice file are made and dropped there, and uploads wait their turn."""
+    audio, rate, mime = decode_audio(upload.audio) if upload.audio is not None else (None, 0, None)
+    return store.save(
+        owner,
+        upload.name,
+        audio=audio,
+        sample_rate=rate,
+        embedding=upload.embedding,
+        consent=upload.consent,
+        ref_text=upload.ref_text,
+        speaker_description=upload.speaker_description,
+        mime_type=mime,
+        max_bytes=max_bytes,
+    )
+
+
 def _voice_json(info: VoiceInfo, engines: list[str]) -> dict[str, object]:
     return {**msgspec.to_builtins(info), "engines": engines, "requires": "cloning"}
 
@@ -202,22 +220,7 @@ async def upload_voice(request: Request) -> JSONResponse:
             raise Rejected(
                 409, "name_taken", f"{upload.name!r} is a built-in voice; choose another name", "name"
             )
-        audio, rate, mime = None, 0, None
-        if upload.audio is not None:
-            audio, rate, mime = await run_in_threadpool(decode_audio, upload.audio)
-        info = await run_in_threadpool(
-            store.save,
-            _owner(request),
-            upload.name,
-            audio=audio,
-            sample_rate=rate,
-            embedding=upload.embedding,
-            consent=upload.consent,
-            ref_text=upload.ref_text,
-            speaker_description=upload.speaker_description,
-            mime_type=mime,
-            max_bytes=_max_bytes(request),
-        )
+        info = await decoding(_save, store, _owner(request), upload, _max_bytes(request))
     except Rejected as exc:
         await _drain(chunks)
         return api_error(exc.status, exc.message, code=exc.code, param=exc.param)

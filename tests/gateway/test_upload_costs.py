@@ -347,16 +347,15 @@ def test_inline_ref_audio_is_refused_from_its_header(no_decoding: list[int]) -> 
 
 def test_decodes_wait_their_turn() -> None:
     """With MAX_CONCURRENT_DECODES decodes under way, the next one waits for one of them to end."""
-    for _ in range(clips.MAX_CONCURRENT_DECODES):
-        assert clips._DECODES.acquire(blocking=False)
+    release = threading.Event()
+    busy = [clips._decoder.submit(release.wait) for _ in range(clips.MAX_CONCURRENT_DECODES)]
     results: list[int] = []
     waiting = threading.Thread(target=lambda: results.append(decode_audio(wav(1.5))[1]))
     try:
         waiting.start()
-        waiting.join(0.5)  # a decode of 1.5 s takes milliseconds; this one waits for a slot
+        waiting.join(0.5)  # a decode of 1.5 s takes milliseconds; this one waits for a thread
         assert waiting.is_alive() and not results
     finally:
-        for _ in range(clips.MAX_CONCURRENT_DECODES):
-            clips._DECODES.release()
+        release.set()
     waiting.join(TIMEOUT_S)
-    assert results == [16000]
+    assert results == [16000] and all(f.result() for f in busy)
