@@ -2,6 +2,10 @@
 
 Used by voice uploads (``gateway.voices``) and by the inline ``ref_audio`` of a request
 (``gateway.catalog``); every problem raises ``Rejected`` naming the field it concerns.
+
+A clip costs what it is worth: its header (rate, channels, length) is checked before anything is decoded,
+then it is decoded block by block, mixed down to mono and resampled to at most ``MAX_STORED_RATE`` on the
+way, on one of ``MAX_CONCURRENT_DECODES`` decode threads.
 """
 
 from __future__ import annotations
@@ -45,26 +49,24 @@ DECODE_BLOCK_BYTES = 1 << 20
 MAX_CONCURRENT_DECODES = 4
 # libsndfile's frame count for a file whose header does not say (SF_COUNT_MAX).
 _UNKNOWN_FRAMES = 2**63 - 1
+_MIME_TYPES = {"WAV": "audio/wav", "FLAC": "audio/flac", "OGG": "audio/ogg", "MP3": "audio/mpeg"}
 _DECODER_THREAD = "voxgate-decode"
 _decoder = ThreadPoolExecutor(MAX_CONCURRENT_DECODES, thread_name_prefix=_DECODER_THREAD)
-P = ParamSpec("P")
-T = TypeVar("T")
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
-def _on_decoder(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+def _on_decoder(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
     """``fn`` run on a decode thread, the caller blocking meanwhile (at once when it is one)."""
     if threading.current_thread().name.startswith(_DECODER_THREAD):
         return fn(*args, **kwargs)
     return _decoder.submit(fn, *args, **kwargs).result()
 
 
-async def decoding(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+async def decoding(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
     """Await ``fn`` run on one of the ``MAX_CONCURRENT_DECODES`` decode threads: a decode, and what is
     made of its result (a voice file), so that concurrent uploads cannot add their buffers up."""
     return await asyncio.wrap_future(_decoder.submit(fn, *args, **kwargs))
-
-
-_MIME_TYPES = {"WAV": "audio/wav", "FLAC": "audio/flac", "OGG": "audio/ogg", "MP3": "audio/mpeg"}
 
 
 def parse_embedding(text: str) -> npt.NDArray[np.float32]:
