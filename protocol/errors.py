@@ -78,6 +78,8 @@ class ErrorCode(enum.StrEnum):
     TOO_MANY_SESSIONS = "too_many_sessions"
     #: An ``input.text`` would take the unsynthesized text over ``max_pending_text_chars``.
     TEXT_BACKLOG_FULL = "text_backlog_full"
+    #: A message would open a context past ``max_contexts`` named contexts open at once.
+    TOO_MANY_CONTEXTS = "too_many_contexts"
 
 
 class Failure(NamedTuple):
@@ -119,6 +121,7 @@ FAILURES: dict[ErrorCode, Failure] = {
     ErrorCode.SERVER_BUSY: Failure(CloseCode.GOING_AWAY, 503),
     ErrorCode.TOO_MANY_SESSIONS: Failure(_POLICY, 429),
     ErrorCode.TEXT_BACKLOG_FULL: Failure(_POLICY, 429, "$.text"),
+    ErrorCode.TOO_MANY_CONTEXTS: Failure(_POLICY, 429, "$.context_id"),
 }
 #: The message of an ``internal_error``: the details stay in the server log.
 INTERNAL_ERROR_MESSAGE = "internal error; see the server log"
@@ -146,6 +149,7 @@ class ProtocolError(Exception):
         fatal: whether the session must close after reporting it.
         field: the offending field path (``$.sample_rate``); the code's usual field if omitted.
         status: the HTTP status; the code's ``FAILURES`` entry if omitted (an upstream's 4xx sets it).
+        context_id: the context the refused message named, if any (reported with the error).
     """
 
     def __init__(
@@ -157,6 +161,7 @@ class ProtocolError(Exception):
         fatal: bool = False,
         field: str | None = None,
         status: int | None = None,
+        context_id: str | None = None,
     ) -> None:
         super().__init__(message)
         failure = FAILURES[code]
@@ -166,6 +171,7 @@ class ProtocolError(Exception):
         self.fatal = fatal
         self.field = failure.field if field is None else field
         self.status = failure.http_status if status is None else status
+        self.context_id = context_id
 
     @property
     def param(self) -> str | None:
