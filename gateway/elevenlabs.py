@@ -21,6 +21,7 @@ from starlette.routing import WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from voxgate.engine.base import UnsupportedOption
 from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.connection import CLOSE_TIMEOUT_S, Connection
 from voxgate.gateway.failures import REFUSALS, error_for
@@ -114,13 +115,20 @@ async def run_session(connection: Connection) -> None:
         await pipe.close(CloseCode.INTERNAL_ERROR)
 
 
-async def check_voice(state: object, voice_id: str, params: Params) -> None:
-    """Refuse an unknown voice (or model options) before any text arrives, as ElevenLabs does."""
+async def check_voice(state: object, voice_id: str, params: Params) -> bool:
+    """Refuse an unknown voice before any text arrives, as ElevenLabs does; True if its engine times words
+    (the alignment then follows them, else it is spread over each sentence)."""
     catalog: Catalog = state.catalog  # type: ignore[attr-defined]
+    owner = getattr(state, "owner", "")
     try:
-        await catalog.prepare(getattr(state, "owner", ""), voice_id, params.model_id, {})
+        await catalog.prepare(owner, voice_id, params.model_id, {"word_timestamps": True})
+        return True
+    except UnsupportedOption as exc:
+        if exc.field != "word_timestamps":
+            raise error_for(exc) from None
     except REFUSALS as exc:
         raise error_for(exc) from None
+    return False
 
 
 # -- WebSocket -------------------------------------------------------------------------------------------
@@ -129,8 +137,10 @@ async def check_voice(state: object, voice_id: str, params: Params) -> None:
 class _Socket:
     """One ``stream-input`` or ``multi-stream-input`` socket: its contexts, and the order of what it sends."""
 
-    def __init__(self, ws: WebSocket, voice_id: str, params: Params, *, multi: bool) -> None:
-        self.ws, self.voice_id, self.params, self.multi = ws, voice_id, params, multi
+    def __init__(
+        self, ws: WebSocket, voice_id: str, params: Params, *, multi: bool, words: bool = False
+    ) -> None:
+        self.ws, self.voice_id, self.params, self.multi, self.words = ws, voice_id, params, multi, words
         self.contexts: dict[str | None, _Live] = {}
         self._lock = asyncio.Lock()  # one writer at a time on the socket
         self._closed = False
@@ -158,7 +168,8 @@ class _Socket:
             for message in live.codec.render(data):
                 await self.send(message)
 
-        live = _Live(Context(self.voice_id, self.params, context_id, multi=self.multi), Pipe(sink))
+        codec = Context(self.voice_id, self.params, context_id, multi=self.multi, words=self.words)
+        live = _Live(codec, Pipe(sink))
         live.task = asyncio.create_task(
             self._context(live, connection_for(self.ws.state, live.pipe, self.params))
         )
@@ -273,12 +284,12 @@ async def _serve(websocket: WebSocket, *, multi: bool) -> None:
     await websocket.accept()
     try:
         params = parse_params(websocket.query_params)
-        await check_voice(websocket.state, voice_id, params)
+        words = await check_voice(websocket.state, voice_id, params)
     except ProtocolError as err:
         socket = _Socket(websocket, voice_id, Params(), multi=False)
         await socket._fail(err)
         return
-    socket = _Socket(websocket, voice_id, params, multi=multi)
+    socket = _Socket(websocket, voice_id, params, multi=multi, words=words)
     try:
         await socket.run()
     except Exception:

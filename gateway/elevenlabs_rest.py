@@ -75,7 +75,7 @@ async def _speak(request: Request, timestamps: bool) -> Response:
         params = Params(
             params.output_format, body.model_id or params.model_id, body.seed, params.inactivity_timeout_s
         )
-        await check_voice(state, voice_id, params)
+        words = await check_voice(state, voice_id, params)
         first = decode_inbound(_encode({"text": body.text, "voice_settings": body.voice_settings}))
     except BodyTooLarge as exc:
         return _refused(ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc)))
@@ -86,7 +86,7 @@ async def _speak(request: Request, timestamps: bool) -> Response:
     except ProtocolError as err:
         return _refused(err)
 
-    codec = Context(voice_id, params, multi=False)
+    codec = Context(voice_id, params, multi=False, words=words)
     queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=AHEAD_SEGMENTS)
     fmt, rate = params.audio
 

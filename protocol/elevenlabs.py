@@ -45,6 +45,8 @@ from voxgate.protocol.messages import (
     ServerMessage,
     SessionClose,
     SessionConfig,
+    WordTimestamp,
+    WordTimestamps,
 )
 
 #: ElevenLabs' ``output_format`` values voxgate produces: our format and rate for each.
@@ -187,7 +189,12 @@ def _int(query: Mapping[str, str], name: str, default: int | None) -> int | None
 
 
 def session_config(
-    voice_id: str, params: Params, settings: VoiceSettings | None = None, *, whole_segments: bool = True
+    voice_id: str,
+    params: Params,
+    settings: VoiceSettings | None = None,
+    *,
+    words: bool = False,
+    whole_segments: bool = True,
 ) -> SessionConfig:
     """The ``session.config`` of one context: our voice named ``voice_id``, the query's format.
 
@@ -195,8 +202,8 @@ def session_config(
         voice_id: the path's voice id: a voxgate voice name.
         params: the query parameters.
         settings: the context's ``voice_settings`` (its ``speed`` is honoured).
-        whole_segments: one audio message per segment, so the alignment of each spans exactly its
-            audio (``spread_alignment``); False once the engines report word timings as they speak.
+        words: ask the engine for word timings (``word_timestamps``), which the alignment follows.
+        whole_segments: one audio message per segment, so the alignment of each spans exactly its audio.
 
     Raises:
         ProtocolError: a ``speed`` out of range (``invalid_message``).
@@ -210,6 +217,7 @@ def session_config(
         "stream_audio": not whole_segments,
         "model": params.model_id,
         "seed": params.seed,
+        "word_timestamps": words,
     }
     if settings is not None and settings.speed is not None:
         fields["speed"] = settings.speed
@@ -232,13 +240,37 @@ class Alignment(msgspec.Struct, frozen=True):
 def spread_alignment(text: str, duration_ms: float) -> Alignment:
     """The alignment of a segment's ``text`` over its audio, each character getting an equal share.
 
-    A stand-in until engines report word timings: ``text`` is the segment as spoken, plus the space
-    that separates it from the next one (clients complete a word at a space).
+    For engines that do not time words (``word_alignment`` otherwise): ``text`` is the segment as spoken,
+    plus the space that separates it from the next one (clients complete a word at a space).
     """
     chars = list(text)
     n = len(chars)
     edges = [round(i * duration_ms / n) for i in range(n + 1)] if n else [0]
     return Alignment(chars, edges[:-1], [b - a for a, b in zip(edges, edges[1:], strict=False)])
+
+
+def word_alignment(words: list[WordTimestamp], offset_ms: float, duration_ms: float) -> Alignment:
+    """The alignment of a segment from the engine's word timings: each word's characters, and the space
+    after it, share the word's time evenly.
+
+    Args:
+        words: the segment's words, in order, on the utterance's clock.
+        offset_ms: where the segment's audio starts on that clock.
+        duration_ms: the segment's audio; the last word's space reaches its end, so that a client adding
+            up each message's span (pipecat) stays on the audio's clock.
+    """
+    chars: list[str] = []
+    starts: list[int] = []
+    durations: list[int] = []
+    for n, word in enumerate(words):
+        start = min(max(word.start_ms - offset_ms, 0.0), duration_ms)
+        end = duration_ms if n == len(words) - 1 else min(max(word.end_ms - offset_ms, start), duration_ms)
+        text = word.word + " "
+        edges = [round(start + i * (end - start) / len(text)) for i in range(len(text) + 1)]
+        chars += text
+        starts += edges[:-1]
+        durations += [b - a for a, b in zip(edges, edges[1:], strict=False)]
+    return Alignment(chars, starts, durations)
 
 
 class Context:
@@ -252,10 +284,22 @@ class Context:
         params: the query parameters.
         context_id: the client's id, None on ``stream-input`` (whose messages carry no ``contextId``).
         multi: ``multi-stream-input``: an empty text is a keep-alive, not the end.
+        words: the engine times words: ask for them, and align characters with them.
     """
 
-    def __init__(self, voice_id: str, params: Params, context_id: str | None = None, *, multi: bool) -> None:
+    def __init__(
+        self,
+        voice_id: str,
+        params: Params,
+        context_id: str | None = None,
+        *,
+        multi: bool,
+        words: bool = False,
+    ) -> None:
         self.voice_id, self.params, self.context_id, self.multi = voice_id, params, context_id, multi
+        self.words = words
+        self._timed: list[WordTimestamp] = []  # the words of the segment whose audio comes next
+        self._start_ms = 0.0  # where that segment starts on its utterance's clock
         self.configured = False
         self.ended = False  # the client's input ended: what follows is ignored
         self._text = ""  # the segment whose audio comes next
@@ -271,7 +315,7 @@ class Context:
             return []
         out: list[ClientMessage] = []
         if not self.configured:
-            out.append(session_config(self.voice_id, self.params, msg.voice_settings))
+            out.append(session_config(self.voice_id, self.params, msg.voice_settings, words=self.words))
             self.configured = True
         if msg.text or (msg.text == "" and self.multi):
             out.append(InputText(text=msg.text))
@@ -296,8 +340,11 @@ class Context:
         except msgspec.ValidationError:
             return None  # a server message this dialect has no counterpart for
         match msg:
-            case AudioStart(sentence_text=sentence, format=fmt, sample_rate=rate):
+            case AudioStart(sentence_text=sentence, format=fmt, sample_rate=rate, start_sample=start):
                 self._text, self._format, self._rate = sentence, fmt, rate
+                self._start_ms, self._timed = start * 1000.0 / rate, []
+            case WordTimestamps(timestamps=timed):
+                self._timed += timed
             case Error():
                 return msg
         return None
@@ -305,6 +352,8 @@ class Context:
     def segment(self, data: bytes) -> tuple[bytes, Alignment]:
         """A segment's audio and its alignment (the audio follows the ``audio.start`` seen last)."""
         duration_ms = len(data) / BYTES_PER_SAMPLE[self._format] / self._rate * 1000.0
+        if self._timed:
+            return data, word_alignment(self._timed, self._start_ms, duration_ms)
         return data, spread_alignment(self._text + " ", duration_ms)
 
     def audio_message(self, data: bytes, alignment: Alignment) -> bytes:

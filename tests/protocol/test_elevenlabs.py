@@ -22,6 +22,7 @@ from voxgate.protocol.elevenlabs import (
     seconds_alignment,
     session_config,
     spread_alignment,
+    word_alignment,
     ws_error,
 )
 from voxgate.protocol.errors import ErrorCode, ProtocolError
@@ -34,6 +35,8 @@ from voxgate.protocol.messages import (
     SessionClose,
     SessionConfig,
     SessionDone,
+    WordTimestamp,
+    WordTimestamps,
 )
 
 _encode = msgspec.json.encode
@@ -234,3 +237,38 @@ def test_seconds_alignment_moves_times_to_the_response_clock() -> None:
     assert shape.characters == ["a", " "]
     assert shape.character_start_times_seconds == [1.0, 1.25]
     assert shape.character_end_times_seconds == [1.25, 1.5]
+
+
+def test_word_alignment_follows_the_engine_words() -> None:
+    words = [
+        WordTimestamp(word="Hi", start_ms=1010.0, end_ms=1100.0),
+        WordTimestamp(word="you.", start_ms=1100.0),
+    ]
+    alignment = word_alignment(words, offset_ms=1000.0, duration_ms=300.0)
+    assert alignment.chars == ["H", "i", " ", "y", "o", "u", ".", " "]
+    assert alignment.charStartTimesMs == [10, 40, 70, 100, 140, 180, 220, 260]
+    # The last word's space reaches the end of the audio, whatever the engine said of its end.
+    assert alignment.charStartTimesMs[-1] + alignment.charDurationsMs[-1] == 300
+    stray = word_alignment(
+        [WordTimestamp(word="a", start_ms=-5.0, end_ms=999.0)], offset_ms=0.0, duration_ms=20.0
+    )
+    assert stray.charStartTimesMs == [0, 10] and stray.charDurationsMs == [10, 10]
+
+
+def test_a_context_with_word_timings_aligns_with_them() -> None:
+    ctx = Context("joe", Params("pcm_16000"), multi=False, words=True)
+    (config, _) = ctx.receive(Inbound(text="Hi you."))
+    assert isinstance(config, SessionConfig) and config.word_timestamps
+    ctx.render(_encode(AudioStart(sentence_text="Hi you.", sample_rate=16000, start_sample=16000)).decode())
+    timed = WordTimestamps(
+        timestamps=[
+            WordTimestamp(word="Hi", start_ms=1000.0, end_ms=1100.0),
+            WordTimestamp(word="you.", start_ms=1100.0, end_ms=1200.0),
+        ]
+    )
+    assert ctx.render(_encode(timed).decode()) == []
+    _, alignment = ctx.segment(bytes(2 * 3200))  # 200 ms
+    assert alignment.charStartTimesMs[:4] == [0, 33, 67, 100]
+    # The next segment has no words (an engine that timed none): its characters are spread.
+    ctx.render(_encode(AudioStart(sentence_text="Ok.", sample_rate=16000, start_sample=19200)).decode())
+    assert ctx.segment(bytes(2 * 1600))[1] == spread_alignment("Ok. ", 100.0)
