@@ -3,8 +3,10 @@
 Each ElevenLabs context is one voxgate session: a ``Connection`` (``gateway/connection.py``, which drives
 the session core) talks to a ``Pipe`` instead of a socket, and ``protocol.elevenlabs.Context`` translates
 both ways. So every rule of the session core and its shell (segmentation, backpressure, timeouts, drain,
-metrics) holds here unchanged. ``multi-stream-input`` runs one session per context (``_Socket._open``);
-once the core has contexts of its own, that one method maps them onto one session instead.
+metrics) holds here unchanged. ``multi-stream-input`` runs one session per context (``_Socket._open``):
+written before the core had contexts. The core's contexts (docs/protocol.md §11, with the mapping of
+ElevenLabs' messages in §11.1) can replace it: ``_open`` would add a ``context_id`` to one session's
+messages, and ``Context.render`` route that session's messages by their ``context_id``.
 """
 
 from __future__ import annotations
