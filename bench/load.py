@@ -125,6 +125,7 @@ def started_server(args: argparse.Namespace, log: Path) -> Iterator[Server]:
         )
         try:
             wait_ready(f"http://127.0.0.1:{port}", proc)
+            print(f"server pid {proc.pid} on port {port}", file=sys.stderr, flush=True)
             yield Server(f"ws://127.0.0.1:{port}", proc.pid)
         finally:
             proc.terminate()  # a drain: the sessions are over by now
@@ -278,6 +279,8 @@ def summarize(
     client_cores = (c1 - c0) / wall_s
     machine_cores = (m1 - m0) / wall_s
     rss_before, rss_idle, rss_peak = rss
+    audio_s = sum(t["audio_s"] for t in turns)
+    frames = sum(t["frames"] for t in turns)
     per = max(1, connected)
     return {
         "sessions": n,
@@ -299,6 +302,10 @@ def summarize(
         "frames_received": sum(t["frames"] for t in turns),
         "wall_s": round(wall_s, 3),
         "server_cpu_cores": round(server_cores, 3),
+        # What one second of streamed audio costs the server: stable under load from other processes,
+        # unlike the capacity itself, so it is the figure to compare before and after a change.
+        "server_cpu_ms_per_audio_s": round((s1 - s0) * 1000.0 / audio_s, 3) if audio_s else None,
+        "server_cpu_us_per_frame": round((s1 - s0) * 1e6 / frames, 2) if frames else None,
         "client_cpu_cores": round(client_cores, 3),
         "other_cpu_cores": round(max(0.0, machine_cores - server_cores - client_cores), 3),
         "client_processes": len(reports),
@@ -333,9 +340,14 @@ def report_line(level: dict[str, Any]) -> str:
         f" | errors {level['errors'] + level['connect_failures']}"
         f" | CPU server {level['server_cpu_cores']:.2f} client {level['client_cpu_cores']:.2f}"
         f" other {level['other_cpu_cores']:.2f} cores"
+        f" ({_num(level['server_cpu_ms_per_audio_s'])} ms server CPU per audio s)"
         f" | client lag p99 send {ms(level['client_send_lag_ms']['p99'])} ms"
         f" loop {ms(level['client_loop_lag_ms']['p99'])} ms{mem}"
     )
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
 
 
 def plot(levels: list[dict[str, Any]], path: Path, title: str) -> None:

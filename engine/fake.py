@@ -9,11 +9,13 @@ or a disconnect stopped the work.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncGenerator
 from typing import Annotated
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from voxgate.engine.base import (
     AudioChunk,
@@ -28,6 +30,17 @@ from voxgate.engine.options import option
 
 # 60 ms of audio per character is close to natural speech (about 15 characters a second).
 SECONDS_PER_CHAR = 0.06
+
+
+@functools.lru_cache(maxsize=16)
+def _tone(pitch: int, sample_rate: int, chunk: int) -> npt.NDArray[np.float32]:
+    """One second of the tone plus one chunk, read-only: a whole number of cycles, so it repeats
+    seamlessly and any chunk is a slice of it. Computing the sine per request cost the load benchmark
+    (bench/load.py) a sixth of the gateway's CPU, which is not the gateway's cost."""
+    t = np.arange(sample_rate + chunk, dtype=np.float64) / sample_rate
+    tone = (0.5 * np.sin(2 * np.pi * pitch * t)).astype(np.float32)
+    tone.flags.writeable = False
+    return tone
 
 
 class FakeSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,9 +114,7 @@ class FakeEngine:
         self.started += 1
         total = int(len(req.text) * SECONDS_PER_CHAR / req.speed * self.sample_rate)
         step = max(1, int(self.chunk_s * self.sample_rate))
-        t = np.arange(total, dtype=np.float64) / self.sample_rate
-        pitch = 330.0 if req.reference is not None else 220.0
-        tone = (0.5 * np.sin(2 * np.pi * pitch * t)).astype(np.float32)
+        tone = _tone(330 if req.reference is not None else 220, self.sample_rate, step)
         try:
             failing = self.fail_on is not None and self.fail_on in req.text
             for n, i in enumerate(range(0, total, step)):
@@ -113,7 +124,8 @@ class FakeEngine:
                     await self.gate.wait()
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
-                yield AudioChunk(tone[i : i + step], self.sample_rate)
+                offset = i % self.sample_rate
+                yield AudioChunk(tone[offset : offset + min(step, total - i)], self.sample_rate)
             self.finished += 1
         finally:
             self.closed += 1

@@ -57,7 +57,13 @@ def wav_header(sample_rate: int, data_bytes: int | None = None, *, channels: int
 
 def to_pcm16(samples: Samples) -> npt.NDArray[np.int16]:
     """Clip float samples to [-1, 1] and scale them to int16."""
-    return (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype("<i2")
+    # The same arithmetic as ``(np.clip(x, -1, 1) * 32767).round()``, in place on one buffer: np.clip's
+    # Python layers cost more than the work on a 40 ms frame.
+    out = np.minimum(samples, 1.0)
+    np.maximum(out, -1.0, out=out)
+    np.multiply(out, 32767.0, out=out)
+    np.rint(out, out=out)
+    return out.astype("<i2")
 
 
 def mulaw_encode(samples: Samples) -> bytes:
