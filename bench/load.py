@@ -387,7 +387,9 @@ def _bar_width(n: Sequence[int]) -> float:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine", default="fake", help="engine the started server runs: fake or piper")
-    p.add_argument("--sessions", default="4,8,12,16,20", help="levels of concurrent sessions, comma-separated")
+    p.add_argument(
+        "--sessions", default="4,8,12,16,20", help="levels of concurrent sessions, comma-separated"
+    )
     p.add_argument("--tokens-per-s", type=float, default=20.0, help="text pace of each session")
     p.add_argument("--jitter-ms", type=float, default=150.0, help="the player's jitter buffer")
     p.add_argument("--duration-s", type=float, default=30.0, help="turns start until this much time passed")
@@ -399,7 +401,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--format", default="pcm", choices=("pcm", "f32", "mulaw"))
     p.add_argument("--compression", action="store_true", help="offer permessage-deflate, as browsers do")
     p.add_argument(
-        "--fake-rtf", type=float, default=0.05, help="engine fake: seconds of (sleeping) synthesis per audio s"
+        "--fake-rtf",
+        type=float,
+        default=0.05,
+        help="engine fake: seconds of (sleeping) synthesis per audio s",
     )
     p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--client-procs", type=int, default=max(2, os.cpu_count() or 1))
