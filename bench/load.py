@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -408,7 +409,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--client-procs", type=int, default=max(2, os.cpu_count() or 1))
-    p.add_argument("--timeout-s", type=float, default=60.0)
+    p.add_argument("--timeout-s", type=float, default=120.0, help="bound on connecting, and on a turn")
     p.add_argument("--url", help="a running gateway (ws://host:port) instead of starting one")
     p.add_argument("--server-pid", type=int, help="with --url: its process, for CPU and memory")
     p.add_argument("--server-log", type=Path, help="where the started server's output goes")
@@ -419,6 +420,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    # A SIGTERM unwinds like Ctrl-C, so the server this started is stopped and the clients end with it.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     levels_wanted = [int(x) for x in args.sessions.split(",") if x.strip()]
     nofile = raise_nofile()
     log = args.server_log or Path(tempfile.gettempdir()) / f"voxgate-load-{os.getpid()}.log"

@@ -66,16 +66,26 @@ def to_pcm16(samples: Samples) -> npt.NDArray[np.int16]:
     return out.astype("<i2")
 
 
-def mulaw_encode(samples: Samples) -> bytes:
-    """Encode float samples as G.711 u-law bytes (bit-exact with the reference g711.c)."""
-    v = to_pcm16(samples).astype(np.int32) >> 2  # 14-bit domain; arithmetic shift as in g711.c
+def _mulaw_codes(pcm: npt.NDArray[np.int16]) -> npt.NDArray[np.uint8]:
+    """G.711 u-law codes of int16 samples, computed as the reference g711.c does."""
+    v = pcm.astype(np.int32) >> 2  # 14-bit domain; arithmetic shift as in g711.c
     negative = v < 0
     magnitude = np.minimum(np.where(negative, -v, v), _MULAW_CLIP14) + (_MULAW_BIAS >> 2)
     exponent = np.floor(np.log2(magnitude)).astype(np.int32) - 5
     mantissa = (magnitude >> (exponent + 1)) & 0x0F
     code = np.where(exponent > 7, 0x7F, (exponent << 4) | mantissa)  # past the top segment: the maximum
     mask = np.where(negative, 0x7F, 0xFF)
-    return (code ^ mask).astype(np.uint8).tobytes()
+    return (code ^ mask).astype(np.uint8)
+
+
+# Every int16 sample's code, indexed by the sample's bits read as uint16: one lookup per sample instead
+# of the arithmetic above (a third of the CPU of a telephony stream in bench/load.py), and the same bytes.
+_MULAW_TABLE = _mulaw_codes(np.arange(65536, dtype=np.uint16).view(np.int16))
+
+
+def mulaw_encode(samples: Samples) -> bytes:
+    """Encode float samples as G.711 u-law bytes (bit-exact with the reference g711.c)."""
+    return _MULAW_TABLE[to_pcm16(samples).view(np.uint16)].tobytes()
 
 
 def mulaw_decode(data: bytes) -> Samples:
