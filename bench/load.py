@@ -424,6 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     levels_wanted = [int(x) for x in args.sessions.split(",") if x.strip()]
     nofile = raise_nofile()
+    load_at_start = os.getloadavg()[0]
     log = args.server_log or Path(tempfile.gettempdir()) / f"voxgate-load-{os.getpid()}.log"
     print(f"voxgate load bench: {args.engine}, {uptime()}", file=sys.stderr)
     levels: list[dict[str, Any]] = []
@@ -453,7 +454,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     if args.png and levels:
-        title = f"engine {args.engine}, {args.tokens_per_s:g} tokens/s, {args.jitter_ms:g} ms jitter buffer"
+        title = (
+            f"engine {args.engine}, {args.tokens_per_s:g} tokens/s, {args.jitter_ms:g} ms jitter buffer, "
+            f"load average {load_at_start:.1f} at start"
+        )
         plot(levels, args.png, title)
         print(f"wrote {args.png}", file=sys.stderr)
     bad = [lv["sessions"] for lv in levels if not lv["turns_completed"]]
