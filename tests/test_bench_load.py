@@ -39,7 +39,8 @@ def test_load_bench_runs_sessions_and_reports_figures(tmp_path: Path) -> None:
     assert level["bytes_received"] == pytest.approx(level["audio_s"] * 24000 * 2, rel=0.01)
     assert level["frames_received"] > 0
     assert level["underruns"] >= 0 and level["underrun_s"] >= 0.0
-    assert level["server_pid"] and level["server_cpu_cores"] >= 0.0 and level["client_cpu_cores"] > 0.0
+    # CPU is read in clock ticks (10 ms): two quiet sessions may not use one in the window.
+    assert level["server_pid"] and level["server_cpu_cores"] >= 0.0 and level["client_cpu_cores"] >= 0.0
     assert level["server_rss_kib"]["idle"] > 0 and level["server_rss_kib"]["streaming_peak"] > 0
     assert level["uptime_before"] and level["uptime_after"]
     assert level["ttfa_p95_vs_first_level"] == 1.0
