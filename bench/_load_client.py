@@ -2,9 +2,10 @@
 
 Each session is one WebSocket. It connects, sends ``session.config`` and waits for ``session.ready``, then
 reports in; once every worker has reported, the parent sends the start time. From then on each session
-runs turns until the run's end: it streams the text one token at a time at ``tokens_per_s`` (an LLM's
-pace, on an absolute schedule, so a late send does not delay the next), sends ``input.done``, reads the
-audio as it comes, and waits for the simulated player to finish before the next turn.
+runs turns until the run's end (at least one): it streams the text one token at a time at
+``tokens_per_s`` (an LLM's pace, on an absolute schedule, so a late send does not delay the next), sends
+``input.done``, reads the audio as it comes, and waits for the simulated player to finish before the
+next turn.
 
 The player: playback starts ``jitter_ms`` after the first audio frame of a turn arrives and plays every
 frame back to back in real time. A frame that arrives after everything before it has played is an underrun
@@ -130,11 +131,13 @@ class _Session:
         p = self.plan
         await _sleep_until(start + p.ramp_s * self.index / max(1, p.total_sessions))
         try:
-            while time.monotonic() < end:
+            while True:  # every session speaks at least once, even when the ramp outlasts the run
                 turn = Turn()
                 self.turns.append(turn)
                 play_end = await self._turn(self.ws, turn)
                 await _sleep_until(play_end + p.pause_s)
+                if time.monotonic() >= end:
+                    break
             await self.ws.close()
         except (ConnectionClosed, OSError, TimeoutError, RuntimeError) as exc:
             if self.turns and self.turns[-1].error is None:
