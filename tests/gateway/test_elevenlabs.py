@@ -28,8 +28,9 @@ from websockets.sync.client import ClientConnection, connect
 from tests.conftest import TIMEOUT_S, bound_socket, serve_engine
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
 from voxgate.gateway.app import create_app
-from voxgate.gateway.elevenlabs import MAX_CONTEXTS
 from voxgate.gateway.settings import Settings
+
+MAX_CONTEXTS = Settings.from_env({}).max_contexts
 
 KEY = "eleven-key"
 
@@ -120,7 +121,8 @@ def test_multi_stream_input_caps_the_contexts(address: str) -> None:
             _send(ws, text=" ", context_id=f"c{n}")
         refused = json.loads(ws.recv(timeout=TIMEOUT_S))
         assert refused["contextId"] == f"c{MAX_CONTEXTS}"
-        assert f"at most {MAX_CONTEXTS} contexts" in refused["message"]
+        assert refused["error"] == "max_active_conversations"
+        assert f"{MAX_CONTEXTS} contexts are open" in refused["message"]
         _send(ws, close_socket=True)
         got, code = _until_closed(ws)
     assert code == 1000
