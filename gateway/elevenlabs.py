@@ -18,7 +18,6 @@ from typing import Any
 
 import msgspec
 from starlette.routing import WebSocketRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from voxgate.engine.base import UnsupportedOption
@@ -248,44 +247,6 @@ async def stream_input(websocket: WebSocket) -> None:
 async def multi_stream_input(websocket: WebSocket) -> None:
     """``WS /v1/text-to-speech/{voice_id}/multi-stream-input``: contexts named by ``context_id``."""
     await _serve(websocket, multi=True)
-
-
-class KeyHeader:
-    """Lets ElevenLabs clients present their key as ElevenLabs does, on ElevenLabs' routes.
-
-    ``xi-api-key`` (header, or query parameter) becomes the ``Authorization: Bearer`` that
-    ``gateway/auth.py`` checks; the query parameter is removed so no log line shows it.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket") and _elevenlabs_path(scope["path"]):
-            _move_key(scope)
-        await self.app(scope, receive, send)
-
-
-def _elevenlabs_path(path: str) -> bool:
-    return path.startswith("/v1/text-to-speech/") or path == "/v1/voices"
-
-
-def _move_key(scope: Scope) -> None:
-    headers: list[tuple[bytes, bytes]] = list(scope.get("headers", []))
-    names = {k.lower() for k, _ in headers}
-    key = next((v for k, v in headers if k.lower() == b"xi-api-key"), None)
-    query = scope.get("query_string", b"").decode("latin-1")
-    kept = []
-    for part in query.split("&") if query else []:
-        name, _, value = part.partition("=")
-        if name.lower() in ("xi-api-key", "xi_api_key"):
-            key = key or value.encode("latin-1")
-        else:
-            kept.append(part)
-    scope["query_string"] = "&".join(kept).encode("latin-1")
-    if key is not None and b"authorization" not in names:
-        headers.append((b"authorization", b"Bearer " + key))
-        scope["headers"] = headers
 
 
 routes = [
