@@ -423,3 +423,18 @@ def test_inactivity_timeout_bounds_the_context_idle_timeout() -> None:
             got, code = _until_closed(ws)
     assert got[0] == {"isFinal": True, "contextId": "a"}
     assert [m.get("error") for m in got[1:]] == ["input_timeout_exceeded"] and code == 1008
+
+
+def test_the_first_voice_settings_set_the_speed_of_every_context(address: str) -> None:
+    with _ws(address, "tone/multi-stream-input") as ws:
+        _send(ws, text=" ", context_id="a", voice_settings={"speed": 2.0})
+        _send(ws, text=" ", context_id="b", voice_settings={"speed": 0.5})  # ignored: one config a socket
+        _send(ws, text="Fast one. ", context_id="a", flush=True)
+        _send(ws, text="Fast two. ", context_id="b", flush=True)
+        _send(ws, close_socket=True)
+        got, code = _until_closed(ws)
+    assert code == 1000
+    for context, text in (("a", "Fast one."), ("b", "Fast two.")):
+        audio = [m for m in got if m["contextId"] == context and m.get("audio")]
+        assert _audio_seconds(audio, 2, 16000) == pytest.approx(len(text) * SECONDS_PER_CHAR / 2.0)
+    assert sorted(m["contextId"] for m in got if m["isFinal"]) == ["a", "b"]
