@@ -181,6 +181,8 @@ class _Socket:
             reader.cancel()
             self.pipe.hang_up()
             await asyncio.wait([session, reader])
+        if not reader.cancelled() and (failure := reader.exception()) is not None:
+            raise failure  # logged by ``_serve``, which closes the socket as an internal error
         await self.close(close_code(self.pipe.close_code or CloseCode.NORMAL))
 
     async def _read(self) -> None:
