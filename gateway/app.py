@@ -126,7 +126,6 @@ def create_app(
     middleware = [
         Middleware(SecurityHeadersMiddleware),  # outermost: the auth middleware's refusals get them too
         Middleware(RequestIdMiddleware),
-        Middleware(elevenlabs.KeyHeader),  # ElevenLabs clients' xi-api-key, for the auth middleware
         Middleware(
             AuthMiddleware,
             keys=settings.all_api_keys(),

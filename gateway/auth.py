@@ -2,9 +2,10 @@
 
 When keys are configured, every route except the public ones needs a key: ``Authorization: Bearer
 KEY``, or for browsers (which cannot set headers on a WebSocket) an ``api_key`` query parameter or a
-``Sec-WebSocket-Protocol`` entry ``voxgate.key.KEY``. The caller's identity, ``owner``, is a hash of
-the key (never the key itself) and is what uploaded voices belong to; with no keys configured every
-caller is the same anonymous owner ``""``.
+``Sec-WebSocket-Protocol`` entry ``voxgate.key.KEY``; ElevenLabs clients send theirs as ElevenLabs
+wants it, an ``xi-api-key`` header or query parameter (``xi_api_key`` too), which counts the same.
+The caller's identity, ``owner``, is a hash of the key (never the key itself) and is what uploaded
+voices belong to; with no keys configured every caller is the same anonymous owner ``""``.
 
 Browsers are also checked against an Origin allowlist (cross-site WebSocket hijacking, DNS rebinding,
 cross-site form posts): loopback origins (``localhost``, ``127.0.0.1``, ``[::1]``, any port), the
@@ -44,11 +45,14 @@ _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 KEY_PARAM = "api_key"
+#: ElevenLabs' names for the key, as a header and as query parameters (``gateway/elevenlabs.py``).
+XI_KEY_HEADER = "xi-api-key"
+KEY_PARAMS = (KEY_PARAM, "xi-api-key", "xi_api_key")
 REDACTED = "***"
 
 # ``name=value`` in a query string or a log line; the name is judged once percent-decoded (below).
 _PARAM = re.compile(r"(^|[?&\s;,\"'(\[])([^=?/&#\s;,\"'()\[\]]+)=([^&#\s;,\"')\]]*)")
-_JSON_KEY = re.compile(r"(?i)(\bapi(?:_|%5f)key[\"']?\s*:\s*[\"']?)[^\s,\"'&}]+")
+_JSON_KEY = re.compile(r"(?i)(\b(?:xi[-_])?api(?:_|%5f|-)key[\"']?\s*:\s*[\"']?)[^\s,\"'&}]+")
 _BEARER = re.compile(r"(?i)(\bbearer\s+)[^\s,\"')\]]+")
 _KEY_PROTOCOL = re.compile(r"(?i)(\bvoxgate\.key\.)[^\s,\"')\]]+")
 _known: set[str] = set()
@@ -67,12 +71,13 @@ def _is_key_param(name: str) -> bool:
         if decoded == name:
             break
         name = decoded
-    return name.strip().lower() == KEY_PARAM
+    return name.strip().lower() in KEY_PARAMS
 
 
 def redact(text: str) -> str:
     """``text`` with every API key in it replaced by ``***``: the configured keys wherever they appear
-    (also percent-encoded), and whatever follows ``api_key=`` (any case, percent-encoded name),
+    (also percent-encoded), and whatever follows ``api_key=`` or ``xi-api-key=`` (any case,
+    percent-encoded name),
     ``Bearer`` or the subprotocol prefix ``voxgate.key.``."""
     if _known_pattern is not None:
         text = _known_pattern.sub(REDACTED, text)
@@ -157,9 +162,12 @@ def presented_key(scope: Scope) -> str | None:
     auth = headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
+    if headers.get(XI_KEY_HEADER):
+        return headers[XI_KEY_HEADER].strip()
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    if query.get(KEY_PARAM):  # parse_qs decodes names, so ``api%5Fkey`` is the same parameter
-        return str(query[KEY_PARAM][0])
+    for name in KEY_PARAMS:
+        if query.get(name):  # parse_qs decodes names, so ``api%5Fkey`` is the same parameter
+            return str(query[name][0])
     for proto in scope.get("subprotocols", []) or []:
         if proto.startswith(KEY_SUBPROTOCOL_PREFIX):
             return str(proto[len(KEY_SUBPROTOCOL_PREFIX) :])

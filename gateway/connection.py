@@ -24,11 +24,12 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import msgspec
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocketDisconnect
 
 from voxgate.engine.base import EngineError
 from voxgate.gateway.catalog import Catalog, Resolved
@@ -78,11 +79,21 @@ class _SessionLog(logging.LoggerAdapter[logging.Logger]):
         return f"[{self.extra['session'] if self.extra else '?'}] {msg}", kwargs
 
 
+class Socket(Protocol):
+    """What a ``Connection`` uses of its socket: a Starlette ``WebSocket``, or a ``Pipe`` of a codec
+    (``gateway/elevenlabs.py``) that runs a session for a socket of another shape."""
+
+    async def receive(self) -> Mapping[str, Any]: ...
+    async def send_text(self, data: str) -> None: ...
+    async def send_bytes(self, data: bytes) -> None: ...
+    async def close(self, code: int = 1000, reason: str | None = None) -> None: ...
+
+
 @dataclass
 class Connection:
-    """Drives one accepted WebSocket until it ends."""
+    """Drives one accepted WebSocket (or a codec's ``Socket``) until it ends."""
 
-    ws: WebSocket
+    ws: Socket
     catalog: Catalog
     settings: Settings
     owner: str = ""

@@ -27,9 +27,9 @@ from voxgate.gateway.http import BodyTooLarge, read_body
 from voxgate.protocol.audio import BYTES_PER_SAMPLE, decode
 from voxgate.protocol.elevenlabs import (
     Alignment,
-    Context,
     Inbound,
     Params,
+    Stream,
     decode_inbound,
     http_error,
     parse_params,
@@ -86,7 +86,7 @@ async def _speak(request: Request, timestamps: bool) -> Response:
     except ProtocolError as err:
         return _refused(err)
 
-    codec = Context(voice_id, params, multi=False, words=words)
+    codec = Stream(voice_id, params, multi=False, words=words)
     queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=AHEAD_SEGMENTS)
     fmt, rate = params.audio
 
@@ -105,7 +105,7 @@ async def _speak(request: Request, timestamps: bool) -> Response:
         return _refused(err)
 
     async def produce() -> None:
-        await run_session(connection_for(state, pipe, params))
+        await run_session(connection_for(state, pipe, params, context_idle_timeout_s=0.0), pipe)
         await queue.put(None)
 
     producer = asyncio.create_task(produce())

@@ -1,7 +1,9 @@
 """The process's sessions: who may open one (caps, drain), and the graceful drain on shutdown.
 
-A session is a WebSocket of ``/v1/audio/speech/stream`` or one ``POST /v1/audio/speech`` with its
-streamed body. ``Admission`` (an ASGI middleware, inside ``AuthMiddleware`` so the caller's ``owner``
+A session is any WebSocket (``/v1/audio/speech/stream``, ElevenLabs' ``stream-input`` and
+``multi-stream-input``: each socket is one session, whatever its contexts) or one ``POST`` that speaks
+(``/v1/audio/speech``, ElevenLabs' ``/v1/text-to-speech/...``) with its streamed body (``is_session``).
+``Admission`` (an ASGI middleware, inside ``AuthMiddleware`` so the caller's ``owner``
 is known) refuses one before it starts, a WebSocket before it is accepted:
 
 - while the server drains: 503 ``server_shutdown``;
@@ -28,8 +30,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from voxgate.gateway.http import error_response
 from voxgate.protocol.errors import ErrorCode, ProtocolError
 
-#: The paths whose requests are sessions.
-SESSION_PATHS = frozenset({"/v1/audio/speech", "/v1/audio/speech/stream"})
+#: The paths, and the path prefixes, whose ``POST`` requests are sessions (every WebSocket is one).
+SESSION_POSTS = frozenset({"/v1/audio/speech"})
+SESSION_POST_PREFIXES = ("/v1/text-to-speech/",)
 #: ``Retry-After`` of a refusal for a cap: a session may end any moment.
 BUSY_RETRY_AFTER_S = 1
 #: ``Retry-After`` of a refusal while draining: a new replica takes a few seconds to be ready.
@@ -135,10 +138,7 @@ class Admission:
         self.sessions = sessions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] not in SESSION_PATHS:
-            await self.app(scope, receive, send)
-            return
-        if scope["type"] == "http" and scope.get("method") != "POST":
+        if not is_session(scope):
             await self.app(scope, receive, send)
             return
         owner = str(scope.get("state", {}).get("owner", ""))
@@ -149,6 +149,18 @@ class Admission:
             return
         error, retry_after = refused
         await _refuse(scope, receive, send, error, retry_after)
+
+
+def is_session(scope: Scope) -> bool:
+    """Whether a request is a session: every WebSocket, and the ``POST`` requests that speak."""
+    if scope["type"] == "websocket":
+        return True
+    path = str(scope.get("path", ""))
+    return (
+        scope["type"] == "http"
+        and scope.get("method") == "POST"
+        and (path in SESSION_POSTS or path.startswith(SESSION_POST_PREFIXES))
+    )
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, error: ProtocolError, retry_after: int) -> None:

@@ -2,8 +2,9 @@
 
 ElevenLabs clients (pipecat's ``ElevenLabsTTSService``, livekit-plugins-elevenlabs, the ``elevenlabs``
 SDK) speak through voxgate unchanged: this module turns their messages into voxgate client messages
-(``protocol.messages``) for one session per context, and that session's server messages back into
-theirs. The gateway (``gateway/elevenlabs.py``) moves the bytes; docs/agents.md has the wire rules.
+(``protocol.messages``) of one session per socket, each ElevenLabs context a context of that session
+(``context_id``, docs/protocol.md §11 and §11.1), and the session's server messages back into theirs.
+The gateway (``gateway/elevenlabs.py``) moves the bytes; docs/agents.md has the wire rules.
 
 Client -> server, one JSON text message each (every field optional)::
 
@@ -38,10 +39,12 @@ from voxgate.protocol.errors import FAILURES, CloseCode, ErrorCode, ProtocolErro
 from voxgate.protocol.messages import (
     AudioStart,
     ClientMessage,
+    ContextClose,
+    ContextClosed,
     Error,
-    InputCommit,
     InputDone,
     InputText,
+    Keepalive,
     ServerMessage,
     SessionClose,
     SessionConfig,
@@ -78,6 +81,7 @@ _CODES: dict[str, str] = {
     ErrorCode.VOICE_NOT_FOUND: "voice_not_found",
     ErrorCode.IDLE_TIMEOUT: "input_timeout_exceeded",
     ErrorCode.UNSUPPORTED_FORMAT: "invalid_output_format",
+    ErrorCode.TOO_MANY_CONTEXTS: "max_active_conversations",
 }
 
 
@@ -196,12 +200,12 @@ def session_config(
     words: bool = False,
     whole_segments: bool = True,
 ) -> SessionConfig:
-    """The ``session.config`` of one context: our voice named ``voice_id``, the query's format.
+    """The ``session.config`` of a socket (or REST request): our voice named ``voice_id``, the query's format.
 
     Args:
         voice_id: the path's voice id: a voxgate voice name.
         params: the query parameters.
-        settings: the context's ``voice_settings`` (its ``speed`` is honoured).
+        settings: the first message's ``voice_settings`` (its ``speed`` is honoured, for the whole session).
         words: ask the engine for word timings (``word_timestamps``), which the alignment follows.
         whole_segments: one audio message per segment, so the alignment of each spans exactly its audio.
 
@@ -273,68 +277,103 @@ def word_alignment(words: list[WordTimestamp], offset_ms: float, duration_ms: fl
     return Alignment(chars, starts, durations)
 
 
-class Context:
-    """One ElevenLabs context (the only one on ``stream-input``) over one voxgate session.
+#: The session's context for ``stream-input``'s messages, and for ``multi-stream-input``'s that name none
+#: (a named context of the core, so that its end is reported: ``context.closed`` is ``isFinal``).
+FIXED_CONTEXT = "elevenlabs:default"
 
-    ``receive`` maps the client's messages to the session's; ``render`` maps the session's server
-    messages and audio back; ``finish`` says what to send when the session ends.
+
+class Stream:
+    """One ``stream-input`` or ``multi-stream-input`` socket over one voxgate session and its contexts.
+
+    ``start`` opens the session; ``receive`` maps the client's messages to the session's (docs/protocol.md
+    §11.1); ``render`` maps the session's server messages and audio back, routing each by its context: a
+    message by its ``context_id``, a segment's audio by the ``audio.start`` before it.
 
     Args:
         voice_id: the voice of the path.
         params: the query parameters.
-        context_id: the client's id, None on ``stream-input`` (whose messages carry no ``contextId``).
-        multi: ``multi-stream-input``: an empty text is a keep-alive, not the end.
+        multi: ``multi-stream-input``: messages name contexts, an empty text is a keep-alive, and every
+            message sent back carries ``contextId``.
         words: the engine times words: ask for them, and align characters with them.
     """
 
-    def __init__(
-        self,
-        voice_id: str,
-        params: Params,
-        context_id: str | None = None,
-        *,
-        multi: bool,
-        words: bool = False,
-    ) -> None:
-        self.voice_id, self.params, self.context_id, self.multi = voice_id, params, context_id, multi
-        self.words = words
-        self._timed: list[WordTimestamp] = []  # the words of the segment whose audio comes next
-        self._start_ms = 0.0  # where that segment starts on its utterance's clock
-        self.configured = False
+    def __init__(self, voice_id: str, params: Params, *, multi: bool, words: bool = False) -> None:
+        self.voice_id, self.params, self.multi, self.words = voice_id, params, multi, words
+        self.configured = False  # a session.config went out
+        self.settled = False  # a first message was taken: later ``voice_settings`` are ignored
         self.ended = False  # the client's input ended: what follows is ignored
-        self._text = ""  # the segment whose audio comes next
+        self._open: set[str] = set()  # the contexts this codec opened and has not closed
+        self._context = FIXED_CONTEXT  # the context of the segment whose audio comes next
+        self._timed: list[WordTimestamp] = []  # that segment's words
+        self._start_ms = 0.0  # where that segment starts on its utterance's clock
+        self._text = ""  # that segment's text
         self._format, self._rate = params.audio
 
+    def start(self) -> list[ClientMessage]:
+        """The session's ``session.config``, sent as the socket opens (the first message may add a speed)."""
+        self.configured = True
+        return [session_config(self.voice_id, self.params, words=self.words)]
+
+    def context_of(self, msg: Inbound) -> str:
+        """The session's context for a client message."""
+        return (msg.context_id if self.multi else None) or FIXED_CONTEXT
+
     def receive(self, msg: Inbound) -> list[ClientMessage]:
-        """The session messages one client message becomes (none once the context's input ended).
+        """The session messages one client message becomes (none once the input ended).
 
         Raises:
-            ProtocolError: its ``voice_settings`` are out of range (first message only).
+            ProtocolError: the first message's ``voice_settings`` are out of range; the message is not
+                taken, and the next one is a first message again.
         """
         if self.ended:
             return []
         out: list[ClientMessage] = []
-        if not self.configured:
-            out.append(session_config(self.voice_id, self.params, msg.voice_settings, words=self.words))
-            self.configured = True
-        if msg.text or (msg.text == "" and self.multi):
-            out.append(InputText(text=msg.text))
-        if msg.flush:
-            out.append(InputCommit())
-        if msg.close_context or msg.close_socket or (msg.text == "" and not self.multi):
-            out += [InputDone(), SessionClose()]
+        if not self.settled:
+            settings = msg.voice_settings
+            if not self.configured or (settings is not None and settings.speed is not None):
+                out.append(session_config(self.voice_id, self.params, settings, words=self.words))
+            self.configured = self.settled = True
+        if msg.close_socket or (msg.text == "" and not self.multi):
             self.ended = True
+            return [*out, SessionClose()]
+        context = self.context_of(msg)
+        if msg.text == "":  # multi-stream-input's keep-alive: of one context, or of all
+            out.append(Keepalive(context_id=msg.context_id))
+            if msg.context_id:
+                self._open.add(context)
+        elif msg.text is not None and (msg.text.strip() or context in self._open):
+            out.append(InputText(text=msg.text, context_id=context))
+            self._open.add(context)
+        elif msg.text is not None:  # the init message's " ": opens the context
+            out.append(Keepalive(context_id=context))
+            self._open.add(context)
+        if msg.flush:
+            out.append(InputDone(context_id=context))
+            self._open.add(context)
+        if msg.close_context:
+            out.append(ContextClose(context_id=context))
+            self._open.discard(context)
         return out
 
     def render(self, data: str | bytes) -> list[bytes]:
         """The client messages for one message of the session (binary: a whole segment's audio)."""
         if isinstance(data, bytes):
             return [self.audio_message(*self.segment(data))]
-        error = self.observe(data)
-        return [] if error is None else [self._shape(ws_error(error.code, error.message))]
+        match self._take(data):
+            case ContextClosed(context_id=context):
+                self._open.discard(context)
+                return [self._shape({"isFinal": True}, context)]
+            case Error(code=code, message=message, context_id=context):
+                named = None if isinstance(context, msgspec.UnsetType) else context
+                return [self._shape(ws_error(code, message), named)]
+        return []
 
     def observe(self, text: str) -> Error | None:
-        """Take one JSON message of the session: notes each segment's text, hands back its errors."""
+        """Take one JSON message of the session (noting each segment's text); hands back its errors."""
+        msg = self._take(text)
+        return msg if isinstance(msg, Error) else None
+
+    def _take(self, text: str) -> ServerMessage | None:
         try:
             msg = _decode_server(text)
         except msgspec.ValidationError:
@@ -343,11 +382,12 @@ class Context:
             case AudioStart(sentence_text=sentence, format=fmt, sample_rate=rate, start_sample=start):
                 self._text, self._format, self._rate = sentence, fmt, rate
                 self._start_ms, self._timed = start * 1000.0 / rate, []
+                self._context = (
+                    FIXED_CONTEXT if isinstance(msg.context_id, msgspec.UnsetType) else msg.context_id
+                )
             case WordTimestamps(timestamps=timed):
                 self._timed += timed
-            case Error():
-                return msg
-        return None
+        return msg
 
     def segment(self, data: bytes) -> tuple[bytes, Alignment]:
         """A segment's audio and its alignment (the audio follows the ``audio.start`` seen last)."""
@@ -357,7 +397,8 @@ class Context:
         return data, spread_alignment(self._text + " ", duration_ms)
 
     def audio_message(self, data: bytes, alignment: Alignment) -> bytes:
-        """One audio message: base64 audio with its alignment (also as ``normalizedAlignment``)."""
+        """One audio message: base64 audio with its alignment (also as ``normalizedAlignment``), for the
+        context of the ``audio.start`` seen last."""
         shape = msgspec.to_builtins(alignment)
         payload: dict[str, object] = {
             "audio": base64.b64encode(data).decode(),
@@ -365,19 +406,17 @@ class Context:
             "normalizedAlignment": shape,
             "alignment": shape,
         }
-        return self._shape(payload)
+        return self._shape(payload, self._context)
 
-    def finish(self, normal: bool) -> list[bytes]:
-        """What to send when the session ends: ``isFinal`` after a normal end (an error was sent already)."""
-        return [self._shape({"isFinal": True})] if normal else []
+    def error(self, err: ProtocolError, context: str | None = None) -> bytes:
+        """An error in ElevenLabs' shape, of ``context`` (the session's name for it), else of the socket."""
+        return self._shape(ws_error(err.code, err.message), context)
 
-    def error(self, err: ProtocolError) -> bytes:
-        """An error of this context in ElevenLabs' shape."""
-        return self._shape(ws_error(err.code, err.message))
-
-    def _shape(self, payload: dict[str, object]) -> bytes:
-        if self.multi:
-            payload["contextId"] = self.context_id
+    def _shape(self, payload: dict[str, object], context: str | None) -> bytes:
+        """``payload`` with the ``contextId`` of ``context`` on ``multi-stream-input`` (None: the socket's,
+        which has none; the fixed context's is null)."""
+        if self.multi and context is not None:
+            payload["contextId"] = None if context == FIXED_CONTEXT else context
         return _encode(payload)
 
 

@@ -119,3 +119,28 @@ def test_every_api_path_needs_the_key_even_with_a_dot_and_probes_do_not() -> Non
             assert httpx.delete(f"{base}{path}").status_code == 401, path
         for path in ("/healthz", "/health", "/readyz"):
             assert httpx.get(f"{base}{path}").status_code == 200, path
+
+
+def test_elevenlabs_key_names_count_and_are_redacted() -> None:
+    import logging
+
+    from voxgate.gateway.auth import RedactKeys, presented_key, redact
+
+    assert presented_key({"headers": [(b"xi-api-key", b"k1")]}) == "k1"
+    assert presented_key({"headers": [], "query_string": b"a=1&xi-api-key=k2"}) == "k2"
+    assert presented_key({"headers": [], "query_string": b"xi_api_key=k3"}) == "k3"
+    bearer = [(b"authorization", b"Bearer k4"), (b"xi-api-key", b"k5")]
+    assert presented_key({"headers": bearer}) == "k4"
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "WebSocket %s" [accepted]',
+        ("127.0.0.1", "/v1/text-to-speech/tone/stream-input?xi-api-key=s3cret&output_format=pcm_16000"),
+        None,
+    )
+    assert RedactKeys().filter(record)
+    assert "s3cret" not in record.getMessage() and "xi-api-key=***&output_format" in record.getMessage()
+    assert redact('{"text": " ", "xi_api_key": "s3cret"}') == '{"text": " ", "xi_api_key": "***"}'
+    assert redact("?XI%5FAPI%5FKEY=s3cret") == "?XI%5FAPI%5FKEY=***"

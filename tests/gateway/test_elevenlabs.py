@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import shutil
+import signal
 import ssl
 import subprocess
 import tempfile
@@ -26,10 +27,12 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from tests.conftest import TIMEOUT_S, bound_socket, serve_engine
+from tests.gateway.test_drain import _await_draining, voxgate_serve
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
 from voxgate.gateway.app import create_app
-from voxgate.gateway.elevenlabs import MAX_CONTEXTS
 from voxgate.gateway.settings import Settings
+
+MAX_CONTEXTS = Settings.from_env({}).max_contexts
 
 KEY = "eleven-key"
 
@@ -120,7 +123,8 @@ def test_multi_stream_input_caps_the_contexts(address: str) -> None:
             _send(ws, text=" ", context_id=f"c{n}")
         refused = json.loads(ws.recv(timeout=TIMEOUT_S))
         assert refused["contextId"] == f"c{MAX_CONTEXTS}"
-        assert f"at most {MAX_CONTEXTS} contexts" in refused["message"]
+        assert refused["error"] == "max_active_conversations"
+        assert f"{MAX_CONTEXTS} contexts are open" in refused["message"]
         _send(ws, close_socket=True)
         got, code = _until_closed(ws)
     assert code == 1000
@@ -335,3 +339,102 @@ def test_a_drain_closes_a_socket_with_no_context_left() -> None:
                 with pytest.raises(WebSocketDisconnect) as closed:
                     ws.receive_text()
     assert closed.value.code == 1001
+
+
+def _refused_ws(address: str, path: str, key: str | None) -> InvalidStatus:
+    header = "xi-api-key" if path.startswith("/v1/text-to-speech/") else "authorization"
+    headers = {header: key if header == "xi-api-key" else f"Bearer {key}"} if key else {}
+    with pytest.raises(InvalidStatus) as refused:
+        connect(f"ws://{address}{path}", additional_headers=headers, open_timeout=TIMEOUT_S)
+    return refused.value
+
+
+def test_each_socket_is_one_session_under_the_session_caps() -> None:
+    keys = ("key-a", "key-b", "key-c")
+    multi = "/v1/text-to-speech/tone/multi-stream-input?output_format=pcm_16000"
+    single = "/v1/text-to-speech/tone/stream-input?output_format=pcm_16000"
+    with serve_engine(FakeEngine(), api_keys=keys, max_sessions=2, max_sessions_per_key=1) as address:
+        with _ws(address, "tone/multi-stream-input", **{"xi-api-key": "key-a"}) as a:
+            # Two contexts on one socket: one session of key-a, both speak.
+            _send(a, text="One. ", context_id="x", flush=True)
+            _send(a, text="Two. ", context_id="y", flush=True)
+            spoken = [json.loads(a.recv(timeout=TIMEOUT_S)) for _ in range(2)]
+            assert sorted(m["contextId"] for m in spoken) == ["x", "y"]
+            for path in (multi, single, "/v1/audio/speech/stream"):
+                refused = _refused_ws(address, path, "key-a")
+                assert refused.response.status_code == 429 and b"too_many_sessions" in refused.response.body
+                assert refused.response.headers["retry-after"] == "1"
+            with _ws(address, "tone/stream-input", **{"xi-api-key": "key-b"}):
+                refused = _refused_ws(address, multi, "key-c")  # the process holds its 2 sessions
+                assert refused.response.status_code == 503 and b"server_busy" in refused.response.body
+                rest = httpx.post(
+                    f"http://{address}/v1/text-to-speech/tone?output_format=pcm_16000",
+                    json={"text": "Hi."},
+                    headers={"xi-api-key": "key-c"},
+                )
+                assert rest.status_code == 503
+        # The places are given back as the sockets' handlers end.
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                with _ws(address, "tone/stream-input", **{"xi-api-key": "key-a"}) as again:
+                    _send(again, text="Back. ")
+                    _send(again, text="")
+                    got, code = _until_closed(again)
+                break
+            except InvalidStatus:
+                assert time.monotonic() < deadline, "the place was never given back"
+                time.sleep(0.02)
+    assert code == 1000 and got[-1] == {"isFinal": True}
+
+
+def test_a_draining_server_refuses_new_elevenlabs_sockets_and_ends_the_open_one(tmp_path: Path) -> None:
+    text = "This sentence is long enough to be spoken over many chunks of the test tone. " * 3
+    path = "/v1/text-to-speech/tone/multi-stream-input?output_format=pcm_16000"
+    with voxgate_serve(tmp_path) as (proc, address):
+        with connect(f"ws://{address}{path}", open_timeout=TIMEOUT_S, max_size=None) as ws:
+            _send(ws, text=text, context_id="a")  # no flush: the utterance is open, so in flight
+            first = json.loads(ws.recv(timeout=TIMEOUT_S))
+            assert first["contextId"] == "a" and first["audio"]
+            proc.send_signal(signal.SIGTERM)
+            _await_draining(address)
+            for route in (path, path.replace("multi-stream-input", "stream-input")):
+                refused = _refused_ws(address, route, None)
+                assert refused.response.status_code == 503 and b"server_shutdown" in refused.response.body
+                assert refused.response.headers["retry-after"] == "5"
+            # The open context finishes its utterance, then the drain ends the session.
+            _send(ws, context_id="a", flush=True)
+            got, code = _until_closed(ws)
+        *audio, error = got
+        assert audio and all(m["contextId"] == "a" and m["audio"] for m in audio)
+        said = "".join("".join(m["alignment"]["chars"]) for m in [first, *audio])
+        assert said.split() == text.split()
+        assert error == {"message": "the server is shutting down", "error": "server_shutdown", "code": 1001}
+        assert code == 1001
+        assert proc.wait(TIMEOUT_S) == 0
+
+
+def test_inactivity_timeout_bounds_the_context_idle_timeout() -> None:
+    with serve_engine(FakeEngine(), context_idle_timeout_s=1.0) as address:
+        with _ws(address, "tone/multi-stream-input", "output_format=pcm_16000&inactivity_timeout=3") as ws:
+            _send(ws, text=" ", context_id="a")
+            # The context's timeout is the server's 1 s (the client asked 3): it ends with isFinal;
+            # the socket, silent for its 3 s, is closed after it.
+            got, code = _until_closed(ws)
+    assert got[0] == {"isFinal": True, "contextId": "a"}
+    assert [m.get("error") for m in got[1:]] == ["input_timeout_exceeded"] and code == 1008
+
+
+def test_the_first_voice_settings_set_the_speed_of_every_context(address: str) -> None:
+    with _ws(address, "tone/multi-stream-input") as ws:
+        _send(ws, text=" ", context_id="a", voice_settings={"speed": 2.0})
+        _send(ws, text=" ", context_id="b", voice_settings={"speed": 0.5})  # ignored: one config a socket
+        _send(ws, text="Fast one. ", context_id="a", flush=True)
+        _send(ws, text="Fast two. ", context_id="b", flush=True)
+        _send(ws, close_socket=True)
+        got, code = _until_closed(ws)
+    assert code == 1000
+    for context, text in (("a", "Fast one."), ("b", "Fast two.")):
+        audio = [m for m in got if m["contextId"] == context and m.get("audio")]
+        assert _audio_seconds(audio, 2, 16000) == pytest.approx(len(text) * SECONDS_PER_CHAR / 2.0)
+    assert sorted(m["contextId"] for m in got if m["isFinal"]) == ["a", "b"]

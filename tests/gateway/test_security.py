@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import soundfile
 from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 from websockets.typing import Origin, Subprotocol
 
-from tests.conftest import recv_message, send, serve_engine, voxgate_connect
+from tests.conftest import TIMEOUT_S, recv_message, send, serve_engine, voxgate_connect
 from voxgate.engine.fake import FakeEngine
 
 URL = "/v1/audio/speech/stream"
@@ -96,6 +97,27 @@ def test_keys_are_never_logged_however_they_arrive() -> None:
     text = "\n".join(lines)
     assert "WebSocket" in text and "GET /v1/audio/voices" in text and "***" in text, text
     for secret in (KEY, WRONG, KEY.replace("-", "%2D")):
+        assert secret not in text, text
+
+
+def test_elevenlabs_keys_are_never_logged() -> None:
+    path = "/v1/text-to-speech/tone/stream-input?output_format=pcm_16000"
+    with logged_server(api_keys=(KEY,)) as (address, lines):
+        for query in (f"&xi-api-key={KEY}", f"&xi_api_key={KEY}"):
+            with connect(f"ws://{address}{path}{query}") as ws:
+                send(ws, text="Hi. ")
+                send(ws, text="")
+                assert json.loads(ws.recv(timeout=TIMEOUT_S))["audio"]
+        with pytest.raises(InvalidStatus):
+            connect(f"ws://{address}{path}&xi-api-key={WRONG}")
+        rest = httpx.post(
+            f"http://{address}/v1/text-to-speech/tone?output_format=pcm_16000&xi-api-key={KEY}",
+            json={"text": "Hi."},
+        )
+        assert rest.status_code == 200
+    text = "\n".join(lines)
+    assert "xi-api-key=***" in text and "xi_api_key=***" in text, text
+    for secret in (KEY, WRONG):
         assert secret not in text, text
 
 

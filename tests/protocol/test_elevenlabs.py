@@ -10,10 +10,11 @@ import pytest
 
 from voxgate.protocol.elevenlabs import (
     DEFAULT_INACTIVITY_TIMEOUT_S,
+    FIXED_CONTEXT,
     Alignment,
-    Context,
     Inbound,
     Params,
+    Stream,
     VoiceSettings,
     close_code,
     decode_inbound,
@@ -28,10 +29,12 @@ from voxgate.protocol.elevenlabs import (
 from voxgate.protocol.errors import ErrorCode, ProtocolError
 from voxgate.protocol.messages import (
     AudioStart,
+    ContextClose,
+    ContextClosed,
     Error,
-    InputCommit,
     InputDone,
     InputText,
+    Keepalive,
     SessionClose,
     SessionConfig,
     SessionDone,
@@ -151,34 +154,65 @@ def test_spread_alignment_shares_the_duration_evenly() -> None:
     assert spread_alignment("", 50.0) == Alignment([], [], [])
 
 
-def test_stream_input_context_maps_messages_to_one_session() -> None:
-    ctx = Context("joe", Params(), multi=False)
-    first = ctx.receive(Inbound(text=" ", try_trigger_generation=True))
-    assert first == [session_config("joe", Params()), InputText(text=" ")]
-    assert ctx.receive(Inbound(text="Hello there. ")) == [InputText(text="Hello there. ")]
-    assert ctx.receive(Inbound(text="More", flush=True)) == [InputText(text="More"), InputCommit()]
-    assert ctx.receive(Inbound(text="")) == [InputDone(), SessionClose()]  # end of input
-    assert ctx.ended and ctx.receive(Inbound(text="late")) == []
+F = FIXED_CONTEXT
 
 
-def test_multi_stream_context_keeps_alive_and_closes_on_request() -> None:
-    ctx = Context("joe", Params(), "c1", multi=True)
-    assert ctx.receive(Inbound(context_id="c1", flush=True)) == [
-        session_config("joe", Params()),
-        InputCommit(),
+def test_stream_input_maps_messages_to_one_fixed_context() -> None:
+    codec = Stream("joe", Params(), multi=False)
+    assert codec.start() == [session_config("joe", Params())]
+    first = codec.receive(Inbound(text=" ", try_trigger_generation=True, context_id="ignored"))
+    assert first == [Keepalive(context_id=F)]  # the init message opens the context
+    assert codec.receive(Inbound(text=" ")) == [InputText(text=" ", context_id=F)]  # a space between words
+    assert codec.receive(Inbound(text="Hello there. ")) == [InputText(text="Hello there. ", context_id=F)]
+    assert codec.receive(Inbound(text="More", flush=True)) == [
+        InputText(text="More", context_id=F),
+        InputDone(context_id=F),
     ]
-    assert ctx.receive(Inbound(text="", context_id="c1")) == [InputText(text="")]  # keep-alive
-    assert ctx.receive(Inbound(context_id="c1", close_context=True)) == [InputDone(), SessionClose()]
-    socket_close = Context("joe", Params(), "c2", multi=True)
-    assert socket_close.receive(Inbound(close_socket=True))[-2:] == [InputDone(), SessionClose()]
+    assert codec.receive(Inbound(text="")) == [SessionClose()]  # end of input: the context closes
+    assert codec.ended and codec.receive(Inbound(text="late")) == []
 
 
-def test_render_turns_each_segment_into_audio_with_its_alignment() -> None:
-    ctx = Context("joe", Params("pcm_16000"), "c1", multi=True)
-    start = AudioStart(sentence_text="Hi.", format="pcm", sample_rate=16000)
-    assert ctx.render(_encode(start).decode()) == []
+def test_the_first_message_may_set_the_speed_of_the_whole_session() -> None:
+    codec = Stream("joe", Params(), multi=True)
+    codec.start()
+    with pytest.raises(ProtocolError) as refused:
+        codec.receive(Inbound(text=" ", context_id="a", voice_settings=VoiceSettings(speed=9.0)))
+    assert refused.value.field == "$.voice_settings.speed" and not codec.settled
+    fast = VoiceSettings(speed=1.5)
+    (config, opened) = codec.receive(Inbound(text=" ", context_id="b", voice_settings=fast))
+    assert isinstance(config, SessionConfig) and config.speed == 1.5 and opened == Keepalive(context_id="b")
+    # Later voice_settings cannot differ per context (config is per session): they are ignored.
+    slow = Inbound(text="Hi. ", context_id="c", voice_settings=VoiceSettings(speed=0.5))
+    assert codec.receive(slow) == [InputText(text="Hi. ", context_id="c")]
+    # Without a start (REST), the first message configures the session itself.
+    rest = Stream("joe", Params(), multi=False)
+    assert rest.receive(Inbound(text="Hi."))[0] == session_config("joe", Params())
+
+
+def test_multi_stream_input_names_contexts_keeps_alive_and_closes_them() -> None:
+    codec = Stream("joe", Params(), multi=True)
+    codec.start()
+    assert codec.receive(Inbound(context_id="c1", flush=True)) == [InputDone(context_id="c1")]
+    assert codec.receive(Inbound(text="", context_id="c1")) == [Keepalive(context_id="c1")]
+    assert codec.receive(Inbound(text="")) == [Keepalive()]  # the socket's: every context's timer
+    assert codec.receive(Inbound(text=" ", context_id="c1")) == [InputText(text=" ", context_id="c1")]
+    assert codec.receive(Inbound(context_id="c1", close_context=True)) == [ContextClose(context_id="c1")]
+    assert codec.receive(Inbound(text="Hi. ")) == [InputText(text="Hi. ", context_id=F)]  # none named
+    assert codec.receive(Inbound(context_id="c1")) == []  # nothing to do
+    assert codec.receive(Inbound(close_socket=True)) == [SessionClose()]
+    assert codec.receive(Inbound(text="late", context_id="c1")) == []
+
+
+def _server(msg: object) -> str:
+    return _encode(msg).decode()
+
+
+def test_render_routes_each_segment_and_each_end_to_its_context() -> None:
+    codec = Stream("joe", Params("pcm_16000"), multi=True)
+    start = AudioStart(sentence_text="Hi.", format="pcm", sample_rate=16000, context_id="c1")
+    assert codec.render(_server(start)) == []
     audio = bytes(2 * 1600)  # 100 ms
-    (message,) = ctx.render(audio)
+    (message,) = codec.render(audio)
     got = _json(message)
     assert base64.b64decode(str(got["audio"])) == audio
     alignment = {
@@ -193,21 +227,36 @@ def test_render_turns_each_segment_into_audio_with_its_alignment() -> None:
         "alignment": alignment,
         "contextId": "c1",
     }
-    assert _json(ctx.finish(True)[0]) == {"isFinal": True, "contextId": "c1"}
-    assert ctx.finish(False) == []
+    other = AudioStart(sentence_text="Yo.", format="pcm", sample_rate=16000, context_id="c2")
+    codec.render(_server(other))
+    assert _json(codec.render(audio)[0])["contextId"] == "c2"
+    closed = codec.render(_server(ContextClosed(context_id="c1", context_number=1)))
+    assert [_json(m) for m in closed] == [{"isFinal": True, "contextId": "c1"}]
+    # The fixed context (text that named none) and the default context have no id.
+    codec.render(_server(AudioStart(sentence_text="A.", sample_rate=16000, context_id=F)))
+    assert _json(codec.render(audio)[0])["contextId"] is None
+    codec.render(_server(AudioStart(sentence_text="B.", sample_rate=16000)))
+    assert _json(codec.render(audio)[0])["contextId"] is None
 
 
 def test_render_reports_errors_and_skips_what_has_no_counterpart() -> None:
-    ctx = Context("joe", Params(), multi=False)
+    codec = Stream("joe", Params(), multi=False)
     error = Error(code="engine_error", message="boom", fatal=True)
-    assert [_json(m) for m in ctx.render(_encode(error).decode())] == [
+    assert [_json(m) for m in codec.render(_server(error))] == [
         {"message": "boom", "error": "engine_error", "code": 1011}
     ]
-    assert ctx.render(_encode(SessionDone()).decode()) == []
-    assert ctx.render('{"type": "audio.words", "words": []}') == []  # a message this dialect lacks
-    refused = ctx.error(ProtocolError(ErrorCode.INVALID_STATE, "too many"))
+    assert codec.render(_server(SessionDone())) == []
+    assert codec.render('{"type": "audio.words", "words": []}') == []  # a message this dialect lacks
+    refused = codec.error(ProtocolError(ErrorCode.INVALID_STATE, "too many"), "c1")
     assert _json(refused) == {"message": "too many", "error": "invalid_state", "code": 1008}
-    assert _json(ctx.finish(True)[0]) == {"isFinal": True}
+    assert [_json(m) for m in codec.render(_server(ContextClosed(context_id=F)))] == [{"isFinal": True}]
+    assert codec.observe(_server(error)) == error and codec.observe(_server(SessionDone())) is None
+    multi = Stream("joe", Params(), multi=True)
+    many = Error(code="too_many_contexts", message="8 open", context_id="c9")
+    assert [_json(m) for m in multi.render(_server(many))] == [
+        {"message": "8 open", "error": "max_active_conversations", "code": 1008, "contextId": "c9"}
+    ]
+    assert "contextId" not in _json(multi.render(_server(error))[0])  # the socket's own error
 
 
 def test_errors_use_elevenlabs_shapes_and_codes() -> None:
@@ -256,7 +305,7 @@ def test_word_alignment_follows_the_engine_words() -> None:
 
 
 def test_a_context_with_word_timings_aligns_with_them() -> None:
-    ctx = Context("joe", Params("pcm_16000"), multi=False, words=True)
+    ctx = Stream("joe", Params("pcm_16000"), multi=False, words=True)
     (config, _) = ctx.receive(Inbound(text="Hi you."))
     assert isinstance(config, SessionConfig) and config.word_timestamps
     ctx.render(_encode(AudioStart(sentence_text="Hi you.", sample_rate=16000, start_sample=16000)).decode())
