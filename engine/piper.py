@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import threading
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Annotated
@@ -35,7 +36,7 @@ from voxgate.engine.base import (
     demands,
 )
 from voxgate.engine.options import option
-from voxgate.engine.workers import PriorityWorkers
+from voxgate.engine.workers import DeadlineWorkers
 
 if TYPE_CHECKING:
     from piper import PiperVoice
@@ -89,8 +90,8 @@ class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
     piper_workers: Annotated[
         int,
         option(
-            "Piper inferences that may run at once; waiting segments go lowest segment index first, so first "
-            "segments do not queue behind other sessions' later ones",
+            "Piper inferences that may run at once; waiting segments go earliest deadline first (a first "
+            "segment now, a later one when its session's audio runs out)",
             flag=True,
         ),
     ] = 2
@@ -111,7 +112,7 @@ class PiperEngine:
     def __init__(self, *, threads: int = 1, workers: int = 2) -> None:
         self.threads = threads
         self.sample_rate = 22050
-        self._workers = PriorityWorkers(workers, "piper")
+        self._workers = DeadlineWorkers(workers, "piper")
         # espeak-ng, which phonemizes, keeps global state: one caller at a time.
         self._phonemize_lock = threading.Lock()
         self._voice: PiperVoice | None = None
@@ -119,7 +120,7 @@ class PiperEngine:
         self.runs = 0
 
     async def start(self) -> None:
-        self._voice = await asyncio.wrap_future(self._workers.submit(-1, self._load))
+        self._voice = await asyncio.wrap_future(self._workers.submit(-math.inf, self._load))
         self.sample_rate = self._voice.config.sample_rate
 
     def _load(self) -> PiperVoice:
@@ -180,7 +181,7 @@ class PiperEngine:
                 deliver(EngineError(f"piper failed: {exc}"))
             deliver(_DONE)
 
-        future = asyncio.wrap_future(self._workers.submit(req.priority, work))
+        future = asyncio.wrap_future(self._workers.submit(req.deadline, work))
         try:
             while (item := await queue.get()) is not _DONE:
                 if isinstance(item, EngineError):

@@ -100,3 +100,20 @@ def test_session_ready_publishes_the_cap() -> None:
     assert isinstance(limits, dict)
     assert limits["max_segment_audio_base_s"] == 7.0
     assert limits["max_segment_audio_per_char_s"] == 0.4
+
+
+def test_a_lazy_stream_closed_before_it_is_read_never_calls_the_engine() -> None:
+    calls: list[int] = []
+
+    def opener() -> AsyncGenerator[AudioChunk, None]:
+        calls.append(1)
+        return _tone([0.5], [])
+
+    async def scenario() -> None:
+        stream = CappedStream(opener, max_s=1.0)
+        await stream.aclose()
+        with pytest.raises(StopAsyncIteration):
+            await anext(stream)
+
+    asyncio.run(scenario())
+    assert calls == []
