@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +95,15 @@ def start_server(port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("the server did not become ready")
 
 
-def open_session(port: int) -> ClientConnection:
-    ws = connect(
-        f"ws://127.0.0.1:{port}{PATH}", subprotocols=[Subprotocol("voxgate.v1")], max_size=None,
-        open_timeout=TIMEOUT_S,
-    )  # fmt: skip
-    ws.send(json.dumps({"type": "session.config"}))
-    ready = json.loads(ws.recv(timeout=TIMEOUT_S))
-    if ready.get("type") != "session.ready":
-        raise RuntimeError(f"session refused: {ready}")
-    return ws
+@contextlib.contextmanager
+def open_session(port: int) -> Iterator[ClientConnection]:
+    uri = f"ws://127.0.0.1:{port}{PATH}"
+    with connect(uri, subprotocols=[Subprotocol("voxgate.v1")], max_size=None, open_timeout=TIMEOUT_S) as ws:
+        ws.send(json.dumps({"type": "session.config"}))
+        ready = json.loads(ws.recv(timeout=TIMEOUT_S))
+        if ready.get("type") != "session.ready":
+            raise RuntimeError(f"session refused: {ready}")
+        yield ws
 
 
 def read_until(ws: ClientConnection, kind: str, timeout: float = TIMEOUT_S) -> dict[str, Any]:
