@@ -124,21 +124,19 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 _LIBC = _glibc()
-# mallopt parameters (glibc's malloc.h).
-_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8
-# Blocks from 128 KiB (glibc's initial threshold; audio and ONNX Runtime's tensors) are mapped on their
-# own and unmapped when freed: glibc otherwise raises the threshold as such blocks are freed, and then
-# serves them from heaps whose freed pages it keeps. Two arenas: each thread that allocates would get
-# its own heap (up to 8 per core), each keeping its own freed pages. Measured with
-# bench/memory_baseline.py: without these, RSS stayed about 35 MB over baseline after large texts.
-_MMAP_THRESHOLD_BYTES = 128 * 1024
+# mallopt parameter (glibc's malloc.h).
+_M_ARENA_MAX = -8
+# Two malloc arenas: each thread that allocates would otherwise get a heap of its own (up to 8 per core),
+# each keeping its freed pages and its fragments. The mmap threshold stays glibc's (dynamic): fixing it
+# low gives each freed tensor back at once, but every inference then faults its hundreds of MB of
+# tensors in again, 2-3x slower (measured with 1 thread); the heap keeps them between runs instead,
+# and ``release_freed_memory`` hands them back when the engine goes idle.
 _ARENAS = 2
 
 
 def tune_malloc() -> None:
-    """Make glibc give freed memory back (call before the inference threads start)."""
+    """Make glibc keep fewer heaps (call before the inference threads start)."""
     if _LIBC is not None:
-        _LIBC.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
         _LIBC.mallopt(_M_ARENA_MAX, _ARENAS)
 
 
