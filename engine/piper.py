@@ -199,7 +199,10 @@ class PiperEngine:
             # Memory comes back after large texts (issue 10: 187 MB grew to 627 MB after three normal
             # sessions, 1.9 GB after large texts, never given back). ORT's CPU arena keeps its largest
             # size for good, and memory patterns are cached per input shape (one per phoneme count):
-            # without both, freed tensors go back to malloc, which ``release_freed_memory`` trims.
+            # without both, freed tensors go back to malloc, which ``release_freed_memory`` trims when
+            # the engine goes idle. Measured (bench/memory_baseline.py, bench/piper_first_audio.py):
+            # an arena on the wide session alone kept about 100 MB after large texts and bought no
+            # first audio that the machine's noise did not hide.
             options.enable_cpu_mem_arena = False
             options.enable_mem_pattern = False
             return onnxruntime.InferenceSession(
@@ -216,6 +219,7 @@ class PiperEngine:
         for warm in (voice, self._wide):  # a session's first run is slow: not a client's
             if warm is not None:
                 warm.phoneme_ids_to_audio(ids)
+        release_freed_memory()
         return voice
 
     async def voices(self) -> list[Voice]:
