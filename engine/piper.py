@@ -59,6 +59,9 @@ _VOLUME = 0.9
 MAX_PIECE_PHONEMES = 120
 # Phonemes after which a cut sounds like a pause rather than a break in a word.
 _PAUSES = frozenset(",;:.!?")
+# With ``piper_wide_arena``, the arena is freed after this long without work: traffic keeps it (and
+# first audio quick), an idle server gives its memory back.
+_ARENA_IDLE_S = 5.0
 _DONE = object()
 
 
@@ -108,15 +111,15 @@ class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
             flag=True,
         ),
     ] = 0
-    # Off: memory returns to baseline after large texts (issue 10). On: first audio about 13% sooner
-    # (bench/piper_first_audio.py --wide-arena), for about 100 MB kept after large texts.
+    # On: first audio 20-30% sooner (bench/piper_first_audio.py --wide-arena), the arena kept while
+    # there is traffic (about 100 MB at most, pieces being bounded) and freed after 5 s idle.
     piper_wide_arena: Annotated[
         bool,
         option(
-            "give the wide session ONNX Runtime's memory arena: first audio a little sooner, but its largest "
-            "size is kept for good",
+            "give the wide session ONNX Runtime's memory arena (first audio sooner), freed after 5 s without "
+            "work; `false`: no arena, memory given back after each inference",
         ),
-    ] = False
+    ] = True
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -171,7 +174,7 @@ class PiperEngine:
         workers: inferences that may run at once (one per concurrent segment).
         wide_threads: intra-op threads of a second session of the model, used by a run that starts
             while no other runs (0: every available core; not above ``threads``: no second session).
-        wide_arena: give that session ONNX Runtime's CPU memory arena (faster, but never shrinks).
+        wide_arena: give that session ONNX Runtime's CPU memory arena (faster), freed when idle.
     """
 
     name = "piper"
@@ -179,12 +182,17 @@ class PiperEngine:
     clones = False
 
     def __init__(
-        self, *, threads: int = 1, workers: int = 2, wide_threads: int = 0, wide_arena: bool = False
+        self, *, threads: int = 1, workers: int = 2, wide_threads: int = 0, wide_arena: bool = True
     ) -> None:
         self.threads = threads
         self.wide_arena = wide_arena
         self.wide_threads = wide_threads or available_cores()
         self._wide: PiperVoice | None = None  # the same model with ``wide_threads``, for a run alone
+        self._jobs = 0  # jobs started: an arena shrink waits for a quiet spell
+        self._timer: threading.Timer | None = None
+        self._ready_ids: list[int] = []
+        #: Arena shrinks done (``piper_wide_arena``).
+        self.shrinks = 0
         self.sample_rate = 22050
         tune_malloc()
         self._workers = DeadlineWorkers(workers, "piper")
@@ -214,8 +222,9 @@ class PiperEngine:
             # size for good, and memory patterns are cached per input shape (one per phoneme count):
             # without both, freed tensors go back to malloc, which ``release_freed_memory`` trims when
             # the engine goes idle. Measured (bench/memory_baseline.py, bench/piper_first_audio.py):
-            # an arena on the wide session (``piper_wide_arena``) kept about 100 MB after large texts,
-            # for first audio about 13% sooner.
+            # the wide session's arena (``piper_wide_arena``) makes first audio 20-30% sooner; it is
+            # kept while traffic lasts (bounded: one piece at a time, pieces are bounded) and freed
+            # after ``_ARENA_IDLE_S`` without work.
             options.enable_cpu_mem_arena = arena
             options.enable_mem_pattern = False
             return onnxruntime.InferenceSession(
@@ -229,6 +238,7 @@ class PiperEngine:
             self._wide = PiperVoice(config=config, session=session(self.wide_threads, self.wide_arena))
         with self._phonemize_lock:
             ids = voice.phonemes_to_ids(voice.phonemize("Ready.")[0])
+        self._ready_ids = ids
         for warm in (voice, self._wide):  # a session's first run is slow: not a client's
             if warm is not None:
                 warm.phoneme_ids_to_audio(ids)
@@ -269,6 +279,7 @@ class PiperEngine:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
         def work() -> None:
+            self._jobs += 1
             try:
                 self._infer(voice, req.text, req.speed, req.seed, stop, deliver)
             except Exception as exc:  # the thread boundary: hand any failure to the awaiting side
@@ -276,6 +287,7 @@ class PiperEngine:
             deliver(_DONE)
             if self._workers.running <= 1:  # the engine goes idle: give back what inference freed
                 release_freed_memory()
+                self._shrink_later()
 
         future = asyncio.wrap_future(self._workers.submit(req.deadline, work))
         try:
@@ -326,7 +338,40 @@ class PiperEngine:
     async def ready(self) -> bool:
         return self._voice is not None
 
+    def _shrink_later(self) -> None:
+        """Free the wide session's arena once the engine has been idle for ``_ARENA_IDLE_S``."""
+        if self._wide is None or not self.wide_arena:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        jobs = self._jobs
+        self._timer = threading.Timer(
+            _ARENA_IDLE_S, lambda: self._workers.submit(math.inf, lambda: self._shrink(jobs))
+        )
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _shrink(self, jobs: int) -> None:
+        """On a worker: if no job ran since ``jobs``, a short run whose end frees every free arena region."""
+        import onnxruntime
+
+        if self._jobs != jobs or self._wide is None:
+            return
+        options = onnxruntime.RunOptions()
+        options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        ids = self._ready_ids
+        inputs = {
+            "input": np.array([ids], dtype=np.int64),
+            "input_lengths": np.array([len(ids)], dtype=np.int64),
+            "scales": np.array([0.0, 1.0, 0.0], dtype=np.float32),
+        }
+        self._wide.session.run(None, inputs, options)
+        release_freed_memory()
+        self.shrinks += 1
+
     async def aclose(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         self._workers.shutdown()
         self._voice = None
 
