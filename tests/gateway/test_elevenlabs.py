@@ -1,0 +1,337 @@
+"""The ElevenLabs-compatible routes on a real uvicorn with the FakeEngine: wire shapes, keys, errors."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import soundfile
+import uvicorn
+from elevenlabs.client import ElevenLabs
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from tests.conftest import TIMEOUT_S, bound_socket, serve_engine
+from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
+from voxgate.gateway.app import create_app
+from voxgate.gateway.elevenlabs import MAX_CONTEXTS
+from voxgate.gateway.settings import Settings
+
+KEY = "eleven-key"
+
+
+@pytest.fixture(scope="module")
+def address() -> Iterator[str]:
+    with serve_engine(FakeEngine(), api_keys=KEY) as addr:
+        yield addr
+
+
+def _ws(address: str, path: str, query: str = "output_format=pcm_16000", **headers: str) -> ClientConnection:
+    conn: ClientConnection = connect(
+        f"ws://{address}/v1/text-to-speech/{path}?{query}",
+        additional_headers={"xi-api-key": KEY, **headers},
+        open_timeout=TIMEOUT_S,
+        max_size=None,
+    )
+    return conn
+
+
+def _send(ws: ClientConnection, **message: object) -> None:
+    ws.send(json.dumps(message))
+
+
+def _until_closed(ws: ClientConnection) -> tuple[list[dict[str, Any]], int | None]:
+    """Every message until the server closes, and its close code."""
+    got: list[dict[str, Any]] = []
+    try:
+        while True:
+            got.append(json.loads(ws.recv(timeout=TIMEOUT_S)))
+    except ConnectionClosed as closed:
+        return got, closed.rcvd.code if closed.rcvd else None
+
+
+def _audio_seconds(messages: list[dict[str, Any]], bytes_per_sample: int, rate: int) -> float:
+    return (
+        sum(len(base64.b64decode(m["audio"])) for m in messages if m.get("audio")) / bytes_per_sample / rate
+    )
+
+
+def test_stream_input_speaks_each_sentence_with_alignment_then_is_final(address: str) -> None:
+    with _ws(address, "tone/stream-input") as ws:
+        _send(ws, text=" ", voice_settings={"stability": 0.5, "similarity_boost": 0.8}, xi_api_key=KEY)
+        _send(ws, text="Hello there. ", try_trigger_generation=True)
+        _send(ws, text="How are you? ")
+        _send(ws, text="")
+        got, code = _until_closed(ws)
+    assert code == 1000
+    *audio, final = got
+    assert final == {"isFinal": True}
+    assert [set(m) for m in audio] == [{"audio", "isFinal", "alignment", "normalizedAlignment"}] * 2
+    assert ["".join(m["alignment"]["chars"]) for m in audio] == ["Hello there. ", "How are you? "]
+    for m in audio:
+        duration_ms = len(base64.b64decode(m["audio"])) / 2 / 16000 * 1000
+        alignment = m["alignment"]
+        assert alignment["charStartTimesMs"][0] == 0
+        assert alignment["charStartTimesMs"][-1] + alignment["charDurationsMs"][-1] == round(duration_ms)
+    # The fake engine speaks SECONDS_PER_CHAR a character: the audio is the sentences', nothing lost.
+    assert _audio_seconds(audio, 2, 16000) == pytest.approx(
+        len("Hello there.How are you?") * SECONDS_PER_CHAR
+    )
+
+
+def test_multi_stream_input_keeps_contexts_apart(address: str) -> None:
+    with _ws(address, "tone/multi-stream-input", "output_format=ulaw_8000&inactivity_timeout=60") as ws:
+        _send(ws, text=" ", context_id="a", voice_settings={"speed": 1.0})
+        _send(ws, text="")  # a keep-alive of the socket
+        _send(ws, text="First context speaks. ", context_id="a")
+        _send(ws, text="Second one. ", context_id="b")
+        _send(ws, text="", context_id="b")  # a keep-alive of context b
+        _send(ws, context_id="b", close_context=True)
+        _send(ws, context_id="a", flush=True)
+        _send(ws, close_socket=True)
+        got, code = _until_closed(ws)
+    assert code == 1000
+    by_context = {c: [m for m in got if m["contextId"] == c] for c in ("a", "b")}
+    assert len(got) == 4 and {m["contextId"] for m in got} == {"a", "b"}
+    for context, text in (("a", "First context speaks. "), ("b", "Second one. ")):
+        audio, final = by_context[context]
+        assert "".join(audio["alignment"]["chars"]) == text
+        assert final == {"isFinal": True, "contextId": context}
+        assert _audio_seconds([audio], 1, 8000) == pytest.approx(len(text.strip()) * SECONDS_PER_CHAR)
+
+
+def test_multi_stream_input_caps_the_contexts(address: str) -> None:
+    with _ws(address, "tone/multi-stream-input") as ws:
+        for n in range(MAX_CONTEXTS + 1):
+            _send(ws, text=" ", context_id=f"c{n}")
+        refused = json.loads(ws.recv(timeout=TIMEOUT_S))
+        assert refused["contextId"] == f"c{MAX_CONTEXTS}"
+        assert f"at most {MAX_CONTEXTS} contexts" in refused["message"]
+        _send(ws, close_socket=True)
+        got, code = _until_closed(ws)
+    assert code == 1000
+    assert sorted(m["contextId"] for m in got) == sorted(f"c{n}" for n in range(MAX_CONTEXTS))
+    assert all(m["isFinal"] is True for m in got)
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "error", "close_code"),
+    [
+        ("nobody/stream-input", "output_format=pcm_16000", "voice_not_found", 1008),
+        ("tone/stream-input", "output_format=mp3_44100_128", "invalid_output_format", 1008),
+        ("tone/multi-stream-input", "", "invalid_output_format", 1008),
+        ("tone/stream-input", "output_format=pcm_16000&inactivity_timeout=0", "invalid_message", 1007),
+    ],
+)
+def test_websocket_refusals_use_elevenlabs_error_shape(
+    address: str, path: str, query: str, error: str, close_code: int
+) -> None:
+    with _ws(address, path, query) as ws:
+        got, code = _until_closed(ws)
+    assert code == close_code
+    assert [set(m) for m in got] == [{"message", "error", "code"}]
+    assert got[0]["error"] == error and got[0]["code"] == close_code
+
+
+def test_a_malformed_message_is_refused(address: str) -> None:
+    with _ws(address, "tone/stream-input") as ws:
+        ws.send("{not json")
+        got, code = _until_closed(ws)
+    assert code == 1007 and got[0]["error"] == "invalid_json"
+
+
+@pytest.mark.parametrize("path", ["tone/multi-stream-input", "tone/stream-input"])
+def test_inactivity_timeout_closes_a_silent_socket(address: str, path: str) -> None:
+    with _ws(address, path, "output_format=pcm_16000&inactivity_timeout=1") as ws:
+        if path.endswith("/stream-input"):
+            _send(ws, text=" ")  # a context is open: its own session times out
+        got, code = _until_closed(ws)
+    assert code == 1008
+    assert [m["error"] for m in got] == ["input_timeout_exceeded"]
+    assert got[0]["code"] == 1008
+
+
+def test_keys_as_elevenlabs_clients_send_them(address: str) -> None:
+    with connect(
+        f"ws://{address}/v1/text-to-speech/tone/stream-input?output_format=pcm_16000&xi-api-key={KEY}",
+        open_timeout=TIMEOUT_S,
+    ) as ws:
+        _send(ws, text="Hi. ")
+        _send(ws, text="")
+        got, code = _until_closed(ws)
+    assert code == 1000 and got[-1] == {"isFinal": True}
+    with pytest.raises(InvalidStatus) as refused:
+        connect(f"ws://{address}/v1/text-to-speech/tone/stream-input?output_format=pcm_16000")
+    assert refused.value.response.status_code == 403
+    with pytest.raises(InvalidStatus):
+        _ws(address, "tone/stream-input", **{"xi-api-key": "wrong"})
+    url = f"http://{address}/v1/text-to-speech/tone?output_format=pcm_16000"
+    assert httpx.post(url, json={"text": "Hi."}).status_code == 401
+    assert httpx.post(url, json={"text": "Hi."}, headers={"xi-api-key": KEY}).status_code == 200
+    bearer = {"authorization": f"Bearer {KEY}"}
+    assert httpx.post(url, json={"text": "Hi."}, headers=bearer).status_code == 200
+
+
+def test_rest_convert_and_timestamps(address: str) -> None:
+    headers = {"xi-api-key": KEY}
+    base = f"http://{address}/v1/text-to-speech/tone"
+    body = {"text": "One. Two three.", "model_id": "eleven_flash_v2_5", "voice_settings": {"speed": 1.0}}
+    audio = httpx.post(f"{base}/stream?output_format=pcm_22050", json=body, headers=headers)
+    assert audio.status_code == 200 and audio.headers["content-type"] == "audio/pcm"
+    assert len(audio.content) / 2 / 22050 == pytest.approx(
+        len("One.Two three.") * SECONDS_PER_CHAR, abs=0.001
+    )
+    whole = httpx.post(f"{base}/with-timestamps?output_format=pcm_22050", json=body, headers=headers).json()
+    assert base64.b64decode(whole["audio_base64"]) == audio.content
+    assert "".join(whole["alignment"]["characters"]) == "One. Two three. "
+    assert whole["alignment"]["character_end_times_seconds"][-1] == pytest.approx(
+        len(audio.content) / 2 / 22050, abs=0.001
+    )
+    lines = httpx.post(f"{base}/stream/with-timestamps?output_format=ulaw_8000", json=body, headers=headers)
+    chunks = [json.loads(line) for line in lines.text.splitlines()]
+    assert ["".join(c["alignment"]["characters"]) for c in chunks] == ["One. ", "Two three. "]
+    first_s = len(base64.b64decode(chunks[0]["audio_base64"])) / 8000
+    assert chunks[1]["alignment"]["character_start_times_seconds"][0] == pytest.approx(first_s, abs=0.001)
+
+
+def test_rest_answers_in_mp3_by_default(address: str) -> None:
+    url = f"http://{address}/v1/text-to-speech/tone"
+    answer = httpx.post(url, json={"text": "One. Two three."}, headers={"xi-api-key": KEY})
+    assert answer.status_code == 200 and answer.headers["content-type"] == "audio/mpeg"
+    audio, rate = soundfile.read(io.BytesIO(answer.content))
+    assert rate == 44100
+    # One mp3 of the whole answer (encoded at the end), give or take the encoder's padding.
+    assert len(audio) / rate == pytest.approx(len("One.Two three.") * SECONDS_PER_CHAR, abs=0.1)
+    # With timestamps the audio comes a sentence at a time, so only in the formats that stream.
+    timed = httpx.post(f"{url}/stream/with-timestamps", json={"text": "One."}, headers={"xi-api-key": KEY})
+    assert timed.status_code == 400 and timed.json()["detail"]["status"] == "invalid_output_format"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "error"),
+    [
+        ("nobody?output_format=pcm_16000", {"text": "Hi."}, 400, "voice_not_found"),
+        ("tone?output_format=opus_48000_64", {"text": "Hi."}, 400, "invalid_output_format"),
+        ("tone?output_format=pcm_16000", {"text": "  "}, 400, "empty_input"),
+        ("tone?output_format=pcm_16000", {"words": "Hi."}, 400, "invalid_message"),
+        (
+            "tone?output_format=pcm_16000",
+            {"text": "Hi.", "voice_settings": {"speed": 7}},
+            400,
+            "invalid_message",
+        ),
+    ],
+)
+def test_rest_refusals_use_elevenlabs_error_shape(
+    address: str, path: str, body: dict[str, object], status: int, error: str
+) -> None:
+    response = httpx.post(
+        f"http://{address}/v1/text-to-speech/{path}", json=body, headers={"xi-api-key": KEY}
+    )
+    assert response.status_code == status
+    assert response.json()["detail"]["status"] == error
+
+
+def test_rest_refuses_a_body_that_is_not_json(address: str) -> None:
+    url = f"http://{address}/v1/text-to-speech/tone?output_format=pcm_16000"
+    response = httpx.post(url, content=b"{", headers={"xi-api-key": KEY})
+    assert response.status_code == 400 and response.json()["detail"]["status"] == "invalid_json"
+
+
+def test_voices_in_elevenlabs_shape(address: str) -> None:
+    voices = httpx.get(f"http://{address}/v1/voices", headers={"xi-api-key": KEY}).json()
+    assert voices["voices"][0]["voice_id"] == "tone" and voices["voices"][0]["category"] == "premade"
+
+
+@pytest.fixture(scope="module")
+def tls_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A gateway behind TLS with a self-signed certificate for 127.0.0.1 (the SDK's realtime helper
+    always connects with wss://); yields its address and the certificate."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="voxgate-voices-") as voices:
+        app = create_app(Settings.from_env({}, api_keys=KEY, voices_dir=voices), engine=FakeEngine())
+        sock = bound_socket()
+        config = uvicorn.Config(app, log_level="warning", ssl_certfile=str(cert), ssl_keyfile=str(key))
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + TIMEOUT_S
+            while not server.started:
+                assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+                time.sleep(0.01)
+            yield f"127.0.0.1:{sock.getsockname()[1]}", cert
+        finally:
+            server.should_exit = True
+            thread.join(TIMEOUT_S)
+            sock.close()
+
+
+# The SDK reads ConnectionClosed.code, which websockets 14+ deprecates, when the server closes normally.
+@pytest.mark.filterwarnings("ignore:ConnectionClosed.code is deprecated:DeprecationWarning")
+def test_sdk_realtime_helper_streams_text_in(
+    tls_address: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address, cert = tls_address
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trust the test certificate, as a deployment's CA
+    with httpx.Client(verify=ssl.create_default_context(cafile=str(cert))) as http:
+        client = ElevenLabs(base_url=f"https://{address}", api_key=KEY, httpx_client=http)
+        tokens = iter(["Hello ", "there, ", "how are", " you?"])
+        audio = b"".join(
+            client.text_to_speech.convert_realtime("tone", text=tokens, output_format="pcm_16000")
+        )
+    # The fake engine speaks SECONDS_PER_CHAR a character of what it was given.
+    assert len(audio) / 2 / 16000 == pytest.approx(len("Hello there, how are you?") * SECONDS_PER_CHAR)
+
+
+def test_a_context_refused_as_it_opens_is_not_kept(address: str) -> None:
+    with _ws(address, "tone/multi-stream-input") as ws:
+        _send(ws, text=" ", context_id="a", voice_settings={"speed": 9.0})
+        refused = json.loads(ws.recv(timeout=TIMEOUT_S))
+        assert refused["contextId"] == "a" and refused["error"] == "invalid_message"
+        _send(ws, text="Fine. ", context_id="b")
+        _send(ws, close_socket=True)
+        got, code = _until_closed(ws)
+    assert code == 1000
+    assert [m["contextId"] for m in got] == ["b", "b"] and got[-1]["isFinal"] is True
+
+
+def test_a_drain_closes_a_socket_with_no_context_left() -> None:
+    with tempfile.TemporaryDirectory(prefix="voxgate-voices-") as voices:
+        app = create_app(Settings.from_env({}, voices_dir=voices), engine=FakeEngine())
+        with TestClient(app) as client:
+            path = "/v1/text-to-speech/tone/multi-stream-input?output_format=pcm_16000"
+            with client.websocket_connect(path) as ws:
+                assert client.portal is not None
+                client.portal.start_task_soon(app.state.sessions.drain, 1.0)
+                assert ws.receive_json() == {
+                    "message": "the server is shutting down",
+                    "error": "server_shutdown",
+                    "code": 1001,
+                }
+                with pytest.raises(WebSocketDisconnect) as closed:
+                    ws.receive_text()
+    assert closed.value.code == 1001

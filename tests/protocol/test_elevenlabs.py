@@ -1,0 +1,274 @@
+"""The ElevenLabs codec: client messages in, voxgate session messages out, and back."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import msgspec
+import pytest
+
+from voxgate.protocol.elevenlabs import (
+    DEFAULT_INACTIVITY_TIMEOUT_S,
+    Alignment,
+    Context,
+    Inbound,
+    Params,
+    VoiceSettings,
+    close_code,
+    decode_inbound,
+    http_error,
+    parse_params,
+    seconds_alignment,
+    session_config,
+    spread_alignment,
+    word_alignment,
+    ws_error,
+)
+from voxgate.protocol.errors import ErrorCode, ProtocolError
+from voxgate.protocol.messages import (
+    AudioStart,
+    Error,
+    InputCommit,
+    InputDone,
+    InputText,
+    SessionClose,
+    SessionConfig,
+    SessionDone,
+    WordTimestamp,
+    WordTimestamps,
+)
+
+_encode = msgspec.json.encode
+
+
+def _json(data: bytes) -> dict[str, object]:
+    decoded = json.loads(data)
+    assert isinstance(decoded, dict)
+    return decoded
+
+
+def test_decode_inbound_reads_every_field_and_ignores_unknown_ones() -> None:
+    msg = decode_inbound(
+        '{"text": " ", "context_id": "c1", "voice_settings": {"speed": 1.1, "stability": 0.5},'
+        ' "generation_config": {"chunk_length_schedule": [50]}, "xi_api_key": "k", "flush": true}'
+    )
+    assert msg == Inbound(
+        text=" ", context_id="c1", flush=True, voice_settings=VoiceSettings(speed=1.1, stability=0.5)
+    )
+
+
+def test_decode_inbound_refuses_bad_json_and_bad_fields() -> None:
+    with pytest.raises(ProtocolError) as bad_json:
+        decode_inbound("{nope")
+    assert bad_json.value.code is ErrorCode.INVALID_JSON
+    with pytest.raises(ProtocolError) as bad_field:
+        decode_inbound('{"text": 5}')
+    assert bad_field.value.code is ErrorCode.INVALID_MESSAGE and bad_field.value.field == "$.text"
+
+
+def test_mp3_is_for_the_routes_that_encode_it() -> None:
+    params = parse_params({}, mp3=True)  # ElevenLabs' default, mp3_44100_128
+    assert params.mp3 and params.audio == ("f32", 44100)
+    assert parse_params({"output_format": "mp3_22050_32"}, mp3=True).audio == ("f32", 22050)
+    assert not parse_params({"output_format": "pcm_16000"}, mp3=True).mp3
+    with pytest.raises(ProtocolError) as refused:
+        parse_params({"output_format": "mp3_44100_128"})
+    assert "mp3" not in refused.value.message.split("use one of")[1]
+
+
+def test_parse_params_maps_formats_and_ignores_what_it_cannot_honour() -> None:
+    params = parse_params(
+        {
+            "output_format": "ulaw_8000",
+            "model_id": "eleven_flash_v2_5",
+            "seed": "7",
+            "inactivity_timeout": "180",
+            "auto_mode": "true",
+            "sync_alignment": "true",
+            "enable_logging": "false",
+        }
+    )
+    assert params == Params("ulaw_8000", "eleven_flash_v2_5", 7, 180)
+    assert params.audio == ("mulaw", 8000)
+    assert parse_params({"output_format": "pcm_44100"}).inactivity_timeout_s == DEFAULT_INACTIVITY_TIMEOUT_S
+
+
+@pytest.mark.parametrize(
+    ("query", "code", "field"),
+    [
+        ({}, ErrorCode.UNSUPPORTED_FORMAT, "output_format"),  # ElevenLabs' default is mp3
+        ({"output_format": "opus_48000_64"}, ErrorCode.UNSUPPORTED_FORMAT, "output_format"),
+        (
+            {"output_format": "pcm_16000", "inactivity_timeout": "181"},
+            ErrorCode.INVALID_MESSAGE,
+            "inactivity_timeout",
+        ),
+        (
+            {"output_format": "pcm_16000", "inactivity_timeout": "soon"},
+            ErrorCode.INVALID_MESSAGE,
+            "inactivity_timeout",
+        ),
+        ({"output_format": "pcm_16000", "seed": "x"}, ErrorCode.INVALID_MESSAGE, "seed"),
+    ],
+)
+def test_parse_params_refuses(query: dict[str, str], code: ErrorCode, field: str) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        parse_params(query)
+    assert refused.value.code is code and refused.value.field == field
+
+
+def test_session_config_speaks_the_voice_in_the_query_format() -> None:
+    config = session_config("joe", Params("pcm_16000", "piper", 3), VoiceSettings(speed=1.2, stability=0.1))
+    assert config == SessionConfig(
+        voice="joe",
+        response_format="pcm",
+        sample_rate=16000,
+        stream_audio=False,
+        model="piper",
+        seed=3,
+        speed=1.2,
+    )
+    assert session_config("joe", Params(), whole_segments=False).stream_audio is True
+
+
+def test_session_config_refuses_values_out_of_range() -> None:
+    with pytest.raises(ProtocolError) as speed:
+        session_config("joe", Params(), VoiceSettings(speed=9.0))
+    assert speed.value.field == "$.voice_settings.speed"
+    with pytest.raises(ProtocolError) as seed:
+        session_config("joe", Params(seed=2**70))
+    assert seed.value.code is ErrorCode.INVALID_MESSAGE and seed.value.field == "$.seed"
+
+
+def test_spread_alignment_shares_the_duration_evenly() -> None:
+    alignment = spread_alignment("Hi. ", 100.0)
+    assert alignment.chars == ["H", "i", ".", " "]
+    assert alignment.charStartTimesMs == [0, 25, 50, 75]
+    assert alignment.charDurationsMs == [25, 25, 25, 25]
+    uneven = spread_alignment("abc", 100.0)
+    assert sum(uneven.charDurationsMs) == 100 and uneven.charStartTimesMs == [0, 33, 67]
+    assert spread_alignment("", 50.0) == Alignment([], [], [])
+
+
+def test_stream_input_context_maps_messages_to_one_session() -> None:
+    ctx = Context("joe", Params(), multi=False)
+    first = ctx.receive(Inbound(text=" ", try_trigger_generation=True))
+    assert first == [session_config("joe", Params()), InputText(text=" ")]
+    assert ctx.receive(Inbound(text="Hello there. ")) == [InputText(text="Hello there. ")]
+    assert ctx.receive(Inbound(text="More", flush=True)) == [InputText(text="More"), InputCommit()]
+    assert ctx.receive(Inbound(text="")) == [InputDone(), SessionClose()]  # end of input
+    assert ctx.ended and ctx.receive(Inbound(text="late")) == []
+
+
+def test_multi_stream_context_keeps_alive_and_closes_on_request() -> None:
+    ctx = Context("joe", Params(), "c1", multi=True)
+    assert ctx.receive(Inbound(context_id="c1", flush=True)) == [
+        session_config("joe", Params()),
+        InputCommit(),
+    ]
+    assert ctx.receive(Inbound(text="", context_id="c1")) == [InputText(text="")]  # keep-alive
+    assert ctx.receive(Inbound(context_id="c1", close_context=True)) == [InputDone(), SessionClose()]
+    socket_close = Context("joe", Params(), "c2", multi=True)
+    assert socket_close.receive(Inbound(close_socket=True))[-2:] == [InputDone(), SessionClose()]
+
+
+def test_render_turns_each_segment_into_audio_with_its_alignment() -> None:
+    ctx = Context("joe", Params("pcm_16000"), "c1", multi=True)
+    start = AudioStart(sentence_text="Hi.", format="pcm", sample_rate=16000)
+    assert ctx.render(_encode(start).decode()) == []
+    audio = bytes(2 * 1600)  # 100 ms
+    (message,) = ctx.render(audio)
+    got = _json(message)
+    assert base64.b64decode(str(got["audio"])) == audio
+    alignment = {
+        "chars": ["H", "i", ".", " "],
+        "charStartTimesMs": [0, 25, 50, 75],
+        "charDurationsMs": [25] * 4,
+    }
+    assert got == {
+        "audio": got["audio"],
+        "isFinal": None,
+        "normalizedAlignment": alignment,
+        "alignment": alignment,
+        "contextId": "c1",
+    }
+    assert _json(ctx.finish(True)[0]) == {"isFinal": True, "contextId": "c1"}
+    assert ctx.finish(False) == []
+
+
+def test_render_reports_errors_and_skips_what_has_no_counterpart() -> None:
+    ctx = Context("joe", Params(), multi=False)
+    error = Error(code="engine_error", message="boom", fatal=True)
+    assert [_json(m) for m in ctx.render(_encode(error).decode())] == [
+        {"message": "boom", "error": "engine_error", "code": 1011}
+    ]
+    assert ctx.render(_encode(SessionDone()).decode()) == []
+    assert ctx.render('{"type": "audio.words", "words": []}') == []  # a message this dialect lacks
+    refused = ctx.error(ProtocolError(ErrorCode.INVALID_STATE, "too many"))
+    assert _json(refused) == {"message": "too many", "error": "invalid_state", "code": 1008}
+    assert _json(ctx.finish(True)[0]) == {"isFinal": True}
+
+
+def test_errors_use_elevenlabs_shapes_and_codes() -> None:
+    unknown = ProtocolError(ErrorCode.VOICE_NOT_FOUND, "voice 'x' was not found")
+    assert ws_error(unknown.code, unknown.message) == {
+        "message": "voice 'x' was not found",
+        "error": "voice_not_found",
+        "code": 1008,
+    }
+    assert _json(http_error(unknown)) == {
+        "detail": {"status": "voice_not_found", "message": "voice 'x' was not found"}
+    }
+    assert ws_error(ErrorCode.IDLE_TIMEOUT, "quiet") == {
+        "message": "quiet",
+        "error": "input_timeout_exceeded",
+        "code": 1008,  # ElevenLabs closes an idle socket with 1008; voxgate's own code is 4008
+    }
+    assert ws_error("some_new_code", "?")["code"] == 1011
+    assert close_code(1000) == 1000 and close_code(4008) == 1008
+    assert _json(http_error(ProtocolError(ErrorCode.EMPTY_INPUT, "empty"))) == {
+        "detail": {"status": "empty_input", "message": "empty"}
+    }
+
+
+def test_seconds_alignment_moves_times_to_the_response_clock() -> None:
+    shape = seconds_alignment(Alignment(["a", " "], [0, 250], [250, 250]), 1000.0)
+    assert shape.characters == ["a", " "]
+    assert shape.character_start_times_seconds == [1.0, 1.25]
+    assert shape.character_end_times_seconds == [1.25, 1.5]
+
+
+def test_word_alignment_follows_the_engine_words() -> None:
+    words = [
+        WordTimestamp(word="Hi", start_ms=1010.0, end_ms=1100.0),
+        WordTimestamp(word="you.", start_ms=1100.0),
+    ]
+    alignment = word_alignment(words, offset_ms=1000.0, duration_ms=300.0)
+    assert alignment.chars == ["H", "i", " ", "y", "o", "u", ".", " "]
+    assert alignment.charStartTimesMs == [10, 40, 70, 100, 140, 180, 220, 260]
+    # The last word's space reaches the end of the audio, whatever the engine said of its end.
+    assert alignment.charStartTimesMs[-1] + alignment.charDurationsMs[-1] == 300
+    stray = word_alignment(
+        [WordTimestamp(word="a", start_ms=-5.0, end_ms=999.0)], offset_ms=0.0, duration_ms=20.0
+    )
+    assert stray.charStartTimesMs == [0, 10] and stray.charDurationsMs == [10, 10]
+
+
+def test_a_context_with_word_timings_aligns_with_them() -> None:
+    ctx = Context("joe", Params("pcm_16000"), multi=False, words=True)
+    (config, _) = ctx.receive(Inbound(text="Hi you."))
+    assert isinstance(config, SessionConfig) and config.word_timestamps
+    ctx.render(_encode(AudioStart(sentence_text="Hi you.", sample_rate=16000, start_sample=16000)).decode())
+    timed = WordTimestamps(
+        timestamps=[
+            WordTimestamp(word="Hi", start_ms=1000.0, end_ms=1100.0),
+            WordTimestamp(word="you.", start_ms=1100.0, end_ms=1200.0),
+        ]
+    )
+    assert ctx.render(_encode(timed).decode()) == []
+    _, alignment = ctx.segment(bytes(2 * 3200))  # 200 ms
+    assert alignment.charStartTimesMs[:4] == [0, 33, 67, 100]
+    # The next segment has no words (an engine that timed none): its characters are spread.
+    ctx.render(_encode(AudioStart(sentence_text="Ok.", sample_rate=16000, start_sample=19200)).decode())
+    assert ctx.segment(bytes(2 * 1600))[1] == spread_alignment("Ok. ", 100.0)
