@@ -87,3 +87,23 @@ def test_a_run_alone_uses_the_wide_session_and_one_beside_another_does_not() -> 
             await engine.aclose()
 
     assert asyncio.run(scenario()) == (1, 1)
+
+
+@pytest.mark.slow
+def test_a_sentence_spoken_in_pieces_times_every_word_once_in_order() -> None:
+    text = " and ".join(["the river runs past the old town"] * 8) + "."  # one sentence, several pieces
+
+    async def scenario() -> list[list[str]]:
+        engine = PiperEngine(threads=1, workers=1)
+        await engine.start()
+        try:
+            request = SynthesisRequest(text=text, voice="joe", seed=1, options={"word_timestamps": True})
+            chunks = [c async for c in engine.synthesize(request)]
+            assert all(w.start < len(c.samples) for c in chunks for w in c.words)
+            return [[w.word for w in c.words] for c in chunks]
+        finally:
+            await engine.aclose()
+
+    per_chunk = asyncio.run(scenario())
+    assert len(per_chunk) > 1  # cut into pieces
+    assert [w for chunk in per_chunk for w in chunk] == text.split()
