@@ -7,6 +7,7 @@ or a disconnect closes the iterator and the engine stops working for nobody.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator
 from typing import NamedTuple, Protocol
 
@@ -109,7 +110,7 @@ class SynthesisRequest(msgspec.Struct, frozen=True, kw_only=True):
     ``options`` holds the wire options the client set (see ``protocol.messages.engine_options``);
     the engine has already accepted them through ``check``.
     ``reference`` is set when ``voice`` is an uploaded voice (only for engines that clone).
-    ``priority`` orders queued work in engines that share workers between sessions.
+    ``deadline`` orders queued work in engines that share workers between sessions (earliest first).
     """
 
     text: str
@@ -118,9 +119,10 @@ class SynthesisRequest(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
     options: dict[str, object] = msgspec.field(default_factory=dict)
     reference: VoiceReference | None = None
-    #: Lower is more urgent: the gateway passes the segment's index in its utterance, so first
-    #: segments (which decide time to first audio) go before later ones when an engine queues work.
-    priority: int = 0
+    #: When the audio is needed, on the ``time.monotonic()`` clock: for a first segment, now (the time
+    #: the request is made, the default); for a later one, when the audio already sent for its
+    #: utterance will have played out in real time. Engines that queue work run the earliest first.
+    deadline: float = msgspec.field(default_factory=time.monotonic)
 
 
 class WordTiming(NamedTuple):

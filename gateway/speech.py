@@ -36,6 +36,7 @@ from voxgate.engine.base import SynthesisRequest
 from voxgate.gateway.catalog import Catalog, Resolved
 from voxgate.gateway.failures import REFUSALS, error_for
 from voxgate.gateway.http import BodyTooLarge, error_response, read_body
+from voxgate.gateway.jobs import Playback
 from voxgate.gateway.metrics import REST_DIALECT, Metrics, SessionMeter
 from voxgate.protocol.audio import AudioFormat, Samples, decode
 from voxgate.protocol.core import Core
@@ -126,6 +127,7 @@ async def _produce(
         for output in core.data_to_send():
             await queue.put(output)
 
+    playback = Playback()  # the request's deadlines, as on the WebSocket (``gateway.jobs``)
     for job in speaks:
         request = SynthesisRequest(
             text=job.text,
@@ -134,7 +136,7 @@ async def _produce(
             seed=req.seed,
             options=resolved.options,
             reference=resolved.reference,
-            priority=job.sentence,
+            deadline=playback.deadline(time.monotonic()),
         )
         core.segment_started(job.utterance, job.sentence)
         await flush()
@@ -145,6 +147,7 @@ async def _produce(
                 t = time.perf_counter()
                 async for chunk in chunks:
                     synthesis_s += time.perf_counter() - t
+                    playback.add(len(chunk.samples) / chunk.sample_rate, time.monotonic())
                     core.audio(job.utterance, job.sentence, chunk.samples, chunk.sample_rate)
                     await flush()
                     t = time.perf_counter()

@@ -78,6 +78,9 @@ class ErrorCode(enum.StrEnum):
     TOO_MANY_SESSIONS = "too_many_sessions"
     #: An ``input.text`` would take the unsynthesized text over ``max_pending_text_chars``.
     TEXT_BACKLOG_FULL = "text_backlog_full"
+    #: An engine gave more audio for a segment than its text can take (``max_segment_audio_*``): the rest
+    #: was cut, and the engine's work on the segment stopped.
+    AUDIO_TRUNCATED = "audio_truncated"
     #: A message would open a context past ``max_contexts`` named contexts open at once.
     TOO_MANY_CONTEXTS = "too_many_contexts"
 
@@ -121,6 +124,8 @@ FAILURES: dict[ErrorCode, Failure] = {
     ErrorCode.SERVER_BUSY: Failure(CloseCode.GOING_AWAY, 503),
     ErrorCode.TOO_MANY_SESSIONS: Failure(_POLICY, 429),
     ErrorCode.TEXT_BACKLOG_FULL: Failure(_POLICY, 429, "$.text"),
+    # Never fatal; the engine misbehaved, as with ``engine_error``.
+    ErrorCode.AUDIO_TRUNCATED: Failure(CloseCode.INTERNAL_ERROR, 502),
     ErrorCode.TOO_MANY_CONTEXTS: Failure(_POLICY, 429, "$.context_id"),
 }
 #: The message of an ``internal_error``: the details stay in the server log.

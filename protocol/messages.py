@@ -286,6 +286,9 @@ class Limits(msgspec.Struct, kw_only=True):
     max_pending_text_chars: int = 0
     max_sessions: int = 0
     max_sessions_per_key: int = 0
+    #: A segment's audio is at most ``(base + per_char * characters) / speed`` seconds; more is cut.
+    max_segment_audio_base_s: float = 0.0
+    max_segment_audio_per_char_s: float = 0.0
     max_contexts: int = 0
     context_idle_timeout_s: float = 0.0
 

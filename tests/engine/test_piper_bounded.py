@@ -1,0 +1,109 @@
+"""Piper's inference unit is bounded: a long sentence runs in pieces, and a close stops the work soon."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from voxgate.engine.base import SynthesisRequest
+from voxgate.engine.piper import MAX_PIECE_PHONEMES, PiperEngine, pieces
+
+# Joe speaks about 18 phonemes a second; a piece of MAX_PIECE_PHONEMES is well under this.
+MAX_PIECE_AUDIO_S = 15.0
+
+
+def test_short_sentences_stay_whole() -> None:
+    sentence = list("ðə ɡˈeɪtweɪ spˈiːks.")
+    assert pieces(sentence) == [sentence]
+
+
+def test_long_runs_are_cut_after_a_pause_else_between_words_else_anywhere() -> None:
+    paused = list("aaaa, bbbb cccc dddd")
+    assert pieces(paused, limit=12) == [list("aaaa, bbbb"), list("cccc dddd")]
+    # The comma at 4 is in the first half of the window: a cut there leaves too short a piece.
+    early = list("aa, bbbbbb cccccc")
+    assert pieces(early, limit=12) == [list("aa, bbbbbb"), list("cccccc")]
+    words = list("aaaa bbbb cccc dddd")
+    assert pieces(words, limit=12) == [list("aaaa bbbb"), list("cccc dddd")]
+    one_word = list("a" * 30)
+    assert [len(p) for p in pieces(one_word, limit=12)] == [12, 12, 6]
+    assert pieces(list("   "), limit=2) == []
+
+
+def test_every_piece_of_a_long_run_is_bounded() -> None:
+    run = list(("ɡɹˈɪnɪŋ fˈeɪs " * 300).strip())
+    cut = pieces(run)
+    assert all(0 < len(p) <= MAX_PIECE_PHONEMES for p in cut)
+    assert sum(len(p) for p in cut) + len(cut) - 1 == len(run)  # only the gaps at the cuts are gone
+
+
+@pytest.mark.slow
+def test_a_closed_stream_stops_after_the_piece_in_progress() -> None:
+    async def scenario() -> None:
+        engine = PiperEngine(threads=1, workers=1)  # one worker: the next request runs only once it is free
+        await engine.start()
+        try:
+            stream = engine.synthesize(SynthesisRequest(text="😀" * 300, voice="joe", seed=1))
+            first = await anext(stream)
+            assert len(first.samples) / first.sample_rate <= MAX_PIECE_AUDIO_S  # not 80 s in one run
+            runs_at_close = engine.runs
+            await stream.aclose()
+            after = [c async for c in engine.synthesize(SynthesisRequest(text="Hi.", voice="joe", seed=1))]
+            assert sum(len(c.samples) for c in after) > 0
+            # The worker was freed: besides "Hi.", at most the piece already in progress ran.
+            assert engine.runs - runs_at_close <= 2
+        finally:
+            await engine.aclose()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_a_run_alone_uses_the_wide_session_and_one_beside_another_does_not() -> None:
+    async def scenario() -> tuple[int, int]:
+        engine = PiperEngine(threads=1, workers=2, wide_threads=2)
+        await engine.start()
+        try:
+            request = SynthesisRequest(text="Hello there.", voice="joe", seed=1)
+            warm_up = engine.wide_runs
+            alone = [c async for c in engine.synthesize(request)]
+            wide_alone = engine.wide_runs - warm_up
+            gate, busy = threading.Event(), threading.Event()
+
+            def hold() -> None:
+                busy.set()
+                gate.wait()
+
+            held = engine._workers.submit(0, hold)  # another inference in progress on the other worker
+            assert await asyncio.to_thread(busy.wait, 30)
+            beside = [c async for c in engine.synthesize(request)]
+            gate.set()
+            await asyncio.wrap_future(held)
+            assert alone and beside
+            return wide_alone, engine.wide_runs - warm_up
+        finally:
+            await engine.aclose()
+
+    assert asyncio.run(scenario()) == (1, 1)
+
+
+@pytest.mark.slow
+def test_a_sentence_spoken_in_pieces_times_every_word_once_in_order() -> None:
+    text = " and ".join(["the river runs past the old town"] * 8) + "."  # one sentence, several pieces
+
+    async def scenario() -> list[list[str]]:
+        engine = PiperEngine(threads=1, workers=1)
+        await engine.start()
+        try:
+            request = SynthesisRequest(text=text, voice="joe", seed=1, options={"word_timestamps": True})
+            chunks = [c async for c in engine.synthesize(request)]
+            assert all(w.start < len(c.samples) for c in chunks for w in c.words)
+            return [[w.word for w in c.words] for c in chunks]
+        finally:
+            await engine.aclose()
+
+    per_chunk = asyncio.run(scenario())
+    assert len(per_chunk) > 1  # cut into pieces
+    assert [w for chunk in per_chunk for w in chunk] == text.split()
