@@ -88,6 +88,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         float,
         option("seconds a write may make no progress before the client is closed (4001)", flag=True),
     ] = 15.0
+    # Off: speech does not compress (PCM and u-law gain a few percent, Opus nothing), while deflate costs
+    # about 30% more server CPU and a compressor's memory per session, and its buffering hid a client that
+    # stopped reading from the send timeout (issue 10). Browsers offer it on every WebSocket.
+    ws_compression: Annotated[
+        bool,
+        option(
+            "accept permessage-deflate when a client offers it (`true`/`false`); audio does not compress",
+            flag=True,
+            shown="`false`",
+        ),
+    ] = False
     # Below Kubernetes' default grace period of 30 s, with room for the closes that follow.
     drain_timeout_s: Annotated[
         float,

@@ -43,11 +43,19 @@ def serve(
     *,
     ws_max_size: int = 16 * 1024 * 1024,
     ws: str = "auto",
+    ws_per_message_deflate: bool = True,
 ) -> Iterator[str]:
     """Run ``app`` on uvicorn in a thread on ``sock`` or a free loopback port; yields ``host:port``."""
     sock = sock or bound_socket()
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", ws_max_size=ws_max_size, ws=ws, lifespan="on")
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        ws_max_size=ws_max_size,
+        ws=ws,
+        ws_per_message_deflate=ws_per_message_deflate,
+        lifespan="on",
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

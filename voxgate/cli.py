@@ -41,6 +41,8 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
             help += f"; default {shown}"
         if opt.name == "engine":
             kind: Callable[[str], object] = _engines
+        elif opt.type is bool:
+            kind = _boolean
         elif typing.get_origin(opt.type) is tuple:
             kind = typing.get_args(opt.type)[0]
         else:
@@ -63,6 +65,14 @@ def _engines(text: str) -> str:
             f"unknown engine(s) {unknown or text!r}; choose from {sorted(ENGINES)}"
         )
     return ",".join(names)
+
+
+def _boolean(text: str) -> bool:
+    value = {"true": True, "1": True, "on": True, "yes": True, "false": False, "0": False, "off": False}
+    value |= {"no": False}
+    if (parsed := value.get(text.strip().lower())) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    return parsed
 
 
 def _ranged(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], float]:
@@ -198,16 +208,20 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
-    """uvicorn's WebSocket implementation and message limit.
+    """uvicorn's WebSocket implementation, message limit and compression.
 
     The limit sits above ours, so an oversized message gets our error, and far larger ones a 1009 from
     uvicorn as soon as their frame header (or the fragment past the limit) arrives. The sans-I/O
     implementation is chosen by name: uvicorn's legacy ``websockets`` one, "auto" in older releases,
-    closes an uncompressed 50 MB message only after the config timeout (10 s).
+    closes an uncompressed 50 MB message only after the config timeout (10 s). permessage-deflate is
+    accepted only with ``ws_compression`` (uvicorn accepts it whenever a client offers it).
     """
     from uvicorn.config import WS_PROTOCOLS
 
-    options: dict[str, Any] = {"ws_max_size": settings.max_config_bytes + 1024 * 1024}
+    options: dict[str, Any] = {
+        "ws_max_size": settings.max_config_bytes + 1024 * 1024,
+        "ws_per_message_deflate": settings.ws_compression,
+    }
     if "websockets-sansio" in WS_PROTOCOLS:
         options["ws"] = "websockets-sansio"
     return options

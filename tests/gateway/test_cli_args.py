@@ -41,7 +41,7 @@ def test_serve_flags_map_onto_settings() -> None:
         "--vllm-deploy-config", "d.yaml", "--drain-timeout-s", "4", "--max-sessions", "9",
         "--max-sessions-per-key", "3", "--max-pending-text-chars", "100", "--fake-delay-s", "0.5",
         "--max-segment-audio-base-s", "3", "--max-segment-audio-per-char-s", "0.2",
-        "--piper-wide-threads", "4",
+        "--piper-wide-threads", "4", "--ws-compression", "true",
     )  # fmt: skip
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     assert fields == {
@@ -53,11 +53,21 @@ def test_serve_flags_map_onto_settings() -> None:
         "vllm_model": "Qwen/x", "vllm_deploy_config": "d.yaml", "drain_timeout_s": 4.0, "max_sessions": 9,
         "max_sessions_per_key": 3, "max_pending_text_chars": 100, "fake_delay_s": 0.5,
         "max_segment_audio_base_s": 3.0, "max_segment_audio_per_char_s": 0.2, "piper_wide_threads": 4,
+        "ws_compression": True,
     }  # fmt: skip
     settings = Settings.from_env({}, **fields)
     assert settings.of(RemoteSettings).upstreams == ("http://a:8091", "http://b:8091")
     assert settings.of(PiperSettings).piper_workers == 3 and settings.max_voices == 7
     assert set(fields) == {opt.name for opt in options() if opt.flag}
+
+
+@pytest.mark.parametrize(("text", "value"), [("false", False), ("0", False), ("off", False), ("On", True)])
+def test_a_boolean_flag_reads_true_and_false(text: str, value: bool) -> None:
+    assert parse("serve", "--ws-compression", text).ws_compression is value
+
+
+def test_a_boolean_flag_refuses_anything_else(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "'maybe' is not true or false" in refused(capsys, "serve", "--ws-compression", "maybe")
 
 
 def test_serve_defaults_leave_everything_to_settings() -> None:

@@ -78,7 +78,8 @@ def test_a_50_mb_config_closes_with_1009_as_served_by_the_cli(
     gateway_log.addHandler(handler)
     try:
         with tempfile.TemporaryDirectory() as voices_dir:
-            settings = Settings(config_timeout_s=2.0, voices_dir=voices_dir)
+            # The client offers deflate; the server takes it only with ws_compression.
+            settings = Settings(config_timeout_s=2.0, voices_dir=voices_dir, ws_compression=bool(compression))
             app = create_app(settings, engine=FakeEngine())
             with serve(app, **uvicorn_ws_options(settings)) as address:
                 code = _send_and_close(f"ws://{address}{URL}", big, fragmented, compression)
@@ -105,3 +106,21 @@ def _send_and_close(url: str, data: str, fragmented: bool, compression: str | No
             return closed.rcvd.code if closed.rcvd else None
         except OSError:  # the reset, seen while sending
             return None
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_permessage_deflate_is_taken_only_with_ws_compression(enabled: bool) -> None:
+    """uvicorn accepts deflate whenever a client offers it (browsers always do); the CLI's options decline
+    it unless ``ws_compression`` is set."""
+    with tempfile.TemporaryDirectory() as voices_dir:
+        settings = Settings(voices_dir=voices_dir, ws_compression=enabled)
+        app = create_app(settings, engine=FakeEngine())
+        with (
+            serve(app, **uvicorn_ws_options(settings)) as address,
+            voxgate_connect(f"ws://{address}{URL}", compression="deflate") as ws,
+        ):
+            assert ws.response is not None
+            extensions = ws.response.headers.get("Sec-WebSocket-Extensions", "")
+            send(ws, type="session.config")
+            assert recv_message(ws)["type"] == "session.ready"
+    assert ("permessage-deflate" in extensions) is enabled, extensions
