@@ -215,6 +215,11 @@ class PiperEngine:
         #: ONNX runs started: one per piece (tests count the work done after a cancel with it), and
         #: those that ran on the wide session.
         self.runs = self.wide_runs = 0
+        # Jobs inferring now. Not the workers' running count: that includes a finished job's housekeeping
+        # (``release_freed_memory`` can take tens of ms), and a segment queued right behind the one before
+        # it then ran on one thread, though alone (half the first-audio runs of bench/piper_first_audio.py).
+        self._inferring = 0
+        self._inferring_lock = threading.Lock()
 
     async def start(self) -> None:
         self._voice = await asyncio.wrap_future(self._workers.submit(-math.inf, self._load))
@@ -299,13 +304,16 @@ class PiperEngine:
 
         def work() -> None:
             self._jobs += 1
+            self._count(+1)
             try:
                 words = bool(req.options.get("word_timestamps"))
                 self._infer(voice, req.text, req.speed, req.seed, stop, deliver, words=words)
             except Exception as exc:  # the thread boundary: hand any failure to the awaiting side
                 deliver(EngineError(f"piper failed: {exc}"))
+            finally:
+                idle = self._count(-1) == 0
             deliver(_DONE)
-            if self._workers.running <= 1:  # the engine goes idle: give back what inference freed
+            if idle:  # the engine goes idle: give back what inference freed
                 release_freed_memory()
                 self._shrink_later()
 
@@ -350,7 +358,7 @@ class PiperEngine:
                     return
                 self.runs += 1
                 # Alone on the machine (this is the only run): the wide session uses the idle cores.
-                wide = self._wide if self._wide is not None and self._workers.running <= 1 else None
+                wide = self._wide if self._wide is not None and self._inferring <= 1 else None
                 self.wide_runs += wide is not None
                 result = (wide or voice).phoneme_ids_to_audio(
                     voice.phonemes_to_ids(piece), config, include_alignments=words
@@ -359,6 +367,11 @@ class PiperEngine:
                 peak = float(np.max(np.abs(audio))) if audio.size else 0.0
                 audio = audio * (_VOLUME / peak) if peak > 1e-8 else np.zeros_like(audio)
                 deliver(AudioChunk(audio.astype(np.float32), self.sample_rate, timings))
+
+    def _count(self, change: int) -> int:
+        with self._inferring_lock:
+            self._inferring += change
+            return self._inferring
 
     async def ready(self) -> bool:
         return self._voice is not None

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from voxgate.engine import piper
 from voxgate.engine.base import SynthesisRequest
 from voxgate.engine.piper import MAX_PIECE_PHONEMES, PiperEngine, pieces
 
@@ -73,8 +74,10 @@ def test_a_run_alone_uses_the_wide_session_and_one_beside_another_does_not() -> 
             gate, busy = threading.Event(), threading.Event()
 
             def hold() -> None:
+                engine._count(+1)  # counted as an inference, as one running on the other worker is
                 busy.set()
                 gate.wait()
+                engine._count(-1)
 
             held = engine._workers.submit(0, hold)  # another inference in progress on the other worker
             assert await asyncio.to_thread(busy.wait, 30)
@@ -87,6 +90,35 @@ def test_a_run_alone_uses_the_wide_session_and_one_beside_another_does_not() -> 
             await engine.aclose()
 
     assert asyncio.run(scenario()) == (1, 1)
+
+
+@pytest.mark.slow
+def test_a_run_right_behind_one_still_tidying_up_uses_the_wide_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job's housekeeping after its inference (giving memory back) does not make the next run narrow."""
+    gate, trimming = threading.Event(), threading.Event()
+
+    def slow_trim() -> None:
+        trimming.set()
+        gate.wait(30)
+
+    async def scenario() -> int:
+        engine = PiperEngine(threads=1, workers=2, wide_threads=2)
+        await engine.start()
+        monkeypatch.setattr(piper, "release_freed_memory", slow_trim)
+        try:
+            request = SynthesisRequest(text="Hello there.", voice="joe", seed=1)
+            assert [c async for c in engine.synthesize(request)]
+            assert await asyncio.to_thread(trimming.wait, 30)  # that job's worker is still tidying up
+            before = engine.wide_runs
+            assert [c async for c in engine.synthesize(request)]
+            return engine.wide_runs - before
+        finally:
+            gate.set()
+            await engine.aclose()
+
+    assert asyncio.run(scenario()) == 1
 
 
 @pytest.mark.slow
