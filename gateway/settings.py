@@ -108,6 +108,27 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         int,
         option("unsynthesized text a session may hold; more is refused (`text_backlog_full`)", flag=True),
     ] = 20_000
+    # Per API key (per client address without keys), REST routes under /v1/ only: sessions have caps.
+    rate_limit_per_s: Annotated[
+        float,
+        option(
+            "REST requests (`/v1/` routes) per second per API key, or per client address without keys; "
+            "0 for no limit (429 `rate_limited`)",
+            flag=True,
+        ),
+    ] = 10.0
+    rate_limit_burst: Annotated[
+        int, option("REST requests a key (or address) may make at once, above the rate", flag=True)
+    ] = 50
+    # A client that trickles its request headers (slowloris) holds a connection: cut it after this.
+    header_timeout_s: Annotated[
+        float,
+        option(
+            "seconds a client has to send a request's headers, from its connection or its first byte "
+            "(408), 0 for no limit",
+            flag=True,
+        ),
+    ] = 10.0
     log_level: Annotated[str, option("`debug`, `info`, `warning`, `error`", flag=True)] = "info"
     voices_dir: Annotated[
         str, option("where uploaded voices are stored", flag=True, shown="`~/.cache/voxgate/voices`")

@@ -78,6 +78,10 @@ class ErrorCode(enum.StrEnum):
     TOO_MANY_SESSIONS = "too_many_sessions"
     #: An ``input.text`` would take the unsynthesized text over ``max_pending_text_chars``.
     TEXT_BACKLOG_FULL = "text_backlog_full"
+    #: REST only: the API key (or, without keys, the client address) is over ``rate_limit_per_s``.
+    RATE_LIMITED = "rate_limited"
+    #: HTTP only: the request's headers did not arrive within ``header_timeout_s``.
+    HEADER_TIMEOUT = "header_timeout"
 
 
 class Failure(NamedTuple):
@@ -119,6 +123,9 @@ FAILURES: dict[ErrorCode, Failure] = {
     ErrorCode.SERVER_BUSY: Failure(CloseCode.GOING_AWAY, 503),
     ErrorCode.TOO_MANY_SESSIONS: Failure(_POLICY, 429),
     ErrorCode.TEXT_BACKLOG_FULL: Failure(_POLICY, 429, "$.text"),
+    # HTTP only: no WebSocket session exists when these are sent (the close code is never used).
+    ErrorCode.RATE_LIMITED: Failure(_POLICY, 429),
+    ErrorCode.HEADER_TIMEOUT: Failure(CloseCode.TIMEOUT, 408),
 }
 #: The message of an ``internal_error``: the details stay in the server log.
 INTERNAL_ERROR_MESSAGE = "internal error; see the server log"
