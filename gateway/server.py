@@ -33,6 +33,32 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 DRAIN_GRACE_S = 3.0
 
 
+#: What uvicorn logs, with a traceback, about a client's own fault: it answers it (1007) itself.
+_CLIENT_FAULTS = frozenset({"Invalid UTF-8 sequence received from client."})
+
+
+class ClientFaultFilter(logging.Filter):
+    """Turns uvicorn's ERROR-with-traceback about a client's invalid data into one INFO line.
+
+    uvicorn's sans-I/O WebSocket implementation logs ``Invalid UTF-8 sequence received from client.``
+    with ``logger.exception`` and then closes with 1007: the client's fault, already answered, so not
+    an error of the server (and never a traceback: anything a client can send is a plain line).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in _CLIENT_FAULTS:
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_client_faults() -> None:
+    """Install ``ClientFaultFilter`` on uvicorn's error logger (once)."""
+    log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, ClientFaultFilter) for f in log.filters):
+        log.addFilter(ClientFaultFilter())
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn, but the first SIGTERM or SIGINT drains the sessions before the server stops.
 
@@ -45,6 +71,7 @@ class DrainingServer(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config, sessions: Sessions) -> None:
         super().__init__(config)
+        quiet_client_faults()
         self.sessions = sessions
         self.signalled = False
         self.loop: asyncio.AbstractEventLoop | None = None
