@@ -36,6 +36,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -70,6 +71,7 @@ class Report:
     internal_errors: int = 0
     unexpected_closes: int = 0
     refused_handshakes: int = 0
+    traceback_kinds: dict[str, int] = field(default_factory=dict)
     error_codes: dict[str, int] = field(default_factory=dict)
     close_codes: dict[str, int] = field(default_factory=dict)
     scenarios: dict[str, int] = field(default_factory=dict)
@@ -237,7 +239,7 @@ class Client:
             code = message.get("code")
             if code is None and self.extensions:
                 self.report.errors_without_code += 1
-            bump(self.report.error_codes, str(code))
+            bump(self.report.error_codes, str(code) if code is not None else "(none: vllm-omni dialect)")
             if code == "internal_error":
                 self.report.internal_errors += 1
         return message
@@ -437,8 +439,25 @@ async def fuzz(args: argparse.Namespace, report: Report) -> None:
     await asyncio.gather(*workers, return_exceptions=True)
 
 
-def count_tracebacks(log_path: Path) -> int:
-    return log_path.read_text(errors="replace").count("Traceback (most recent call last)")
+_TOP_TRACEBACK = re.compile(r"^(?:Traceback \(most recent call last\)|\s*\+ Exception Group Traceback)")
+_EXCEPTION_LINE = re.compile(r"^[\s|]*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\w*): (.*)")
+
+
+def count_tracebacks(log_path: Path) -> dict[str, int]:
+    """Tracebacks in the server log (an exception group counts once), by their innermost exception."""
+    found: dict[str, int] = {}
+    lines = log_path.read_text(errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if not _TOP_TRACEBACK.match(line):
+            continue
+        kind = "?"
+        for later in lines[i + 1 : i + 200]:
+            m = _EXCEPTION_LINE.match(later)
+            if m and "ExceptionGroup" not in m[1]:
+                kind = f"{m[1]}: {m[2][:100]}"
+                break
+        bump(found, kind)
+    return found
 
 
 def write_json(path: Path, data: object) -> None:
@@ -468,7 +487,8 @@ async def main_async(args: argparse.Namespace) -> int:
             if process.poll() is None:
                 process.kill()
     if process is not None:
-        report.tracebacks = count_tracebacks(log_path)
+        report.traceback_kinds = count_tracebacks(log_path)
+        report.tracebacks = sum(report.traceback_kinds.values())
     summary = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "seed": args.seed,
