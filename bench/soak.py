@@ -235,9 +235,10 @@ async def main_async(args: argparse.Namespace) -> int:
         ]
         await asyncio.gather(*sessions)
         await sampler
-        with contextlib.suppress(OSError, ValueError):  # after every session closed
+        closed: Sample | None = None
+        with contextlib.suppress(OSError, ValueError):  # after every session closed: not in the slope
             rss, fds, threads = read_proc(process.pid)
-            samples.append(Sample(round(time.monotonic() - start, 2), round(rss, 2), fds, threads))
+            closed = Sample(round(time.monotonic() - start, 2), round(rss, 2), fds, threads)
         alive = process.poll() is None
     finally:
         if process.poll() is None:
@@ -262,17 +263,20 @@ async def main_async(args: argparse.Namespace) -> int:
             "after_warmup": after[0].rss_mb if after else None,
             "max": max((s.rss_mb for s in samples), default=None),
             "end": samples[-1].rss_mb if samples else None,
+            "after_close": closed.rss_mb if closed else None,
             "slope_mb_per_min_after_warmup": None if slope is None else round(slope, 4),
             "slope_mb_per_hour_after_warmup": None if slope is None else round(slope * 60, 2),
         },
         "fds": {
             "start": samples[0].fds if samples else None,
             "end": samples[-1].fds if samples else None,
+            "after_close": closed.fds if closed else None,
             "max": max((s.fds for s in samples), default=None),
         },
         "threads": {
             "start": samples[0].threads if samples else None,
             "end": samples[-1].threads if samples else None,
+            "after_close": closed.threads if closed else None,
             "max": max((s.threads for s in samples), default=None),
         },
         **{k: v for k, v in asdict(counters).items()},
