@@ -40,6 +40,7 @@ def test_serve_flags_map_onto_settings() -> None:
         "--api-keys-file", "/k", "--allowed-origin", "https://app.example", "--vllm-model", "Qwen/x",
         "--vllm-deploy-config", "d.yaml", "--drain-timeout-s", "4", "--max-sessions", "9",
         "--max-sessions-per-key", "3", "--max-pending-text-chars", "100", "--fake-delay-s", "0.5",
+        "--rate-limit-per-s", "2.5", "--rate-limit-burst", "8", "--header-timeout-s", "3",
     )  # fmt: skip
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     assert fields == {
@@ -50,6 +51,7 @@ def test_serve_flags_map_onto_settings() -> None:
         "voices_dir": "/v", "max_voices": 7, "api_keys_file": "/k", "allowed_origins": ["https://app.example"],
         "vllm_model": "Qwen/x", "vllm_deploy_config": "d.yaml", "drain_timeout_s": 4.0, "max_sessions": 9,
         "max_sessions_per_key": 3, "max_pending_text_chars": 100, "fake_delay_s": 0.5,
+        "rate_limit_per_s": 2.5, "rate_limit_burst": 8, "header_timeout_s": 3.0,
     }  # fmt: skip
     settings = Settings.from_env({}, **fields)
     assert settings.of(RemoteSettings).upstreams == ("http://a:8091", "http://b:8091")
