@@ -8,7 +8,7 @@ or a disconnect closes the iterator and the engine stops working for nobody.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import msgspec
 import numpy as np
@@ -123,11 +123,29 @@ class SynthesisRequest(msgspec.Struct, frozen=True, kw_only=True):
     priority: int = 0
 
 
+class WordTiming(NamedTuple):
+    """One spoken word of an ``AudioChunk``: ``[start, end)`` in samples from the chunk's first sample.
+
+    ``word`` is the input text's word as the client wrote it (punctuation included).
+    """
+
+    word: str
+    start: int
+    end: int
+
+
 class AudioChunk(msgspec.Struct, frozen=True):
-    """Mono float32 samples in [-1, 1] at ``sample_rate``."""
+    """Mono float32 samples in [-1, 1] at ``sample_rate``.
+
+    ``words`` are the timings of the words spoken in this chunk, when the request asked for
+    ``word_timestamps`` (an engine that cannot time words refuses that option in ``check``): in order,
+    non-overlapping, in samples at ``sample_rate`` relative to this chunk's first sample. A word belongs
+    to the chunk its first sample is in; it may end past the chunk's end (it goes on in the next chunk).
+    """
 
     samples: npt.NDArray[np.float32]
     sample_rate: int
+    words: tuple[WordTiming, ...] = ()
 
 
 class TTSEngine(Protocol):

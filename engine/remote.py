@@ -56,6 +56,13 @@ DEFAULT_VOICE = "vivian"
 DEFAULT_SAMPLE_RATE = 24000
 # Options the HTTP route forwards as they are; word timestamps need the WebSocket JSON path upstream.
 _FORWARDED = frozenset(ENGINE_OPTION_FIELDS) - {"word_timestamps"}
+# vllm-omni 0.30 times words only with its forced-aligner stage (``--forced-aligner``), only on its
+# WebSocket route, after each sentence's audio; its streamed HTTP route, which this engine reads, refuses
+# them.
+_NOT_FORWARDED = (
+    "the upstream's streamed HTTP speech route carries no word timestamps (vllm-omni 0.30 times words only "
+    "on its WebSocket route with --forced-aligner, after the audio); use engine piper for word timestamps"
+)
 _AUDIO_TYPES = ("audio/", "application/octet-stream")
 # vllm-omni lists this name beside the speakers; it means "no voice" and is not one.
 _PLACEHOLDER_VOICE = "default"
@@ -261,7 +268,7 @@ class RemoteEngine:
             raise UnknownVoice(voice, self.name, [v.name for v in self._voices])
         for field in options:
             if field not in _FORWARDED:
-                raise UnsupportedOption(field, self.name, "the HTTP speech route carries no word timestamps")
+                raise UnsupportedOption(field, self.name, _NOT_FORWARDED)
 
     def _body(
         self,

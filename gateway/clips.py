@@ -2,14 +2,22 @@
 
 Used by voice uploads (``gateway.voices``) and by the inline ``ref_audio`` of a request
 (``gateway.catalog``); every problem raises ``Rejected`` naming the field it concerns.
+
+A clip costs what it is worth: its header (rate, channels, length) is checked before anything is decoded,
+then it is decoded block by block, mixed down to mono and resampled to at most ``MAX_STORED_RATE`` on the
+way, on one of ``MAX_CONCURRENT_DECODES`` decode threads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
-import io
 import json
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple, ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +25,7 @@ import soundfile
 
 from voxgate.engine.base import VoiceReference
 from voxgate.gateway.http import Rejected
+from voxgate.protocol.audio import Resampler
 
 # vllm-omni's limit for a reference clip.
 MAX_AUDIO_BYTES = 10 * 1024 * 1024
@@ -26,7 +35,38 @@ MAX_DURATION_S = 30.0  # cloning models condition on a few seconds; longer only 
 MIN_SAMPLE_RATE = 8000
 MAX_SAMPLE_RATE = 192000
 MAX_CHANNELS = 8
+# The canonical form of a clip is mono at most at this rate: the cloning models voxgate serves condition on
+# 16-24 kHz audio (Qwen3-TTS: 24 kHz), so more is only bytes. 30 s of it is 1.4 MB stored as 16-bit PCM.
+MAX_STORED_RATE = 24000
+# Source audio decoded per step: 1 MiB of float32 frames is 0.17 s of 192 kHz 8-channel audio, 16 s of
+# 16 kHz mono; a 30 s clip then costs this plus its canonical form, never its decoded size (184 MB there).
+DECODE_BLOCK_BYTES = 1 << 20
+# Decodes at once in the process, each on its own thread (an upload's also stores the result there): each
+# holds a few MB (block, resampler, result, the file written); more wait their turn (30 s at 192 kHz with
+# 8 channels take about half a second) instead of adding up. Few threads matter as much as few buffers:
+# glibc keeps a thread's freed memory in that thread's arena, so 20 uploads decoded on 20 threads kept
+# 140 MB where 4 threads keep 40.
+MAX_CONCURRENT_DECODES = 4
+# libsndfile's frame count for a file whose header does not say (SF_COUNT_MAX).
+_UNKNOWN_FRAMES = 2**63 - 1
 _MIME_TYPES = {"WAV": "audio/wav", "FLAC": "audio/flac", "OGG": "audio/ogg", "MP3": "audio/mpeg"}
+_DECODER_THREAD = "voxgate-decode"
+_decoder = ThreadPoolExecutor(MAX_CONCURRENT_DECODES, thread_name_prefix=_DECODER_THREAD)
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _on_decoder(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """``fn`` run on a decode thread, the caller blocking meanwhile (at once when it is one)."""
+    if threading.current_thread().name.startswith(_DECODER_THREAD):
+        return fn(*args, **kwargs)
+    return _decoder.submit(fn, *args, **kwargs).result()
+
+
+async def decoding(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """Await ``fn`` run on one of the ``MAX_CONCURRENT_DECODES`` decode threads: a decode, and what is
+    made of its result (a voice file), so that concurrent uploads cannot add their buffers up."""
+    return await asyncio.wrap_future(_decoder.submit(fn, *args, **kwargs))
 
 
 def parse_embedding(text: str) -> npt.NDArray[np.float32]:
@@ -56,30 +96,117 @@ def parse_embedding(text: str) -> npt.NDArray[np.float32]:
     return embedding
 
 
+class _Bytes:
+    """A read-only file over a client's bytes, for libsndfile; ``io.BytesIO`` would copy a bytearray."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self._view = memoryview(data).cast("B")
+        self._position = 0
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = (0, self._position, len(self._view))[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._view) if size < 0 else min(len(self._view), self._position + size)
+        data = bytes(self._view[self._position : end])
+        self._position = max(self._position, end)
+        return data
+
+    def readinto(self, buffer: memoryview) -> int:
+        data = self._view[self._position : self._position + len(buffer)]
+        buffer[: len(data)] = data
+        self._position += len(data)
+        return len(data)
+
+
+class _Header(NamedTuple):
+    rate: int
+    channels: int
+    frames: int
+    mime_type: str
+
+
+def _check_header(f: soundfile.SoundFile, param: str) -> _Header:
+    """What the container says about the clip, refused before a single sample is decoded."""
+    rate, channels, frames, fmt = f.samplerate, f.channels, f.frames, f.format
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE or not 1 <= channels <= MAX_CHANNELS:
+        message = (
+            f"unsupported audio: {rate} Hz, {channels} channels ({MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz, "
+            f"1-{MAX_CHANNELS} channels)"
+        )
+        raise Rejected(400, "invalid_audio", message, param)
+    if frames >= _UNKNOWN_FRAMES:
+        message = f"{param} does not state its length in its header (a streamed file?); re-encode it whole"
+        raise Rejected(400, "invalid_audio", message, param)
+    if not MIN_DURATION_S * rate <= frames <= MAX_DURATION_S * rate:
+        length = f"{MIN_DURATION_S:g} to {MAX_DURATION_S:g} s"
+        message = f"{param} must be {length} long; its header says {frames / rate:.6g} s"
+        raise Rejected(400, "invalid_duration", message, param)
+    return _Header(rate, channels, frames, _MIME_TYPES.get(fmt, f"audio/x-{fmt.lower()}"))
+
+
+def _decode_blocks(
+    f: soundfile.SoundFile, header: _Header, param: str
+) -> tuple[npt.NDArray[np.float32], int]:
+    """The clip as mono float32 at ``min(rate, MAX_STORED_RATE)``, decoded, mixed down and resampled one
+    block at a time, so memory holds one block of the source and the (small) canonical result; and the
+    number of source frames decoded."""
+    block = np.empty((max(1, DECODE_BLOCK_BYTES // (4 * header.channels)), header.channels), np.float32)
+    resampler = Resampler(header.rate, min(header.rate, MAX_STORED_RATE))
+    pieces: list[npt.NDArray[np.float32]] = []
+    # libsndfile never reads past the frames the header states, and the header was checked; the bound
+    # only guards against a decoder that would.
+    remaining = int(MAX_DURATION_S * header.rate) + 1
+    while remaining > 0:
+        read = f.read(frames=min(len(block), remaining), dtype="float32", out=block)
+        if len(read) == 0:
+            break
+        remaining -= len(read)
+        # ``block`` is reused, so what is kept must be a copy: the mean is one, the single channel is not.
+        mono = read.mean(axis=1, dtype=np.float32) if header.channels > 1 else read[:, 0].copy()
+        if not np.isfinite(mono).all():
+            raise Rejected(400, "invalid_audio", f"{param} has NaN or infinite samples", param)
+        pieces.append(resampler.process(mono))
+    pieces.append(resampler.process(np.zeros(0, np.float32), last=True))
+    decoded = int(MAX_DURATION_S * header.rate) + 1 - remaining
+    return np.concatenate(pieces), decoded
+
+
 def decode_audio(
-    data: bytes | bytearray, param: str = "audio_sample"
+    data: bytes | bytearray | memoryview, param: str = "audio_sample"
 ) -> tuple[npt.NDArray[np.float32], int, str]:
-    """Mono float32 samples, sample rate and MIME type of a wav, flac, ogg/opus or mp3 clip."""
+    """The canonical form of a wav, flac, ogg/opus or mp3 clip: mono float32 at its rate, or at
+    ``MAX_STORED_RATE`` when higher; with that rate and the clip's MIME type.
+
+    Rate, channels and length are read from the header and refused before any decoding; the decode
+    then goes block by block (``DECODE_BLOCK_BYTES``) on a decode thread, at most
+    ``MAX_CONCURRENT_DECODES`` at once, so a clip costs a few MB of memory whatever its rate and channel
+    count. Blocks the calling thread meanwhile.
+
+    Raises:
+        Rejected: 415 ``unsupported_audio`` (not decodable), 400 ``invalid_audio`` (rate, channels,
+            unknown length, NaN or infinite samples) or ``invalid_duration`` (not 1 to 30 s).
+    """
+    return _on_decoder(_decode, data, param)
+
+
+def _decode(data: bytes | bytearray | memoryview, param: str) -> tuple[npt.NDArray[np.float32], int, str]:
     try:
-        with soundfile.SoundFile(io.BytesIO(data)) as f:
-            rate, channels, fmt = f.samplerate, f.channels, f.format
-            if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE or not 1 <= channels <= MAX_CHANNELS:
-                raise Rejected(
-                    400, "invalid_audio", f"unsupported audio: {rate} Hz, {channels} channels", param
-                )
-            # Reading one frame past the limit bounds the memory a long (or lying) file can take.
-            frames = f.read(frames=int(MAX_DURATION_S * rate) + 1, dtype="float32", always_2d=True)
+        with soundfile.SoundFile(_Bytes(data)) as f:
+            header = _check_header(f, param)
+            samples, frames = _decode_blocks(f, header, param)
     except (soundfile.SoundFileError, ValueError, EOFError) as exc:
         message = f"{param} could not be decoded as wav, flac, ogg/opus or mp3"
         raise Rejected(415, "unsupported_audio", message, param) from exc
-    samples = frames.mean(axis=1, dtype=np.float32) if frames.shape[1] > 1 else frames[:, 0].copy()
-    duration_s = len(samples) / rate
-    if not MIN_DURATION_S <= duration_s <= MAX_DURATION_S:
+    if not MIN_DURATION_S <= frames / header.rate <= MAX_DURATION_S:  # shorter than its header said
         message = f"{param} must be {MIN_DURATION_S:g} to {MAX_DURATION_S:g} s long"
         raise Rejected(400, "invalid_duration", message, param)
-    if not np.isfinite(samples).all():
-        raise Rejected(400, "invalid_audio", f"{param} has NaN or infinite samples", param)
-    return samples, rate, _MIME_TYPES.get(fmt, f"audio/x-{fmt.lower()}")
+    return samples, min(header.rate, MAX_STORED_RATE), header.mime_type
 
 
 def inline_reference(ref_audio: str, ref_text: str | None) -> VoiceReference:

@@ -7,7 +7,9 @@ shell feeds them messages, engine audio and the time, and moves their outputs to
   waits on the socket no longer than the core's next deadline (``Core.next_deadline``), and calls
   ``Core.tick`` when it passes: the eager first segment is cut by time, with no polling.
 - The synthesizer takes segments in order and feeds their engine audio to the core as fast as the
-  engine makes it: while segment k is being sent, segment k+1 is already being synthesized.
+  engine makes it: while segment k is being sent, segment k+1 is already being synthesized. Segments
+  of several contexts (``context_id``) take their turns in the order they were cut, so their frames
+  interleave on the socket; a cancel of one context stops only its segments.
 - The writer drains the outbox (the bounded backpressure queue) into the socket, rendering each
   output in the session's dialect.
 
@@ -25,6 +27,7 @@ import uuid
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
+import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from voxgate.engine.base import EngineError
@@ -41,6 +44,7 @@ from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from voxgate.protocol.messages import (
     EffectiveConfig,
     Error,
+    InputCancel,
     Limits,
     ServerMessage,
     ServerWarning,
@@ -49,6 +53,7 @@ from voxgate.protocol.messages import (
 )
 from voxgate.protocol.output import Audio, Configure, Drop, Finish, Message, OutputFormat, Speak
 from voxgate.protocol.session import Session, State
+from voxgate.protocol.telephony import Framing, framed_config
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +99,8 @@ class Connection:
             max_message_bytes=s.max_message_bytes,
             max_pending_text_chars=s.max_pending_text_chars,
             extensions=self.extensions,
+            max_contexts=s.max_contexts,
+            context_idle_timeout_s=s.context_idle_timeout_s,
         )
         self.core = Core(OutputFormat("pcm", 24000), session)  # the first session.config sets the format
         self.session = session
@@ -102,9 +109,11 @@ class Connection:
         self.jobs = JobQueue()
         self.speaking: Utterance | None = None  # the utterance the client has open
         self.current: asyncio.Task[None] | None = None
+        self.current_utterance: int | None = None  # the utterance of the segment ``current`` speaks
         self.resolved: Resolved | None = None
         self.sending = False  # the writer is inside a send (it may block on a client that does not read)
         self.last_activity = time.monotonic()
+        self.framing: Framing | None = None  # a phone carrier's messages (protocol.telephony)
 
     async def run(self) -> None:
         stop: _Stop | None = None
@@ -141,7 +150,7 @@ class Connection:
                 text, data = message.get("text"), message.get("bytes")
                 now = time.perf_counter()
                 if isinstance(text, str):
-                    self.core.receive_text(text, now)
+                    self._receive_text(text, now)
                 else:
                     self.core.receive_bytes(data if isinstance(data, bytes) else b"", now)
                 await self._flush()
@@ -151,6 +160,16 @@ class Connection:
                 self._report(err)
             if self.session.state is State.CLOSED:
                 return
+
+    def _receive_text(self, text: str, now: float) -> None:
+        replies = self.framing.receive(text) if self.framing is not None else None
+        if replies is None:
+            self.core.receive_text(text, now)
+        for reply in replies or ():
+            if isinstance(reply, InputCancel):
+                self.core.receive_message(reply, now)  # the carrier's clear
+            else:
+                self._send(reply)
 
     async def _receive(self) -> dict[str, object]:
         s = self.settings
@@ -212,10 +231,17 @@ class Connection:
                     if self.current is not None and (following := self.jobs.peek()) is not None:
                         following.open()
                 case Drop(utterances=victims):
-                    dropped += self.jobs.drain()
-                    if self.current is not None:
+                    # Only the victims' segments: a cancel of one context leaves the others queued.
+                    for job in self.jobs.drain():
+                        if job.utterance.index in victims:
+                            dropped.append(job)
+                        else:
+                            self.jobs.put(job)
+                    if self.current is not None and self.current_utterance in victims:
                         self.current.cancel()
                     self.outbox.drop(victims)
+                    if self.framing is not None:
+                        self.framing.cleared()
                     self.log.info("cancelled utterances %s", list(victims))
                 case Message(msg=msg) if not sends(msg, extensions=self.extensions):
                     pass
@@ -225,6 +251,10 @@ class Connection:
 
     async def _configure(self, config: SessionConfig, ignored_fields: tuple[str, ...] = ()) -> None:
         voice_field = "$.speaker" if config.voice is None and config.speaker is not None else "$.voice"
+        try:
+            config = framed_config(config, self.session.config)
+        except ProtocolError as err:
+            raise self.core.reject_config(err) from None
         try:
             resolved = await self.catalog.prepare(
                 self.owner,
@@ -238,6 +268,7 @@ class Connection:
             error = error_for(exc, voice_field=voice_field, ref_audio=config.ref_audio is not None)
             raise self.core.reject_config(error) from None
         self.resolved = resolved
+        self.framing = self.framing or Framing.of(config)
         engine = resolved.engine
         self.meter.configured(engine.name)
         s = self.settings
@@ -260,6 +291,7 @@ class Connection:
             max_buffer_delay_ms=config.max_buffer_delay_ms,
             frame_ms=config.frame_ms,
             frame_header=config.frame_header,
+            framing=config.framing,
         )
         limits = Limits(
             max_message_bytes=s.max_message_bytes,
@@ -270,6 +302,8 @@ class Connection:
             max_pending_text_chars=s.max_pending_text_chars,
             max_sessions=s.max_sessions,
             max_sessions_per_key=s.max_sessions_per_key,
+            max_contexts=s.max_contexts,
+            context_idle_timeout_s=s.context_idle_timeout_s,
         )
         ready = SessionReady(
             session_id=self.id, config=effective, limits=limits, ignored_fields=list(ignored_fields)
@@ -304,6 +338,7 @@ class Connection:
                 fatal=err.fatal,
                 field=err.field,
                 utterance_index=utterance,
+                context_id=msgspec.UNSET if err.context_id is None else err.context_id,
             )
         )
 
@@ -317,11 +352,12 @@ class Connection:
         while True:
             seg = await self.jobs.get()
             self.current = task = asyncio.create_task(self._speak(seg))
+            self.current_utterance = seg.utterance.index
             try:
                 await asyncio.wait([task])
             finally:
                 task.cancel()  # a no-op once done; stops the segment when the session ends
-                self.current = None
+                self.current = self.current_utterance = None
             if not task.cancelled() and (exc := task.exception()) is not None:
                 raise exc
 
@@ -340,7 +376,7 @@ class Connection:
                 t = time.perf_counter()
                 async for chunk in chunks:
                     synthesis_s += time.perf_counter() - t
-                    self.core.audio(u, s, chunk.samples, chunk.sample_rate)
+                    self.core.audio(u, s, chunk.samples, chunk.sample_rate, chunk.words)
                     await self._flush()
                     await self.outbox.room()
                     t = time.perf_counter()
@@ -364,8 +400,10 @@ class Connection:
                         await self.ws.close(CloseCode.NORMAL)
                     raise _Stop()
                 case Audio(data=data):
-                    await self._send_now(data)
+                    await self._send_now(data if self.framing is None else self.framing.media(data))
                 case Message(msg=msg, streamed=streamed):
+                    for cue in self.framing.cues(msg) if self.framing is not None else ():
+                        await self._send_now(cue)  # a carrier's mark or clear (protocol.telephony)
                     await self._send_now(self.session.send(msg, streamed=streamed))
             self.last_activity = time.monotonic()
 

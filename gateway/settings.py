@@ -129,12 +129,37 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             flag=True,
         ),
     ] = 10.0
+    # ElevenLabs allows 5 per socket; a few more leave room for contexts a barge-in is still closing.
+    max_contexts: Annotated[
+        int,
+        option(
+            "named contexts (`context_id`) a WebSocket session may have open at once; more is refused "
+            "(`too_many_contexts`), 0 refuses every named context",
+        ),
+    ] = 8
+    # ElevenLabs' context timeout: long enough for an agent's pause between turns.
+    context_idle_timeout_s: Annotated[
+        float,
+        option(
+            "seconds a named context may go without a message (or `keepalive`) once its audio is out, "
+            "before it is closed (`context.closed`, `idle_timeout`); 0 for never",
+        ),
+    ] = 20.0
     log_level: Annotated[str, option("`debug`, `info`, `warning`, `error`", flag=True)] = "info"
     voices_dir: Annotated[
         str, option("where uploaded voices are stored", flag=True, shown="`~/.cache/voxgate/voices`")
     ] = ""
-    # A cap keeps one key from filling the disk; 1000 clips of 30 s are about 2.6 GB at 22 kHz.
+    # A cap on the count keeps listings short; the disk is capped by max_voice_bytes.
     max_voices: Annotated[int, option("uploaded voices allowed per API key", flag=True)] = 1000
+    # A clip is stored as mono 16-bit PCM at most at 24 kHz: 30 s is 1.4 MB, 10 s 0.3-0.5 MB, so 256 MiB
+    # holds 180 clips of the longest kind, or 500-800 of 10 s.
+    max_voice_bytes: Annotated[
+        int,
+        option(
+            "disk bytes of uploaded voices allowed per API key, 0 for no cap (409 `voice_quota_exceeded`)",
+            shown="268435456 (256 MiB)",
+        ),
+    ] = 256 << 20
     api_keys: Annotated[
         tuple[str, ...],
         option(

@@ -1,8 +1,12 @@
 """Persistent voice store: one safetensors file per voice, safe to share between gateway processes.
 
 Layout: ``<directory>/<owner, or "_public" for the anonymous owner>/<sha256(name)[:32]>.safetensors``,
-so a voice name never becomes a path. Each file holds one float32 tensor, ``audio`` (a mono reference
-clip) or ``embedding``, and the voice's metadata as strings in the safetensors header.
+so a voice name never becomes a path. Each file holds one tensor, ``audio`` (a mono reference clip,
+16-bit PCM: 30 s at 24 kHz is 1.4 MB) or ``embedding`` (float32), and the voice's metadata as strings in
+the safetensors header. Clips stored as float32 by earlier versions still load; every clip is handed out
+as float32, at the rate it was stored at.
+
+Each owner has at most ``max_voices`` voices, and at most ``max_bytes`` bytes of voice files when set.
 
 Writes are atomic: a hidden temp file in the same folder is written, fsynced and renamed over the
 final name, then the folder is fsynced, so a crash leaves the old voice or the new one, never a torn
@@ -44,8 +48,13 @@ TEMP_SUFFIX = ".tmp"
 LOCK_NAME = ".lock"
 # Long enough for a descriptive name, short enough to fit one line of a voice picker.
 MAX_NAME_CHARS = 64
-# 30 s of audio at 192 kHz is 23 MB as float32; a bigger file is not one we wrote.
+# 30 s of audio at 192 kHz is 23 MB as float32 (as earlier versions stored it); a bigger file is not one
+# we wrote.
 MAX_FILE_BYTES = 64 << 20
+# 16-bit PCM as libsndfile reads it: sample / 32768, so a 16-bit source clip is stored exactly.
+PCM16_SCALE = 32768.0
+# Tensor dtypes a clip may be stored as: 16-bit PCM, or float32 as earlier versions wrote.
+AUDIO_DTYPES = ("I16", "F32")
 # Far longer than any write takes, so a younger temp file may still belong to a live writer.
 STALE_TEMP_S = 60.0
 # auth.owner_of yields 24 hex digits; anything else must never reach the file system.
@@ -70,6 +79,17 @@ class VoiceLimitReached(VoiceError):
         super().__init__(f"voice limit reached: at most {limit} voices per API key; delete one first")
 
 
+class VoiceQuotaExceeded(VoiceError):
+    """Storing the voice would take the owner's voice files over ``limit`` bytes."""
+
+    def __init__(self, limit: int, used: int, needed: int) -> None:
+        self.limit, self.used, self.needed = limit, used, needed
+        super().__init__(
+            f"voice storage quota reached: this voice needs {needed} bytes, {used} of {limit} bytes per API "
+            "key are in use; delete a voice first"
+        )
+
+
 class _Unreadable(Exception):
     """A file in the store that is not a voice we wrote (torn, foreign or hand-edited)."""
 
@@ -91,7 +111,9 @@ class VoiceInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class VoiceData(msgspec.Struct, frozen=True, kw_only=True):
-    """A stored voice with its payload: float32 mono ``audio`` at ``info.sample_rate``, or ``embedding``."""
+    """A stored voice with its payload: float32 mono ``audio`` at ``info.sample_rate``, or ``embedding``.
+
+    ``audio`` is float32 whatever the file holds (16-bit PCM, or float32 from earlier versions)."""
 
     info: VoiceInfo
     audio: npt.NDArray[np.float32] | None = None
@@ -176,8 +198,9 @@ def _info(
             raise _Unreadable("owner or name does not match the file's place")
         if kind not in ("audio", "embedding") or list(tensors) != [kind]:
             raise _Unreadable(f"expected one {kind!r} tensor, found {sorted(tensors)}")
-        if tensors[kind].dtype != "F32" or len(tensors[kind].shape) != 1:
-            raise _Unreadable(f"expected a float32 vector, found {tensors[kind]}")
+        dtypes = AUDIO_DTYPES if kind == "audio" else ("F32",)
+        if tensors[kind].dtype not in dtypes or len(tensors[kind].shape) != 1:
+            raise _Unreadable(f"expected a vector of {' or '.join(dtypes)}, found {tensors[kind]}")
         (count,) = tensors[kind].shape
         sample_rate = int(meta.get("sample_rate", "0"))
         if count <= 0 or (kind == "audio" and sample_rate <= 0):
@@ -199,6 +222,23 @@ def _info(
         raise _Unreadable(f"bad metadata: {exc!r}") from exc
 
 
+def _pcm16(audio: npt.NDArray[Any]) -> npt.NDArray[np.int16]:
+    """Float samples as 16-bit PCM (``PCM16_SCALE``), clipped to its range."""
+    scaled = np.asarray(audio, dtype=np.float32) * np.float32(PCM16_SCALE)
+    np.rint(scaled, out=scaled)
+    np.clip(scaled, -PCM16_SCALE, PCM16_SCALE - 1, out=scaled)
+    pcm: npt.NDArray[np.int16] = scaled.astype(np.int16)
+    return pcm
+
+
+def _float32(tensor: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
+    """A stored tensor as float32: 16-bit PCM scaled back (exactly), float32 as it is."""
+    if tensor.dtype == np.int16:
+        scaled: npt.NDArray[np.float32] = np.multiply(tensor, np.float32(1 / PCM16_SCALE), dtype=np.float32)
+        return scaled
+    return np.asarray(tensor, dtype=np.float32)
+
+
 class VoiceStore:
     """One safetensors file per voice under ``directory``, partitioned by owner.
 
@@ -206,9 +246,11 @@ class VoiceStore:
     Creating a store creates ``directory`` and removes temp files left by crashed writers.
     """
 
-    def __init__(self, directory: Path, *, max_voices: int = 1000) -> None:
+    def __init__(self, directory: Path, *, max_voices: int = 1000, max_bytes: int = 0) -> None:
         self.directory = directory
         self.max_voices = max_voices
+        #: Bytes of voice files per owner; 0 for no cap. ``save`` may be given another.
+        self.max_bytes = max_bytes
         self._cache: dict[Path, tuple[tuple[int, int, int, int], VoiceInfo | None]] = {}
         self._cache_lock = threading.Lock()
         directory.mkdir(parents=True, exist_ok=True)
@@ -224,7 +266,7 @@ class VoiceStore:
             with safe_open(str(path), framework="numpy") as f:
                 meta, tensors = _header(f)
                 info = _info(meta, tensors, size=size, owner=owner, file_name=path.name)
-                payload: npt.NDArray[np.float32] = f.get_tensor(info.kind)
+                payload = _float32(f.get_tensor(info.kind))
         except FileNotFoundError:
             return None
         except (_Unreadable, SafetensorError, OSError) as exc:
@@ -281,23 +323,32 @@ class VoiceStore:
         ref_text: str | None = None,
         speaker_description: str | None = None,
         mime_type: str | None = None,
+        max_bytes: int | None = None,
     ) -> VoiceInfo:
         """Store a voice atomically, replacing one of the same name in any case.
+
+        ``audio`` (float32 in [-1, 1], clipped beyond) is stored as 16-bit PCM. ``max_bytes`` replaces
+        the store's own ``max_bytes`` for this call (0: no cap).
 
         Raises:
             InvalidVoiceName: see ``check_name``.
             VoiceLimitReached: the owner has ``max_voices`` voices and ``name`` is not one of them.
-            ValueError: not exactly one of ``audio`` and ``embedding``, an empty one, or no sample rate.
+            VoiceQuotaExceeded: the owner's other voice files and this one would pass ``max_bytes``.
+            ValueError: not exactly one of ``audio`` and ``embedding``, an empty one, one with NaN or
+                infinite values, or no sample rate.
         """
         name = check_name(name)
         if (audio is None) == (embedding is None):
             raise ValueError("give exactly one of audio and embedding")
         kind: Kind = "audio" if audio is not None else "embedding"
-        tensor = np.ascontiguousarray(audio if audio is not None else embedding, dtype=np.float32)
-        if tensor.ndim != 1 or tensor.size == 0:
+        values = np.asarray(audio if audio is not None else embedding)
+        if values.ndim != 1 or values.size == 0:
             raise ValueError(f"{kind} must be a non-empty 1-D array")
+        if not np.isfinite(values).all():
+            raise ValueError(f"{kind} has NaN or infinite values")
         if kind == "audio" and sample_rate <= 0:
             raise ValueError("audio needs a positive sample rate")
+        tensor = _pcm16(values) if kind == "audio" else np.ascontiguousarray(values, dtype=np.float32)
         meta = {
             "format": FORMAT,
             "name": name,
@@ -312,17 +363,24 @@ class VoiceStore:
         payload = safetensors.numpy.save({kind: tensor}, meta)
         folder = self._folder(owner, create=True)
         path = folder / _file_name(name)
+        quota = self.max_bytes if max_bytes is None else max_bytes
         with self._locked(folder):
             legacy = folder / _file_name(name, exact=True)
-            if legacy != path and legacy.exists():
-                legacy.unlink()  # the same voice, stored before names were case-insensitive
-            replacing = path.exists()
-            if not replacing and self._count(folder) >= self.max_voices:
+            sizes = self._sizes(folder)
+            # The voice's own files (under its name, or as written before names ignored case) are replaced.
+            others = [size for p, size in sizes.items() if p not in (path, legacy)]
+            replacing = path in sizes
+            if not replacing and len(others) >= self.max_voices:
                 raise VoiceLimitReached(self.max_voices)
+            if quota and sum(others) + len(payload) > quota:
+                raise VoiceQuotaExceeded(quota, sum(others), len(payload))
+            if legacy != path and legacy in sizes:
+                legacy.unlink()  # the same voice, stored before names were case-insensitive
             self._write_atomic(path, payload)
         if replacing:
             logger.info("voice %r of owner %r replaced", name, owner or PUBLIC_DIR)
-        tensors: dict[str, _Tensor] = {kind: _Tensor(dtype="F32", shape=tensor.shape)}
+        dtype = "I16" if kind == "audio" else "F32"
+        tensors: dict[str, _Tensor] = {kind: _Tensor(dtype=dtype, shape=tensor.shape)}
         return _info(meta, tensors, size=len(payload), owner=owner, file_name=path.name)
 
     def delete(self, owner: str, name: str) -> bool:
@@ -390,8 +448,15 @@ class VoiceStore:
         return info
 
     @staticmethod
-    def _count(folder: Path) -> int:
-        return sum(1 for e in os.scandir(folder) if not e.name.startswith(".") and e.name.endswith(SUFFIX))
+    def _sizes(folder: Path) -> dict[Path, int]:
+        """The size of each voice file in ``folder`` (a file deleted meanwhile is left out)."""
+        sizes: dict[Path, int] = {}
+        for entry in os.scandir(folder):
+            if entry.name.startswith(".") or not entry.name.endswith(SUFFIX):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                sizes[Path(entry.path)] = entry.stat(follow_symlinks=False).st_size
+        return sizes
 
     @staticmethod
     @contextlib.contextmanager

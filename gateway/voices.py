@@ -3,7 +3,10 @@
 ``POST /v1/audio/voices`` takes ``multipart/form-data`` (or, for embeddings, urlencoded) with
 ``name`` and ``consent``, then ``audio_sample`` (a wav, flac, ogg/opus or mp3 file of 1 to 30 s) or
 ``speaker_embedding`` (a JSON list of numbers), with optional ``ref_text`` and ``speaker_description``.
-The body is parsed while it streams in, and reading stops at the first part over its limit.
+The body is parsed while it streams in, and reading stops at the first part over its limit. The clip's
+rate, channels and length are checked from its header before it is decoded; it is then decoded block by
+block and stored in its canonical form: mono, at most 24 kHz, 16-bit PCM (``gateway.clips``,
+``gateway.store``).
 
 Every failure is an OpenAI-style ``{"error": {"message", "type", "param", "code"}}``:
 
@@ -16,6 +19,9 @@ Every failure is an OpenAI-style ``{"error": {"message", "type", "param", "code"
 404   voice_not_found
 409   voice_limit_reached (the key holds ``max_voices`` voices: retrying will not help
       until one is deleted, which is a conflict with the current state, not a rate limit);
+      voice_quota_exceeded (the key's voice files and this one would pass ``max_voice_bytes``:
+      the same kind of conflict, which the caller resolves by deleting voices; 507 would blame
+      the server, and 413 is about the size of this request, which was within its limits);
       name_taken (a built-in voice has that name, and sessions would speak it instead)
 413   request_too_large, audio_too_large, field_too_large
 415   unsupported_content_type, unsupported_audio (soundfile cannot decode the sample)
@@ -38,10 +44,18 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from voxgate.engine.base import Voice
-from voxgate.gateway.clips import MAX_AUDIO_BYTES, decode_audio, parse_embedding
+from voxgate.gateway.clips import MAX_AUDIO_BYTES, decode_audio, decoding, parse_embedding
 from voxgate.gateway.http import Rejected, api_error
 from voxgate.gateway.multipart import FormLimits, Part, read_form, text_field
-from voxgate.gateway.store import InvalidVoiceName, VoiceInfo, VoiceLimitReached, VoiceStore, check_name
+from voxgate.gateway.settings import Settings
+from voxgate.gateway.store import (
+    InvalidVoiceName,
+    VoiceInfo,
+    VoiceLimitReached,
+    VoiceQuotaExceeded,
+    VoiceStore,
+    check_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +129,24 @@ def _check_form(parts: dict[str, Part]) -> _Upload:
     )
 
 
+def _save(store: VoiceStore, owner: str, upload: _Upload, max_bytes: int | None) -> VoiceInfo:
+    """Decode the clip (if any) and store the voice; run on a decode thread (``clips.decoding``), so a
+    clip's decoded samples and its voice file are made and dropped there, and uploads wait their turn."""
+    audio, rate, mime = decode_audio(upload.audio) if upload.audio is not None else (None, 0, None)
+    return store.save(
+        owner,
+        upload.name,
+        audio=audio,
+        sample_rate=rate,
+        embedding=upload.embedding,
+        consent=upload.consent,
+        ref_text=upload.ref_text,
+        speaker_description=upload.speaker_description,
+        mime_type=mime,
+        max_bytes=max_bytes,
+    )
+
+
 def _voice_json(info: VoiceInfo, engines: list[str]) -> dict[str, object]:
     return {**msgspec.to_builtins(info), "engines": engines, "requires": "cloning"}
 
@@ -151,6 +183,12 @@ def _owner(request: Request) -> str:
     return owner
 
 
+def _max_bytes(request: Request) -> int | None:
+    """The ``max_voice_bytes`` setting of the app, or None (the store's own cap) when it has no settings."""
+    settings: Settings | None = getattr(request.state, "settings", None)
+    return settings.max_voice_bytes if settings is not None else None
+
+
 def _check_length(headers: Headers) -> None:
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -182,26 +220,14 @@ async def upload_voice(request: Request) -> JSONResponse:
             raise Rejected(
                 409, "name_taken", f"{upload.name!r} is a built-in voice; choose another name", "name"
             )
-        audio, rate, mime = None, 0, None
-        if upload.audio is not None:
-            audio, rate, mime = await run_in_threadpool(decode_audio, upload.audio)
-        info = await run_in_threadpool(
-            store.save,
-            _owner(request),
-            upload.name,
-            audio=audio,
-            sample_rate=rate,
-            embedding=upload.embedding,
-            consent=upload.consent,
-            ref_text=upload.ref_text,
-            speaker_description=upload.speaker_description,
-            mime_type=mime,
-        )
+        info = await decoding(_save, store, _owner(request), upload, _max_bytes(request))
     except Rejected as exc:
         await _drain(chunks)
         return api_error(exc.status, exc.message, code=exc.code, param=exc.param)
     except VoiceLimitReached as exc:
         return api_error(409, str(exc), code="voice_limit_reached", param="name")
+    except VoiceQuotaExceeded as exc:
+        return api_error(409, str(exc), code="voice_quota_exceeded", param="audio_sample")
     except ClientDisconnect:
         logger.debug("client left during a voice upload")
         return api_error(400, "the request body was cut short", code="client_disconnected")

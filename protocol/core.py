@@ -6,23 +6,34 @@ drive it. Client messages go in through ``receive_text`` / ``receive_bytes`` (We
 segmentation) turns them into events, which ``receive`` applies. The shell's engine work goes in
 through ``segment_started`` / ``audio`` / ``segment_done``; typed outputs (``protocol.output``) come
 out of ``data_to_send``, in the order they take effect. Time is an argument (``now``, in seconds of
-one monotonic clock): the core never reads a clock, and never awaits. The one thing time alone
-decides is the early cut of an utterance's first segment: ``next_deadline`` says when it is due and
-the shell calls ``tick`` then (any message that comes in later fires it too). Flow control (a bounded
-outbox, send timeouts) and timeouts are the shell's.
+one monotonic clock): the core never reads a clock, and never awaits. Two things time alone decides:
+the early cut of an utterance's first segment, and the idle timeout of a named context.
+``next_deadline`` says when the next is due and the shell calls ``tick`` then (any message that comes
+in later fires it too). Flow control (a bounded outbox, send timeouts) and the session's own timeouts
+are the shell's.
 
 The rules it owns:
 
 - An utterance's ``session.done`` comes after the ``audio.done`` of all its segments, and after the
-  ``session.done`` of every earlier utterance; ``Finish`` (after ``session.close``) comes last.
-- A cancel drops every utterance the client has not yet been told is done (``session.done`` not yet
-  written): the core forgets them, so engine work that still reports on them produces nothing.
+  ``session.done`` of every earlier utterance of its context; ``Finish`` (after ``session.close``)
+  comes last.
+- A cancel drops every utterance (of its context, or of every context) the client has not yet been
+  told is done (``session.done`` not yet written): the core forgets them, so engine work that still
+  reports on them produces nothing.
 - An utterance is forgotten once its ``session.done`` is written (``sending``).
+- Contexts (``protocol.session``): messages of a named context's utterances carry its ``context_id``
+  and its frames its ``context_number``; ``context.closed`` follows its last ``session.done`` (a
+  graceful close), or its ``audio.cancelled`` (a cancel, an idle timeout). A named context is idle
+  once no message named it for ``context_idle_timeout_s`` and none of its audio is still being made
+  or sent (the time counts from its last ``audio.done`` written, if later).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import msgspec
 
 from voxgate.protocol.audio import Samples
 from voxgate.protocol.errors import ProtocolError
@@ -31,10 +42,15 @@ from voxgate.protocol.messages import (
     AudioDone,
     AudioStart,
     ClientMessage,
+    CloseReason,
+    ContextClosed,
+    ContextOpened,
     Error,
     InputCommitted,
     SessionConfig,
     SessionDone,
+    WordTimestamp,
+    WordTimestamps,
 )
 from voxgate.protocol.output import (
     Audio,
@@ -52,6 +68,10 @@ from voxgate.protocol.session import (
     CloseRequested,
     Committed,
     ConfigAccepted,
+    ContextActive,
+    ContextCancelled,
+    ContextEnded,
+    ContextStarted,
     Event,
     SegmentReady,
     Session,
@@ -65,6 +85,11 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 2)
 
 
+def _wire(context_id: str | None) -> str | msgspec.UnsetType:
+    """A context id as server messages carry it: left out for the default context."""
+    return msgspec.UNSET if context_id is None else context_id
+
+
 @dataclass(slots=True)
 class _Segment:
     text: str
@@ -76,6 +101,10 @@ class _Segment:
     total_bytes: int = 0
     samples: int = 0
     error: bool = False
+    start_ms: float = 0.0  # where its audio starts on the utterance clock
+    engine_s: float = 0.0  # engine audio taken so far (the clock of the words that come with it)
+    word_chunks: int = 0  # audio.chunk word messages sent
+    reported: bool = False  # its audio.done was written
 
 
 @dataclass(slots=True)
@@ -84,12 +113,26 @@ class _Utterance:
     packer: AudioPacker
     streamed: bool
     first_text_t: float | None
+    context: int = 0  # its context's number
+    context_id: str | None = None
     first_audio_t: float | None = None
     synthesis_s: float = 0.0
     segments: dict[int, _Segment] = field(default_factory=dict)
     total: int | None = None  # segments, once all the text is segmented
     done: int = 0  # segments whose audio is finished
     reported: bool = False  # session.done handed out
+
+
+@dataclass(slots=True)
+class _Context:
+    """The timers of one context: its eager first segment's time budget, and (named ones) idleness."""
+
+    context_id: str | None
+    number: int
+    active_t: float = 0.0  # the last message naming it, or its last audio.done written
+    closing: bool = False  # a graceful close waits for its utterances' session.done
+    deadline: float | None = None  # when the eager first segment's text has waited enough
+    parked: bool = False  # the deadline passed but the text allowed no cut: wait for more text
 
 
 class Core:
@@ -106,28 +149,43 @@ class Core:
         self._utterances: dict[int, _Utterance] = {}
         self._out: list[Output] = []
         self._closing = False
-        self._deadline: float | None = None  # when the eager first segment's text has waited enough
-        self._parked = False  # the deadline passed but the text allowed no cut: wait for more text
+        self._contexts: dict[int, _Context] = {0: _Context(None, 0)}
 
     def next_deadline(self) -> float | None:
-        """When the shell must call ``tick`` (on the clock of ``now``), or None when nothing is due."""
-        return None if self._parked else self._deadline
+        """When the shell must call ``tick`` (on the clock of ``now``), or None when nothing is due.
+
+        It only ever moves later between two messages (audio written pushes an idle timeout back), so a
+        shell that waits for it never wakes up late.
+        """
+        due = [c.deadline for c in self._contexts.values() if c.deadline is not None and not c.parked]
+        due += [t for c in self._contexts.values() if (t := self._idle_at(c)) is not None]
+        return min(due, default=None)
 
     def tick(self, now: float) -> None:
-        """Let time pass: once the eager first segment has waited its budget, cut it if the text allows.
+        """Let time pass: cut eager first segments whose budget is spent, and close idle contexts.
 
         A segment that waited ``max_buffer_delay_ms`` since its first text arrived, with no sentence end,
         is cut at the best point available (``Segmenter.cut_early``); if none is, the cut waits for
-        more text (``next_deadline`` is None until a message arrives).
+        more text (that deadline is gone until a message arrives). A named context idle for
+        ``context_idle_timeout_s`` is closed (``context.closed``, reason ``idle_timeout``); one whose
+        audio is still being made or sent is looked at again a timeout later.
         """
-        if self._deadline is None or self._parked or now < self._deadline:
-            return
-        for event in self.session.cut_early():
-            self.receive(event, now)
-        if self.session.eager_pending:
-            self._parked = True
-        else:
-            self._deadline = None
+        for ctx in list(self._contexts.values()):
+            if ctx.deadline is not None and not ctx.parked and now >= ctx.deadline:
+                for event in self.session.cut_early(ctx.number):
+                    self.receive(event, now)
+                if self.session.eager_pending_in(ctx.number):
+                    ctx.parked = True
+                else:
+                    ctx.deadline = None
+        # Idle contexts close in the order their time ran out, however late the tick comes.
+        idle = [(t, c) for c in self._contexts.values() if (t := self._idle_at(c)) is not None and now >= t]
+        for _, ctx in sorted(idle, key=lambda pair: pair[0]):
+            if self._busy(ctx.number):
+                ctx.active_t = now
+            else:
+                for event in self.session.expire(ctx.number):
+                    self.receive(event, now)
 
     def receive_text(self, data: str, now: float) -> None:
         """Take one text WebSocket message, received at ``now``.
@@ -177,21 +235,39 @@ class Core:
         match event:
             case ConfigAccepted(config=config, ignored_fields=ignored):
                 self._out.append(Configure(config, ignored))
-            case UtteranceStarted(utterance_index=u):
-                self._open(u, now)
+            case UtteranceStarted(utterance_index=u, context_number=c):
+                self._open(u, now, c)
             case SegmentReady(utterance_index=u, sentence_index=s, text=text):
                 self._utterance(u).segments[s] = _Segment(text, now)
                 self.session.backlog += len(text)
                 self._out.append(Speak(u, s, text))
-            case UtteranceEnded(utterance_index=u, total_sentences=n):
-                self._utterance(u).total = n
+            case UtteranceEnded(utterance_index=u, total_sentences=n, context_number=c):
+                self._utterance(u, c).total = n
                 self._settle()
             case UtteranceCancelled(utterance_index=u):
                 self.cancel(u)
-            case Committed(commit_id=commit_id, utterance_index=u, sentence_index=s):
-                self._out.append(
-                    Message(InputCommitted(commit_id=commit_id, utterance_index=u, sentence_index=s))
+            case Committed(commit_id=commit_id, utterance_index=u, sentence_index=s, context_number=c):
+                msg = InputCommitted(
+                    commit_id=commit_id, utterance_index=u, sentence_index=s, context_id=self._wire_id(c)
                 )
+                self._out.append(Message(msg))
+            case ContextStarted(context_id=cid, context_number=c):
+                self._contexts[c] = _Context(cid, c, active_t=now)
+                self._out.append(Message(ContextOpened(context_id=cid, context_number=c)))
+            case ContextActive(context_number=c):
+                for ctx in self._contexts.values():
+                    if c is None or ctx.number == c:
+                        ctx.active_t = now
+            case ContextCancelled(context_id=cid, context_number=c):
+                self._drop(cid, c, confirm=True)
+                if c is not None:
+                    self._close(cid, c, "cancelled")
+            case ContextEnded(context_id=cid, context_number=c, reason="closed") if c in self._contexts:
+                self._contexts[c].closing = True
+                self._settle()
+            case ContextEnded(context_id=cid, context_number=c, reason=reason):
+                self._drop(cid, c, confirm=False)
+                self._close(cid, c, reason)
             case CloseRequested():  # pragma: no branch - the last kind of Event
                 self._closing = True
                 self._settle()
@@ -199,16 +275,21 @@ class Core:
     def cancel(self, open_index: int | None = None) -> None:
         """Barge-in: drop every utterance in flight, and confirm with one ``audio.cancelled`` each.
 
+        The named contexts close too (``context.closed``, reason ``cancelled``), after the confirmations.
+
         Args:
             open_index: the utterance the client had open, confirmed when nothing was in flight.
         """
-        victims = tuple(self._utterances)
-        for u in self._utterances.values():
-            self.session.backlog -= sum(len(seg.text) for seg in u.segments.values() if not seg.started)
-        self._utterances.clear()
-        self._out.append(Drop(victims))
-        for index in victims or (open_index,):
-            self._out.append(Message(AudioCancelled(utterance_index=index)))
+        victims = tuple(self._utterances.values())
+        self._forget(victims)
+        self._out.append(Drop(tuple(u.index for u in victims)))
+        for u in victims:
+            self._out.append(Message(AudioCancelled(utterance_index=u.index, context_id=_wire(u.context_id))))
+        if not victims:
+            self._out.append(Message(AudioCancelled(utterance_index=open_index)))
+        for ctx in list(self._contexts.values()):
+            if ctx.context_id is not None:
+                self._close(ctx.context_id, ctx.number, "cancelled")
 
     def segment_started(self, utterance: int, sentence: int) -> None:
         """The engine is about to synthesize a segment (a ``Speak``): announces it with ``audio.start``."""
@@ -219,6 +300,7 @@ class Core:
         seg.started = True
         self.session.backlog -= len(seg.text)
         start = seg.counted = u.packer.start_segment(sentence)
+        seg.start_ms = start * 1000.0 / u.packer.sample_rate
         msg = AudioStart(
             utterance_index=utterance,
             sentence_index=sentence,
@@ -226,14 +308,32 @@ class Core:
             format=u.packer.fmt,
             sample_rate=u.packer.sample_rate,
             start_sample=start,
+            context_id=_wire(u.context_id),
         )
         self._out.append(Message(msg, utterance, streamed=u.streamed))
 
-    def audio(self, utterance: int, sentence: int, samples: Samples, sample_rate: int) -> None:
-        """Engine audio of a started segment, at the engine's ``sample_rate``."""
+    def audio(
+        self,
+        utterance: int,
+        sentence: int,
+        samples: Samples,
+        sample_rate: int,
+        words: Sequence[tuple[str, int, int]] = (),
+    ) -> None:
+        """Engine audio of a started segment, at the engine's ``sample_rate``.
+
+        ``words`` are the timings of the words in it, ``(word, start, end)`` in samples from its first
+        sample at ``sample_rate`` (``engine.base.WordTiming``): they go out as an ``audio.chunk`` before
+        its frames, in milliseconds on the utterance's output clock.
+        """
         u = self._utterances.get(utterance)
-        if u is not None:
-            self._frames(u, sentence, u.packer.push(samples, sample_rate))
+        if u is None:
+            return
+        seg = u.segments[sentence]
+        if words:
+            self._words(u, sentence, seg, len(samples), sample_rate, words)
+        seg.engine_s += len(samples) / sample_rate
+        self._frames(u, sentence, u.packer.push(samples, sample_rate))
 
     def segment_done(
         self, utterance: int, sentence: int, *, synthesis_s: float, error: ProtocolError | None = None
@@ -256,7 +356,13 @@ class Core:
         u.synthesis_s += synthesis_s
         self._out.append(Report(utterance, sentence))
         if error is not None:
-            msg = Error(code=error.code, message=error.message, utterance_index=utterance, field=error.field)
+            msg = Error(
+                code=error.code,
+                message=error.message,
+                utterance_index=utterance,
+                field=error.field,
+                context_id=_wire(u.context_id),
+            )
             self._out.append(Message(msg, utterance))
         u.done += 1
         self._settle()
@@ -285,20 +391,66 @@ class Core:
                 return None if u is None else Message(self._session_done(u), index)
             case Report(utterance=index, sentence=int(sentence)):
                 u = self._utterances.get(index)
-                return None if u is None else Message(self._audio_done(u, sentence), index)
+                if u is None:
+                    return None
+                u.segments[sentence].reported = True
+                if (ctx := self._contexts.get(u.context)) is not None:
+                    ctx.active_t = max(ctx.active_t, now)
+                return Message(self._audio_done(u, sentence), index)
         return output
 
     def _apply(self, events: list[Event], now: float) -> None:
         for event in events:
             self.receive(event, now)
-        if not self.session.eager_pending:
-            self._deadline = None
-        elif self._deadline is None:
-            self._deadline = now + self.session.max_buffer_delay_s
-        self._parked = False
+        for ctx in self._contexts.values():
+            if not self.session.eager_pending_in(ctx.number):
+                ctx.deadline = None
+            elif ctx.deadline is None:
+                ctx.deadline = now + self.session.max_buffer_delay_s
+            ctx.parked = False
         self.tick(now)
 
-    def _open(self, index: int, now: float | None) -> _Utterance:
+    def _idle_at(self, ctx: _Context) -> float | None:
+        limit = self.session.context_idle_timeout_s
+        if ctx.context_id is None or ctx.closing or limit <= 0:
+            return None
+        return ctx.active_t + limit
+
+    def _busy(self, context: int) -> bool:
+        """Whether audio of the context is still being made or sent (an ``audio.done`` not yet written)."""
+        return any(
+            not seg.reported
+            for u in self._utterances.values()
+            if u.context == context
+            for seg in u.segments.values()
+        )
+
+    def _wire_id(self, context: int) -> str | msgspec.UnsetType:
+        ctx = self._contexts.get(context)
+        return _wire(None if ctx is None else ctx.context_id)
+
+    def _forget(self, victims: tuple[_Utterance, ...]) -> None:
+        for u in victims:
+            self.session.backlog -= sum(len(seg.text) for seg in u.segments.values() if not seg.started)
+            del self._utterances[u.index]
+
+    def _drop(self, context_id: str, number: int | None, *, confirm: bool) -> None:
+        """Cancel one context's utterances; ``confirm``: answer even when there were none."""
+        victims = tuple(u for u in self._utterances.values() if number is not None and u.context == number)
+        self._forget(victims)
+        if victims or confirm:
+            self._out.append(Drop(tuple(u.index for u in victims)))
+        indices: list[int | None] = [u.index for u in victims]
+        for index in indices or ([None] if confirm else []):
+            self._out.append(Message(AudioCancelled(utterance_index=index, context_id=context_id)))
+
+    def _close(self, context_id: str, number: int | None, reason: CloseReason) -> None:
+        if number is not None:
+            self._contexts.pop(number, None)
+        msg = ContextClosed(context_id=context_id, context_number=number, reason=reason)
+        self._out.append(Message(msg))
+
+    def _open(self, index: int, now: float | None, context: int = 0) -> _Utterance:
         fmt = self._format
         packer = AudioPacker(
             index,
@@ -307,13 +459,16 @@ class Core:
             frame_ms=fmt.frame_ms,
             frame_header=fmt.frame_header,
             stream_audio=fmt.streamed,
+            context_number=context,
         )
-        u = self._utterances[index] = _Utterance(index, packer, fmt.streamed, now)
+        ctx = self._contexts.get(context)
+        cid = None if ctx is None else ctx.context_id
+        u = self._utterances[index] = _Utterance(index, packer, fmt.streamed, now, context, cid)
         return u
 
-    def _utterance(self, index: int) -> _Utterance:
+    def _utterance(self, index: int, context: int = 0) -> _Utterance:
         # input.done with no text ends an utterance that never started
-        return self._utterances.get(index) or self._open(index, None)
+        return self._utterances.get(index) or self._open(index, None, context)
 
     def _frames(self, u: _Utterance, sentence: int, frames: list[bytes]) -> None:
         seg, packer = u.segments[sentence], u.packer
@@ -322,16 +477,50 @@ class Core:
             audio_s = new_samples / packer.sample_rate / len(frames)  # a whole segment when not streamed
             self._out.extend(Audio(frame, u.index, sentence, audio_s) for frame in frames)
 
+    def _words(
+        self,
+        u: _Utterance,
+        sentence: int,
+        seg: _Segment,
+        length: int,
+        rate: int,
+        words: Sequence[tuple[str, int, int]],
+    ) -> None:
+        # Resampling keeps time, so engine seconds into the segment are output seconds into it.
+        base = seg.start_ms + seg.engine_s * 1000.0
+
+        def ms(sample: int) -> float:
+            return round(base + sample * 1000.0 / rate, 2)
+
+        msg = WordTimestamps(
+            utterance_index=u.index,
+            sentence_index=sentence,
+            chunk_id=seg.word_chunks,
+            chunk_start_ms=ms(0),
+            chunk_end_ms=ms(length),
+            sample_rate=u.packer.sample_rate,
+            timestamps=[WordTimestamp(word=w, start_ms=ms(start), end_ms=ms(end)) for w, start, end in words],
+            context_id=_wire(u.context_id),
+        )
+        seg.word_chunks += 1
+        self._out.append(Message(msg, u.index))
+
     def _settle(self) -> None:
-        """Hand out the ``session.done`` of finished utterances in order, then ``Finish`` when closing."""
+        """Hand out the ``session.done`` of finished utterances in order within each context, then the
+        ``context.closed`` of contexts closing with nothing left, then ``Finish`` when closing."""
+        blocked: set[int] = set()  # contexts with an utterance still speaking
         for u in self._utterances.values():
-            if u.reported:
+            if u.reported or u.context in blocked:
                 continue
             if u.total is None or u.done < u.total:
-                return
+                blocked.add(u.context)
+                continue
             u.reported = True
             self._out.append(Report(u.index))
-        if self._closing:
+        for ctx in list(self._contexts.values()):
+            if ctx.closing and ctx.number not in blocked:
+                self._close(str(ctx.context_id), ctx.number, "closed")
+        if self._closing and not blocked:
             self._closing = False
             self._out.append(Finish())
 
@@ -346,6 +535,7 @@ class Core:
             error=seg.error,
             text_to_first_audio_ms=_ms(ready),
             synthesis_ms=_ms(seg.synthesis_s) or 0.0,
+            context_id=_wire(u.context_id),
         )
 
     def _session_done(self, u: _Utterance) -> SessionDone:
@@ -358,4 +548,5 @@ class Core:
             first_text_to_first_audio_ms=_ms(first),
             audio_ms=round(u.packer.samples_sent * 1000.0 / u.packer.sample_rate, 2),
             synthesis_ms=_ms(u.synthesis_s) or 0.0,
+            context_id=_wire(u.context_id),
         )

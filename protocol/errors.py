@@ -82,6 +82,8 @@ class ErrorCode(enum.StrEnum):
     RATE_LIMITED = "rate_limited"
     #: HTTP only: the request's headers did not arrive within ``header_timeout_s``.
     HEADER_TIMEOUT = "header_timeout"
+    #: A message would open a context past ``max_contexts`` named contexts open at once.
+    TOO_MANY_CONTEXTS = "too_many_contexts"
 
 
 class Failure(NamedTuple):
@@ -126,6 +128,7 @@ FAILURES: dict[ErrorCode, Failure] = {
     # HTTP only: no WebSocket session exists when these are sent (the close code is never used).
     ErrorCode.RATE_LIMITED: Failure(_POLICY, 429),
     ErrorCode.HEADER_TIMEOUT: Failure(CloseCode.TIMEOUT, 408),
+    ErrorCode.TOO_MANY_CONTEXTS: Failure(_POLICY, 429, "$.context_id"),
 }
 #: The message of an ``internal_error``: the details stay in the server log.
 INTERNAL_ERROR_MESSAGE = "internal error; see the server log"
@@ -153,6 +156,7 @@ class ProtocolError(Exception):
         fatal: whether the session must close after reporting it.
         field: the offending field path (``$.sample_rate``); the code's usual field if omitted.
         status: the HTTP status; the code's ``FAILURES`` entry if omitted (an upstream's 4xx sets it).
+        context_id: the context the refused message named, if any (reported with the error).
     """
 
     def __init__(
@@ -164,6 +168,7 @@ class ProtocolError(Exception):
         fatal: bool = False,
         field: str | None = None,
         status: int | None = None,
+        context_id: str | None = None,
     ) -> None:
         super().__init__(message)
         failure = FAILURES[code]
@@ -173,6 +178,7 @@ class ProtocolError(Exception):
         self.fatal = fatal
         self.field = failure.field if field is None else field
         self.status = failure.http_status if status is None else status
+        self.context_id = context_id
 
     @property
     def param(self) -> str | None:

@@ -7,6 +7,7 @@ Message flow (``docs/protocol.md`` is the full contract)::
                    ◀───────────────────────── session.ready
     input.text  (any number, any size) ─────▶
                    ◀───────────────────────── audio.start      (per segment)
+                   ◀───────────────────────── audio.chunk      (word timings, with word_timestamps)
                    ◀───────────────────────── <binary audio>   (frames of frame_ms)
                    ◀───────────────────────── audio.done       (per segment)
     input.done  (flush; the socket stays) ──▶
@@ -15,6 +16,11 @@ Message flow (``docs/protocol.md`` is the full contract)::
                    ◀───────────────────────── input.committed
     input.cancel (barge-in) ────────────────▶
                    ◀───────────────────────── audio.cancelled  (no audio of it after this)
+    {"event":"mark"} (carrier echo, framing) ▶
+                   ◀───────────────────────── playback.position
+    keepalive   (restarts idle timers) ─────▶
+    context.close (one context, gracefully) ▶
+                   ◀───────────────────────── context.opened / context.closed
     session.config (again, between utterances)
     session.close ──────────────────────────▶ (all queued audio goes out, then close 1000)
                    ◀───────────────────────── error            (any time; fatal ones close)
@@ -24,6 +30,12 @@ servers know); ``session.ready`` lists the ignored config fields back to clients
 voxgate's extensions (``session.ready``, ``input.cancel``, ``warning``, timings). Server messages give
 every field a default, so adding one never breaks a client; ``protocol.dialect`` renders them with
 exactly vllm-omni's field sets for clients that did not opt in.
+
+Contexts (a voxgate extension): ``input.text``, ``input.done``, ``input.commit``, ``input.cancel`` and
+``keepalive`` may name a ``context_id``, one of several independent streams of utterances on one socket
+(ElevenLabs' multi-context WebSocket). Without it a message is about the default context, as before. The
+server messages about a named context's utterances carry its ``context_id``; a field that is ``UNSET`` is
+left out of the JSON, so messages of the default context are written exactly as before.
 """
 
 from __future__ import annotations
@@ -48,8 +60,16 @@ DEFAULT_SAMPLE_RATE = 24000
 #: The time budget of an utterance's eager first segment when a config names none (``max_buffer_delay_ms``).
 DEFAULT_MAX_BUFFER_DELAY_MS = 300
 BufferDelayMs = Annotated[int, msgspec.Meta(ge=0, le=5000)]
+#: Carriers whose media-stream framing ``framing`` can produce (``protocol.telephony.CARRIERS``).
+CarrierName = Literal["twilio", "telnyx"]
+# Twilio's stream SIDs are 34 characters; room for other carriers' ids, never for a payload.
+StreamId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 # vllm-omni caps speaker_embedding at 8192 values.
 Embedding = Annotated[list[float], msgspec.Meta(max_length=8192)]
+#: A context's id: what UUIDs, short ids and readable names need, and nothing that must be escaped in logs.
+ContextId = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+#: Why a context was closed: ``context.close`` / ``session.close``, ``input.cancel``, or its idle timeout.
+CloseReason = Literal["closed", "cancelled", "idle_timeout"]
 
 
 class _Client(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
@@ -111,6 +131,8 @@ class SessionConfig(_Client, SpeechOptions, tag="session.config", frozen=True):
     frame_ms: FrameMs = 40
     frame_header: bool = False
     word_timestamps: bool = False
+    framing: CarrierName | None = None
+    stream_sid: StreamId | None = None
 
     @property
     def voice_name(self) -> str | None:
@@ -183,33 +205,69 @@ def engine_options(msg: msgspec.Struct) -> dict[str, object]:
 
 
 class InputText(_Client, tag="input.text", frozen=True):
-    """Appends text to the current utterance (starts one if none is open)."""
+    """Appends text to the context's open utterance (starts one if none is open)."""
 
     text: str
+    context_id: ContextId | None = None
 
 
 class InputDone(_Client, tag="input.done", frozen=True):
-    """Flush: synthesize everything buffered and end the utterance; the socket stays open."""
+    """Flush: synthesize everything buffered and end the context's utterance; the socket stays open."""
+
+    context_id: ContextId | None = None
 
 
 class InputCommit(_Client, tag="input.commit", frozen=True):
-    """Cut the text buffered so far into a segment now; answered by ``input.committed``."""
+    """Cut the context's text buffered so far into a segment now; answered by ``input.committed``."""
 
     commit_id: str | None = None
+    context_id: ContextId | None = None
 
 
 class InputCancel(_Client, tag="input.cancel", frozen=True):
-    """Barge-in: drop buffered text, abort synthesis and discard queued audio."""
+    """Barge-in: drop buffered text, abort synthesis and discard queued audio (of one context, or all)."""
+
+    context_id: ContextId | None = None
+
+
+class Keepalive(_Client, tag="keepalive", frozen=True):
+    """Restart the idle timer of one context (``context_id``), or of every context; nothing else."""
+
+    context_id: ContextId | None = None
+
+
+class ContextClose(_Client, tag="context.close", frozen=True):
+    """End the context's open utterance as ``input.done`` would; once its audio is out, close it."""
+
+    context_id: ContextId
 
 
 class SessionClose(_Client, tag="session.close", frozen=True):
     """Finish the current utterance as ``input.done`` would, then close with 1000."""
 
 
-ClientMessage = SessionConfig | InputText | InputDone | InputCommit | InputCancel | SessionClose
+ClientMessage = (
+    SessionConfig
+    | InputText
+    | InputDone
+    | InputCommit
+    | InputCancel
+    | Keepalive
+    | ContextClose
+    | SessionClose
+)
 CLIENT_TYPES: frozenset[str] = frozenset(
     str(t.__struct_config__.tag)
-    for t in (SessionConfig, InputText, InputDone, InputCommit, InputCancel, SessionClose)
+    for t in (
+        SessionConfig,
+        InputText,
+        InputDone,
+        InputCommit,
+        InputCancel,
+        Keepalive,
+        ContextClose,
+        SessionClose,
+    )
 )
 
 
@@ -228,6 +286,8 @@ class Limits(msgspec.Struct, kw_only=True):
     max_pending_text_chars: int = 0
     max_sessions: int = 0
     max_sessions_per_key: int = 0
+    max_contexts: int = 0
+    context_idle_timeout_s: float = 0.0
 
 
 class EffectiveConfig(msgspec.Struct, kw_only=True):
@@ -246,6 +306,7 @@ class EffectiveConfig(msgspec.Struct, kw_only=True):
     max_buffer_delay_ms: int = DEFAULT_MAX_BUFFER_DELAY_MS
     frame_ms: int = 40
     frame_header: bool = False
+    framing: CarrierName | None = None
 
 
 class SessionReady(_Server, tag="session.ready"):
@@ -267,6 +328,36 @@ class AudioStart(_Server, tag="audio.start"):
     sample_rate: int = 0
     channels: int = 1
     start_sample: int = 0
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class WordTimestamp(msgspec.Struct, kw_only=True):
+    """One spoken word: ``[start_ms, end_ms)`` on the utterance's audio clock."""
+
+    word: str = ""
+    start_ms: float = 0.0
+    end_ms: float = 0.0
+
+
+class WordTimestamps(_Server, tag="audio.chunk"):
+    """Word timings of a stretch of a segment's audio, sent before that audio (``word_timestamps``).
+
+    vllm-omni's alignment chunk (an ``audio.chunk`` whose ``audio_b64`` is empty), with voxgate's timing
+    rules: it comes before the binary frames it describes, and every time (``chunk_start_ms``,
+    ``chunk_end_ms``, each word's) counts milliseconds from the start of the utterance's audio as the
+    client receives it (output samples / ``sample_rate``), the clock of ``audio.start``'s ``start_sample``.
+    ``chunk_id`` counts these messages within the segment.
+    """
+
+    utterance_index: int = 0
+    sentence_index: int = 0
+    chunk_id: int = 0
+    chunk_start_ms: float = 0.0
+    chunk_end_ms: float = 0.0
+    sample_rate: int = 0
+    audio_b64: str = ""
+    timestamps: list[WordTimestamp] = msgspec.field(default_factory=list)
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class AudioDone(_Server, tag="audio.done"):
@@ -279,6 +370,7 @@ class AudioDone(_Server, tag="audio.done"):
     error: bool = False
     text_to_first_audio_ms: float | None = None
     synthesis_ms: float = 0.0
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionDone(_Server, tag="session.done"):
@@ -289,6 +381,7 @@ class SessionDone(_Server, tag="session.done"):
     first_text_to_first_audio_ms: float | None = None
     audio_ms: float = 0.0
     synthesis_ms: float = 0.0
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class AudioCancelled(_Server, tag="audio.cancelled"):
@@ -298,6 +391,7 @@ class AudioCancelled(_Server, tag="audio.cancelled"):
     """
 
     utterance_index: int | None = None
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class InputCommitted(_Server, tag="input.committed"):
@@ -306,6 +400,21 @@ class InputCommitted(_Server, tag="input.committed"):
     commit_id: str | None = None
     utterance_index: int = 0
     sentence_index: int | None = None
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class PlaybackPosition(_Server, tag="playback.position"):
+    """A carrier echoed a segment's mark (``framing``): the listener has heard that segment to its end.
+
+    ``played_ms`` is all the audio heard on the socket so far: the segments whose marks came back.
+    """
+
+    mark: str = ""
+    utterance_index: int = 0
+    sentence_index: int = 0
+    text: str = ""
+    duration_ms: float = 0.0
+    played_ms: float = 0.0
 
 
 class ServerWarning(_Server, tag="warning"):
@@ -324,15 +433,38 @@ class Error(_Server, tag="error"):
     fatal: bool = False
     utterance_index: int | None = None
     field: str | None = None
+    context_id: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class ContextOpened(_Server, tag="context.opened"):
+    """A named context opened (at the first message naming it); frames of it carry ``context_number``."""
+
+    context_id: str = ""
+    context_number: int = 0
+
+
+class ContextClosed(_Server, tag="context.closed"):
+    """A named context closed: after its last ``session.done``, or at once when cancelled or idle.
+
+    ``context_number`` is None when the context was not open (a ``context.close`` of an unknown id).
+    """
+
+    context_id: str = ""
+    context_number: int | None = None
+    reason: CloseReason = "closed"
 
 
 ServerMessage = (
     SessionReady
     | AudioStart
+    | WordTimestamps
     | AudioDone
     | SessionDone
     | AudioCancelled
     | InputCommitted
+    | PlaybackPosition
     | ServerWarning
     | Error
+    | ContextOpened
+    | ContextClosed
 )

@@ -21,8 +21,10 @@ class AudioPacker:
         fmt: the session's ``response_format``.
         sample_rate: the output rate.
         frame_ms: audio per binary message when streaming.
-        frame_header: put the 24-byte header in front of each message.
+        frame_header: put the frame header in front of each message.
         stream_audio: False sends one message per segment holding the whole encoded segment.
+        context_number: the utterance's context, written into frame headers (0, the default context,
+            keeps the 24-byte ``VGA1`` header).
     """
 
     def __init__(
@@ -34,8 +36,10 @@ class AudioPacker:
         frame_ms: int,
         frame_header: bool,
         stream_audio: bool,
+        context_number: int = 0,
     ) -> None:
         self.utterance_index = utterance_index
+        self.context_number = context_number
         self.fmt: AudioFormat = fmt
         self.sample_rate = sample_rate
         self.frame_samples = max(1, round(sample_rate * frame_ms / 1000))
@@ -107,7 +111,11 @@ class AudioPacker:
         header = b""
         if self.frame_header:
             header = FrameHeader(
-                self.utterance_index, self._sentence_index, self._frame_index, self.samples_sent
+                self.utterance_index,
+                self._sentence_index,
+                self._frame_index,
+                self.samples_sent,
+                self.context_number,
             ).serialize()
         self._frame_index += 1
         self.samples_sent += len(samples)

@@ -12,13 +12,24 @@ States and the messages that move between them (anything else is an error)::
     READY   --input.commit---> READY         SPEAKING --input.commit--> SPEAKING
     READY | SPEAKING --session.close--> CLOSED
 
-``input.cancel`` is one of voxgate's extensions: a session that did not opt in refuses it as an
-unknown type, as vllm-omni does.
+``input.cancel``, ``keepalive`` and ``context.close`` are voxgate's extensions: a session that did not
+opt in refuses them as unknown types, as vllm-omni does, and ignores ``context_id`` (vllm-omni ignores
+unknown fields).
+
+Contexts. The text side keeps one stream of utterances per context: the default one (no
+``context_id``) and up to ``max_contexts`` named ones, each with its own segmenter and open utterance.
+``utterance_index`` is one counter for the whole session, so an index names one utterance whatever its
+context. The session is SPEAKING while any context has an utterance open. A named context opens at the
+first ``input.text`` / ``input.done`` / ``input.commit`` / ``keepalive`` naming it (``ContextStarted``;
+past the cap, ``too_many_contexts``) and closes at ``context.close`` (gracefully, ``ContextEnded``), at
+``input.cancel`` naming it or not (``ContextCancelled`` / ``UtteranceCancelled``), at ``session.close``,
+or when the core finds it idle (``expire``). A closed id may be used again: it opens a new context.
 """
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 import msgspec
 
@@ -28,19 +39,25 @@ from voxgate.protocol.messages import (
     CLIENT_TYPES,
     DEFAULT_MAX_BUFFER_DELAY_MS,
     ClientMessage,
+    CloseReason,
+    ContextClose,
     InputCancel,
     InputCommit,
     InputDone,
     InputText,
+    Keepalive,
     ServerMessage,
     SessionClose,
     SessionConfig,
 )
-from voxgate.protocol.segmenter import Segmenter
+from voxgate.protocol.segmenter import Granularity, Segmenter
 
 # vllm-omni's limits: a config may carry reference audio inline, other messages are small.
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 MAX_MESSAGE_BYTES = 128 * 1024
+#: Named contexts open at once when a session names no cap: ElevenLabs allows 5; a few more leave room
+#: for contexts a barge-in has closed while the client already opens the next ones.
+MAX_CONTEXTS = 8
 
 _decode_client = msgspec.json.Decoder(ClientMessage).decode
 _decode_any = msgspec.json.Decoder().decode
@@ -68,9 +85,15 @@ _TRANSITIONS: dict[tuple[State, type[ClientMessage]], State] = {
     (State.SPEAKING, InputCancel): State.READY,
     (State.READY, InputCommit): State.READY,
     (State.SPEAKING, InputCommit): State.SPEAKING,
+    (State.READY, Keepalive): State.READY,
+    (State.SPEAKING, Keepalive): State.SPEAKING,
+    (State.READY, ContextClose): State.READY,
+    (State.SPEAKING, ContextClose): State.SPEAKING,
     (State.READY, SessionClose): State.CLOSED,
     (State.SPEAKING, SessionClose): State.CLOSED,
 }
+# Refused as unknown types in vllm-omni's dialect, which has none of them.
+_EXTENSIONS = (InputCancel, Keepalive, ContextClose)
 
 
 class Event(msgspec.Struct, frozen=True):
@@ -93,9 +116,10 @@ class SegmentReady(Event, frozen=True):
 
 
 class UtteranceStarted(Event, frozen=True):
-    """The first text of an utterance arrived."""
+    """The first text of an utterance arrived; ``context_number`` is its context (0: the default)."""
 
     utterance_index: int
+    context_number: int = 0
 
 
 class UtteranceEnded(Event, frozen=True):
@@ -103,10 +127,14 @@ class UtteranceEnded(Event, frozen=True):
 
     utterance_index: int
     total_sentences: int
+    context_number: int = 0
 
 
 class UtteranceCancelled(Event, frozen=True):
-    """Barge-in: stop everything in flight. ``utterance_index`` is the open utterance, if any."""
+    """Barge-in on every context: stop everything in flight, and close the named contexts.
+
+    ``utterance_index`` is an open utterance, if any.
+    """
 
     utterance_index: int | None
 
@@ -117,10 +145,53 @@ class Committed(Event, frozen=True):
     commit_id: str | None
     utterance_index: int
     sentence_index: int | None
+    context_number: int = 0
+
+
+class ContextStarted(Event, frozen=True):
+    """A message opened the named context ``context_id``; ``context_number`` numbers it in the session."""
+
+    context_id: str
+    context_number: int
+
+
+class ContextActive(Event, frozen=True):
+    """A message named an open context (or, None, a ``keepalive`` named none): restart its idle timer."""
+
+    context_number: int | None
+
+
+class ContextCancelled(Event, frozen=True):
+    """Barge-in on one context: stop its utterances and close it (``context_number`` None: not open)."""
+
+    context_id: str
+    context_number: int | None
+
+
+class ContextEnded(Event, frozen=True):
+    """The text side closed a context: gracefully (``closed``: once its audio is out), or when idle.
+
+    ``context_number`` is None when the id named no open context.
+    """
+
+    context_id: str
+    context_number: int | None
+    reason: CloseReason = "closed"
 
 
 class CloseRequested(Event, frozen=True):
     """The client asked to close once the last utterance has played out."""
+
+
+@dataclass(slots=True)
+class _Stream:
+    """The text side of one context: its segmenter and its open utterance."""
+
+    context_id: str | None
+    number: int
+    segmenter: Segmenter
+    utterance: int | None = None  # the open utterance's index
+    sentences: int = 0  # segments of the open utterance so far
 
 
 class Session:
@@ -132,6 +203,10 @@ class Session:
         max_pending_text_chars: most text not yet handed to the engine (buffered here, or in segments not
             started yet: ``backlog``, kept by the ``Core``) an ``input.text`` may bring it to; 0 for no cap.
         extensions: the client opted in to voxgate's extensions (``protocol.dialect``).
+        max_contexts: named contexts open at once; a message that would open one more is refused
+            (``too_many_contexts``). 0 refuses every named context.
+        context_idle_timeout_s: seconds a named context may go without a message before the core
+            closes it (``Core.tick``); 0 for never.
     """
 
     def __init__(
@@ -141,6 +216,8 @@ class Session:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_pending_text_chars: int = 0,
         extensions: bool = True,
+        max_contexts: int = MAX_CONTEXTS,
+        context_idle_timeout_s: float = 0.0,
     ) -> None:
         self.extensions = extensions
         self.state = State.AWAITING_CONFIG
@@ -148,24 +225,53 @@ class Session:
         self.max_config_bytes = max_config_bytes
         self.max_message_bytes = max_message_bytes
         self.max_pending_text_chars = max_pending_text_chars
+        self.max_contexts = max_contexts
+        self.context_idle_timeout_s = context_idle_timeout_s
         #: Characters of segments handed out whose synthesis has not started (the ``Core`` keeps it).
         self.backlog = 0
+        #: The index the next utterance will take, in whichever context it starts.
         self.utterance_index = 0
-        self._sentences = 0
-        self._segmenter = Segmenter()
+        self._segmentation: tuple[Granularity, bool] = ("sentence", True)
+        self._default = _Stream(None, 0, Segmenter())
+        self._named: dict[str, _Stream] = {}
+        self._numbers = 0  # context numbers handed out (never reused within a session)
         self.max_buffer_delay_s = DEFAULT_MAX_BUFFER_DELAY_MS / 1000.0
 
     @property
-    def eager_pending(self) -> bool:
-        """Whether text of the open utterance's eager first segment waits (``cut_early`` may cut it)."""
-        return self._segmenter.eager_pending
+    def _segmenter(self) -> Segmenter:
+        """The default context's segmenter."""
+        return self._default.segmenter
 
-    def cut_early(self) -> list[Event]:
-        """Cut the open utterance's eager first segment now, if the text allows (``Segmenter.cut_early``).
+    @property
+    def eager_pending(self) -> bool:
+        """Whether text of an open utterance's eager first segment waits, in any context."""
+        return any(stream.segmenter.eager_pending for stream in self._streams())
+
+    def eager_pending_in(self, context_number: int) -> bool:
+        """Whether the eager first segment of the context's open utterance waits (``cut_early`` cuts it)."""
+        stream = self._by_number(context_number)
+        return stream is not None and stream.segmenter.eager_pending
+
+    def cut_early(self, context_number: int = 0) -> list[Event]:
+        """Cut the context's eager first segment now, if the text allows (``Segmenter.cut_early``).
 
         The core calls it once the segment's text has waited ``max_buffer_delay_s``.
         """
-        return self._segments(self._segmenter.cut_early())
+        stream = self._by_number(context_number)
+        return [] if stream is None else self._segments(stream, stream.segmenter.cut_early())
+
+    def expire(self, context_number: int) -> list[Event]:
+        """Close a named context that was idle too long (the core decides when): its text is dropped.
+
+        Returns:
+            ``ContextEnded`` with reason ``idle_timeout``, or nothing if the context is not open.
+        """
+        stream = self._by_number(context_number)
+        if stream is None or stream.context_id is None:
+            return []
+        del self._named[stream.context_id]
+        self._settle_state()
+        return [ContextEnded(stream.context_id, stream.number, "idle_timeout")]
 
     @property
     def configured(self) -> bool:
@@ -192,44 +298,63 @@ class Session:
         Raises:
             ProtocolError: the message is illegal in the current state.
         """
-        if isinstance(msg, InputCancel) and not self.extensions:
+        if isinstance(msg, _EXTENSIONS) and not self.extensions:
+            tag = msg.__struct_config__.tag
             raise self._error(
                 ErrorCode.UNKNOWN_TYPE,
-                "unknown message type: 'input.cancel' (a voxgate extension)",
+                f"unknown message type: {tag!r} (a voxgate extension)",
                 field="$.type",
             )
         key = (self.state, type(msg))
         if key not in _TRANSITIONS:
             raise self._illegal(msg)
+        # vllm-omni's dialect ignores unknown fields, context_id among them.
+        cid = getattr(msg, "context_id", None) if self.extensions else None
         events: list[Event] = []
         match msg:
             case SessionConfig():
                 events.append(ConfigAccepted(msg, ignored_fields))
             case InputText(text=text):
+                if text:
+                    self._check_backlog(text, cid)
+                stream = self._stream(cid, events)
                 if not text:
-                    return []  # an empty text is a keep-alive, as in ElevenLabs' protocol
-                self._check_backlog(text)
-                if self.state is State.READY:
-                    events.append(UtteranceStarted(self.utterance_index))
-                events.extend(self._segments(self._segmenter.push(text)))
+                    return events  # an empty text is a keep-alive, as in ElevenLabs' protocol
+                if stream.utterance is None:
+                    stream.utterance, stream.sentences = self._next_index(), 0
+                    events.append(UtteranceStarted(stream.utterance, stream.number))
+                events.extend(self._segments(stream, stream.segmenter.push(text)))
             case InputDone():
-                events.extend(self._end_utterance())
+                events.extend(self._end_utterance(self._stream(cid, events)))
             case InputCommit(commit_id=commit_id):
-                texts = self._segmenter.commit()
-                events.extend(self._segments(texts))
-                last = self._sentences - 1 if texts else None
-                events.append(Committed(commit_id, self.utterance_index, last))
+                stream = self._stream(cid, events)
+                texts = stream.segmenter.commit()
+                events.extend(self._segments(stream, texts))
+                last = stream.sentences - 1 if texts else None
+                index = self.utterance_index if stream.utterance is None else stream.utterance
+                events.append(Committed(commit_id, index, last, stream.number))
             case InputCancel():
-                open_index = self.utterance_index if self.state is State.SPEAKING else None
-                self._segmenter.reset()
-                if open_index is not None:
-                    self._next_utterance()
-                events.append(UtteranceCancelled(open_index))
-            case SessionClose():  # pragma: no branch - the _TRANSITIONS check lets only these five through
-                if self.state is State.SPEAKING:
-                    events.extend(self._end_utterance())
+                events.extend(self._cancel(cid))
+            case Keepalive():
+                if cid is None:
+                    events.append(ContextActive(None))
+                else:
+                    self._stream(cid, events)
+            case ContextClose():
+                closing = self._named.pop(msg.context_id, None)
+                if closing is not None and closing.utterance is not None:
+                    events.extend(self._end_utterance(closing))
+                events.append(ContextEnded(msg.context_id, None if closing is None else closing.number))
+            case SessionClose():  # pragma: no branch - the _TRANSITIONS check lets only these through
+                for stream in sorted(self._streams(), key=_open_index):
+                    if stream.utterance is not None:
+                        events.extend(self._end_utterance(stream))
+                for stream in self._named.values():
+                    events.append(ContextEnded(str(stream.context_id), stream.number))
+                self._named.clear()
                 events.append(CloseRequested())
         self.state = _TRANSITIONS[key]
+        self._settle_state()
         return events
 
     def receive_bytes(self, data: bytes) -> list[Event]:
@@ -241,8 +366,10 @@ class Session:
     def accept_config(self, config: SessionConfig) -> None:
         """Adopt a config once the gateway has checked it against the engine (after ``ConfigAccepted``)."""
         self.config = config
-        granularity, eager = config.segmentation()
-        self._segmenter = Segmenter(granularity, eager_first=eager)
+        self._segmentation = config.segmentation()
+        # Accepted only while no utterance is open: every segmenter is empty.
+        for stream in self._streams():
+            stream.segmenter = self._new_segmenter()
         self.max_buffer_delay_s = config.max_buffer_delay_ms / 1000.0
 
     def reject_config(self, error: ProtocolError) -> ProtocolError:
@@ -261,32 +388,85 @@ class Session:
         """
         return render(msg, extensions=self.extensions, streamed=streamed)
 
-    def _check_backlog(self, text: str) -> None:
+    def _check_backlog(self, text: str, context_id: str | None) -> None:
         cap = self.max_pending_text_chars
-        pending = self.backlog + len(self._segmenter.pending)
+        pending = self.backlog + sum(len(stream.segmenter.pending) for stream in self._streams())
         if cap and pending + len(text) > cap:
-            raise self._error(
+            raise ProtocolError(
                 ErrorCode.TEXT_BACKLOG_FULL,
                 f"{pending} characters are waiting to be spoken; {len(text)} more would pass the "
                 f"limit of {cap}: send it once the audio has caught up",
+                fatal=not self.configured,
+                context_id=context_id,
             )
 
-    def _segments(self, texts: list[str]) -> list[Event]:
+    def _streams(self) -> list[_Stream]:
+        return [self._default, *self._named.values()]
+
+    def _by_number(self, number: int) -> _Stream | None:
+        return next((stream for stream in self._streams() if stream.number == number), None)
+
+    def _new_segmenter(self) -> Segmenter:
+        granularity, eager = self._segmentation
+        return Segmenter(granularity, eager_first=eager)
+
+    def _stream(self, context_id: str | None, events: list[Event]) -> _Stream:
+        """The context a message names, opened if new (past the cap: refused, nothing changed)."""
+        if context_id is None:
+            return self._default
+        stream = self._named.get(context_id)
+        if stream is not None:
+            events.append(ContextActive(stream.number))
+            return stream
+        if len(self._named) >= self.max_contexts:
+            raise ProtocolError(
+                ErrorCode.TOO_MANY_CONTEXTS,
+                f"{len(self._named)} contexts are open, the most this session allows; close one "
+                "(context.close or input.cancel with its context_id) before opening another",
+                fatal=not self.configured,
+                context_id=context_id,
+            )
+        self._numbers += 1
+        stream = self._named[context_id] = _Stream(context_id, self._numbers, self._new_segmenter())
+        events.append(ContextStarted(context_id, stream.number))
+        return stream
+
+    def _cancel(self, context_id: str | None) -> list[Event]:
+        if context_id is not None:
+            closed = self._named.pop(context_id, None)
+            return [ContextCancelled(context_id, None if closed is None else closed.number)]
+        opened = [s.utterance for s in self._streams() if s.utterance is not None]
+        for stream in self._streams():
+            stream.segmenter.reset()
+            stream.utterance = None
+        self._named.clear()
+        return [UtteranceCancelled(min(opened, default=None))]
+
+    def _segments(self, stream: _Stream, texts: list[str]) -> list[Event]:
         out: list[Event] = []
         for text in texts:
-            out.append(SegmentReady(self.utterance_index, self._sentences, text))
-            self._sentences += 1
+            assert stream.utterance is not None  # text is buffered only in an open utterance
+            out.append(SegmentReady(stream.utterance, stream.sentences, text))
+            stream.sentences += 1
         return out
 
-    def _end_utterance(self) -> list[Event]:
-        events = self._segments(self._segmenter.flush())
-        events.append(UtteranceEnded(self.utterance_index, self._sentences))
-        self._next_utterance()
+    def _end_utterance(self, stream: _Stream) -> list[Event]:
+        if stream.utterance is None:  # input.done with no text: an empty utterance
+            stream.utterance, stream.sentences = self._next_index(), 0
+        events = self._segments(stream, stream.segmenter.flush())
+        events.append(UtteranceEnded(stream.utterance, stream.sentences, stream.number))
+        stream.utterance = None
         return events
 
-    def _next_utterance(self) -> None:
+    def _next_index(self) -> int:
         self.utterance_index += 1
-        self._sentences = 0
+        return self.utterance_index - 1
+
+    def _settle_state(self) -> None:
+        """SPEAKING while any context has an utterance open, READY otherwise."""
+        if self.state in (State.READY, State.SPEAKING):
+            speaking = any(stream.utterance is not None for stream in self._streams())
+            self.state = State.SPEAKING if speaking else State.READY
 
     def _decode(self, data: str) -> ClientMessage:
         size = len(data) if data.isascii() else len(data.encode())
@@ -338,6 +518,10 @@ class Session:
         field: str | None = None,
     ) -> ProtocolError:
         return ProtocolError(code, message, fatal=not self.configured, field=field)
+
+
+def _open_index(stream: _Stream) -> int:
+    return -1 if stream.utterance is None else stream.utterance
 
 
 def _unknown_fields(data: str) -> tuple[str, ...]:

@@ -27,7 +27,9 @@ OWNER = "0123456789abcdef01234567"
 
 
 def clip(seed: int, seconds: float = 1.5, rate: int = 16000) -> npt.NDArray[np.float32]:
-    return np.random.default_rng(seed).uniform(-0.5, 0.5, int(seconds * rate)).astype(np.float32)
+    """Noise as a 16-bit source decodes (k / 32768), which the store keeps exactly."""
+    pcm = np.random.default_rng(seed).integers(-16384, 16384, int(seconds * rate))
+    return (pcm / 32768).astype(np.float32)
 
 
 def file_of(name: str) -> str:

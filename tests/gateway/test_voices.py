@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import soundfile
+import soxr
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
@@ -50,10 +51,14 @@ def encode(
 
 
 def decoded(data: bytes) -> npt.NDArray[np.float32]:
-    """What the gateway should store for an upload: the client-side decode, mixed down to mono."""
-    audio, _ = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    mono: npt.NDArray[np.float32] = audio.mean(axis=1, dtype=np.float32)
-    return mono
+    """What the gateway should store for an upload: the client-side decode, mixed down to mono, resampled
+    to 24 kHz when above, as 16-bit PCM."""
+    audio, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    mono = audio.mean(axis=1, dtype=np.float32)
+    if rate > 24000:
+        mono = soxr.resample(mono, rate, 24000, quality="HQ")
+    pcm: npt.NDArray[np.float32] = (np.clip(np.rint(mono * 32768), -32768, 32767) / 32768).astype(np.float32)
+    return pcm
 
 
 WAV = encode(samples())
@@ -157,7 +162,7 @@ def test_upload_each_format(
     assert (voice["name"], voice["kind"], voice["sample_rate"], voice["mime_type"]) == (
         name,
         "audio",
-        rate,
+        min(rate, 24000),
         mime,
     )
     assert (voice["ref_text"], voice["speaker_description"], voice["requires"]) == (
@@ -169,8 +174,9 @@ def test_upload_each_format(
     assert str(directory) not in response.text and ".safetensors" not in response.text
     stored = store.get("", name)
     assert stored is not None and stored.audio is not None
-    # Stereo is mixed down and nothing else changes (mpg123 decodes a few samples 1 ulp apart on a re-read).
-    np.testing.assert_allclose(stored.audio, decoded(data), rtol=0, atol=1e-6)
+    # Stereo is mixed down, over 24 kHz resampled, then stored as 16-bit PCM (mpg123 decodes a few samples
+    # 1 ulp apart on a re-read, which may round to the next 16-bit step).
+    np.testing.assert_allclose(stored.audio, decoded(data), rtol=0, atol=1 / 32768 + 1e-6)
 
 
 def test_upload_embedding_multipart_and_urlencoded(client: httpx.Client) -> None:

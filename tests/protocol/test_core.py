@@ -18,6 +18,8 @@ from voxgate.protocol.messages import (
     InputText,
     SessionConfig,
     SessionDone,
+    WordTimestamp,
+    WordTimestamps,
 )
 from voxgate.protocol.output import (
     Audio,
@@ -311,3 +313,48 @@ def test_text_past_the_backlog_cap_is_refused_without_changing_anything() -> Non
     core.receive_message(InputText(text="x" * 20), 5.0)
     with pytest.raises(ProtocolError):
         core.receive_message(InputText(text="y"), 6.0)
+
+
+def test_word_timings_go_out_before_their_audio_in_ms_on_the_utterance_clock() -> None:
+    core = Core(OutputFormat("pcm", 16000, frame_ms=100))  # the engine speaks at 8 kHz: resampled
+    core.receive(UtteranceStarted(0), 0.0)
+    core.receive(SegmentReady(0, 0, "One two."), 0.0)
+    core.receive(SegmentReady(0, 1, "Three."), 0.0)
+    core.receive(UtteranceEnded(0, 2), 0.0)
+    core.data_to_send()
+    core.segment_started(0, 0)
+    core.audio(0, 0, tone(0.25), RATE, [("One", 400, 1000), ("two.", 1000, 2000)])
+    core.audio(0, 0, tone(0.25), RATE, [("more", 0, 2000)])
+    core.audio(0, 0, tone(0.125), RATE)  # no words in this one: no message
+    core.segment_done(0, 0, synthesis_s=0.1)
+    core.segment_started(0, 1)
+    core.audio(0, 1, tone(0.5), RATE, [("Three.", 800, 4000)])
+    out = core.data_to_send()
+    words = [o.msg for o in out if isinstance(o, Message) and isinstance(o.msg, WordTimestamps)]
+    assert [(w.sentence_index, w.chunk_id, w.chunk_start_ms, w.chunk_end_ms) for w in words] == [
+        (0, 0, 0.0, 250.0),
+        (0, 1, 250.0, 500.0),
+        (1, 0, 625.0, 1125.0),  # the second segment starts after the first's 625 ms
+    ]
+    assert words[0].timestamps == [
+        WordTimestamp(word="One", start_ms=50.0, end_ms=125.0),
+        WordTimestamp(word="two.", start_ms=125.0, end_ms=250.0),
+    ]
+    assert words[1].timestamps == [WordTimestamp(word="more", start_ms=250.0, end_ms=500.0)]
+    assert words[2].timestamps == [WordTimestamp(word="Three.", start_ms=725.0, end_ms=1125.0)]
+    assert all(w.sample_rate == 16000 and w.utterance_index == 0 for w in words)
+    # Each comes before the first frame of its audio.
+    first = kinds(out).index("WordTimestamps")
+    assert "Audio" not in kinds(out)[:first]
+    starts = [i for i, o in enumerate(out) if isinstance(o, Message) and isinstance(o.msg, AudioStart)]
+    assert kinds(out)[starts[1] + 1] == "WordTimestamps"
+
+
+def test_word_timings_of_a_cancelled_utterance_are_dropped() -> None:
+    core = Core(PCM)
+    speak_one(core)
+    core.segment_started(0, 0)
+    core.cancel()
+    core.data_to_send()
+    core.audio(0, 0, tone(0.1), RATE, [("Hi.", 0, 800)])
+    assert core.data_to_send() == []

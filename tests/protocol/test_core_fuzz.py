@@ -178,8 +178,10 @@ class Shell:
                 self.core.receive_bytes(data, self.now)
             else:
                 self.core.receive_text(data, self.now)
-            if self.core.session.state is State.SPEAKING:
-                self.fmt_of.setdefault(self.core.session.utterance_index, self.fmt)
+            # Utterances numbered by this message speak the format in force now (a config can only
+            # change while no utterance is open).
+            for u in range(len(self.fmt_of), self.core.session.utterance_index):
+                self.fmt_of[u] = self.fmt
             self.flush()
         except ProtocolError as error:
             assert error.code in FAILURES and error.message

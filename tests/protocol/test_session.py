@@ -21,6 +21,8 @@ from voxgate.protocol.messages import (
     SessionConfig,
     SessionDone,
     SessionReady,
+    WordTimestamp,
+    WordTimestamps,
 )
 from voxgate.protocol.session import (
     MAX_CONFIG_BYTES,
@@ -633,3 +635,27 @@ def test_vllm_dialect_writes_vllm_omnis_field_sets() -> None:
     assert "synthesis_ms" in json.loads(ours.send(done))
     assert not sends(SessionReady(), extensions=False) and sends(SessionReady(), extensions=True)
     assert not sends(AudioCancelled(), extensions=False) and sends(done, extensions=False)
+
+
+def test_word_timestamps_go_to_both_dialects_in_vllm_omnis_alignment_chunk_shape() -> None:
+    chunk = WordTimestamps(
+        utterance_index=1,
+        sentence_index=2,
+        chunk_start_ms=100.0,
+        chunk_end_ms=400.0,
+        sample_rate=24000,
+        timestamps=[WordTimestamp(word="$3.50", start_ms=150.0, end_ms=400.0)],
+    )
+    expected = {
+        "type": "audio.chunk",
+        "utterance_index": 1,
+        "sentence_index": 2,
+        "chunk_id": 0,
+        "chunk_start_ms": 100.0,
+        "chunk_end_ms": 400.0,
+        "sample_rate": 24000,
+        "audio_b64": "",
+        "timestamps": [{"word": "$3.50", "start_ms": 150.0, "end_ms": 400.0}],
+    }
+    assert json.loads(Session(extensions=False).send(chunk)) == expected == json.loads(Session().send(chunk))
+    assert sends(chunk, extensions=False) and sends(chunk, extensions=True)
