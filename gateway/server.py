@@ -9,6 +9,7 @@ import json
 import logging
 import signal
 import socket
+from collections.abc import Callable
 from types import FrameType
 
 import h11
@@ -133,11 +134,18 @@ class HeaderDeadline:
     """
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, transport: asyncio.Transport, timeout_s: float
+        self,
+        loop: asyncio.AbstractEventLoop,
+        transport: asyncio.Transport,
+        timeout_s: float,
+        busy: Callable[[], bool] = lambda: False,
     ) -> None:
         self.loop = loop
         self.transport = transport
         self.timeout_s = timeout_s
+        #: Whether a response is being written (a pipelined request's head may trickle in meanwhile):
+        #: the timer then waits another ``timeout_s``, so nothing is ever written into a response.
+        self.busy = busy
         self.started = False  # a byte of the current request has arrived
         self.handle: asyncio.TimerHandle | None = None
 
@@ -156,6 +164,9 @@ class HeaderDeadline:
     def _expire(self) -> None:
         self.handle = None
         if self.transport.is_closing():
+            return
+        if self.busy():
+            self.handle = self.loop.call_later(self.timeout_s, self._expire)
             return
         peer = self.transport.get_extra_info("peername")
         logger.info(
@@ -197,8 +208,11 @@ if HttpToolsProtocol is not None:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self.header_deadline = HeaderDeadline(self.loop, transport, self.header_timeout_s)
+            self.header_deadline = HeaderDeadline(self.loop, transport, self.header_timeout_s, self._busy)
             self.header_deadline.arm(started=False)
+
+        def _busy(self) -> bool:
+            return self.cycle is not None and not self.cycle.response_complete
 
         def on_message_begin(self) -> None:  # the parser saw the first byte of a request
             self.header_deadline.arm(started=True)

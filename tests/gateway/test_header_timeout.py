@@ -173,6 +173,15 @@ def test_the_next_request_on_a_keep_alive_connection_has_its_own_deadline(impl: 
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_a_partial_request_pipelined_behind_a_complete_one_is_timed_too(impl: str) -> None:
+    with timed_server(impl) as address, _connect(address) as conn:
+        conn.sendall(GET + b"GET /hea")  # one chunk: the second head starts while the first is served
+        assert _read_response(conn).startswith(b"HTTP/1.1 200 ")
+        conn.sendall(b"l")  # and goes on trickling
+        _assert_408(_read_to_close(conn))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_a_websocket_outlives_the_header_timeout(impl: str) -> None:
     with timed_server(impl) as (host, port), session(f"{host}:{port}") as ws:
         time.sleep(HEADER_TIMEOUT_S * 2)
