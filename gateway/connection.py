@@ -414,7 +414,7 @@ class Connection:
             self.meter.sent(output)
             match output:
                 case Finish():
-                    with contextlib.suppress(WebSocketDisconnect):
+                    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
                         await self.ws.close(CloseCode.NORMAL)
                     raise _Stop()
                 case Audio(data=data):
@@ -436,6 +436,11 @@ class Connection:
                 else:
                     await self.ws.send_text(payload)
         except WebSocketDisconnect:
+            raise _Stop() from None
+        except RuntimeError as exc:
+            # The server closed the socket under the writer (uvicorn's own 1007/1009 close, or ours
+            # already sent): the session ends as on a disconnect, with an info line, no traceback.
+            self.log.info("socket closed while sending: %s", exc)
             raise _Stop() from None
         except TimeoutError:
             raise SlowConsumer(f"the client read nothing for {self.settings.send_timeout_s:g} s") from None

@@ -6,7 +6,9 @@ and uvicorn's limit, a non-fatal ``message_too_large``: tests/gateway/test_strea
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import tempfile
 
 import pytest
@@ -49,3 +51,35 @@ def test_a_message_past_the_limit_after_config_closes_with_1009_and_the_server_s
                 send(ws, type="input.text", text="Still serving.")
                 send(ws, type="input.done")
                 assert recv_until(ws, "session.done").frames()
+
+
+def test_uvicorn_closing_the_socket_while_audio_streams_ends_the_session_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # uvicorn closes the socket on its own, with 1007 on a text frame of invalid UTF-8 or 1009 on a frame
+    # past its limit; the session's writer, still sending audio, then meets a socket closed under it
+    # (RuntimeError from uvicorn). That ends the session with an info line, never an ERROR with a traceback.
+    with tempfile.TemporaryDirectory() as voices_dir:
+        settings = Settings(voices_dir=voices_dir, max_config_bytes=64 * 1024, idle_timeout_s=TIMEOUT_S * 4)
+        limit = uvicorn_ws_options(settings)["ws_max_size"]
+        big = json.dumps({"type": "input.text", "text": "x" * (limit + 1024)})
+        engine = FakeEngine(chunk_s=0.02, delay_s=0.002)
+        with caplog.at_level(logging.INFO, logger="voxgate"):
+            with serve(create_app(settings, engine=engine), **uvicorn_ws_options(settings)) as address:
+                for bad in [b"\xff\xfe invalid UTF-8"] * 5 + [big.encode()] * 2:
+                    with voxgate_connect(f"ws://{address}/v1/audio/speech/stream", max_size=None) as ws:
+                        send(ws, type="session.config")
+                        assert recv_message(ws)["type"] == "session.ready"
+                        send(ws, type="input.text", text="A long sentence that keeps the writer busy. " * 40)
+                        send(ws, type="input.done")
+                        assert isinstance(recv(ws), dict)  # audio.start: the writer is streaming
+                        with contextlib.suppress(ConnectionClosed, OSError):
+                            ws.send(bad, text=True)
+                            while True:
+                                recv(ws)
+                with session(address) as ws:
+                    send(ws, type="input.text", text="Still serving.")
+                    send(ws, type="input.done")
+                    assert recv_until(ws, "session.done").frames()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
