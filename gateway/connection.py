@@ -317,6 +317,9 @@ class Connection:
             max_segment_audio_per_char_s=s.max_segment_audio_per_char_s,
             max_contexts=s.max_contexts,
             context_idle_timeout_s=s.context_idle_timeout_s,
+            rate_limit_per_s=s.rate_limit_per_s,
+            rate_limit_burst=s.rate_limit_burst,
+            header_timeout_s=s.header_timeout_s,
         )
         ready = SessionReady(
             session_id=self.id, config=effective, limits=limits, ignored_fields=list(ignored_fields)
