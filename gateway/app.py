@@ -23,6 +23,7 @@ from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.headers import SecurityHeadersMiddleware
 from voxgate.gateway.http import HttpOnly, RequestIdMiddleware, not_found, not_found_error
 from voxgate.gateway.metrics import Metrics, metrics_endpoint
+from voxgate.gateway.ratelimit import RateLimitMiddleware
 from voxgate.gateway.sessions import Admission, Sessions
 from voxgate.gateway.settings import Settings
 from voxgate.gateway.store import VoiceStore
@@ -133,6 +134,7 @@ def create_app(
             server=(settings.host, settings.port),
             keyed_paths=() if settings.metrics_public else ("/metrics",),
         ),
+        Middleware(RateLimitMiddleware, rate=settings.rate_limit_per_s, burst=settings.rate_limit_burst),
         Middleware(Admission, sessions=sessions),
     ]
     app = Starlette(

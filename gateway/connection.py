@@ -395,6 +395,9 @@ class Connection:
             max_segment_audio_per_char_s=s.max_segment_audio_per_char_s,
             max_contexts=s.max_contexts,
             context_idle_timeout_s=s.context_idle_timeout_s,
+            rate_limit_per_s=s.rate_limit_per_s,
+            rate_limit_burst=s.rate_limit_burst,
+            header_timeout_s=s.header_timeout_s,
         )
         ready = SessionReady(
             session_id=self.id, config=effective, limits=limits, ignored_fields=list(ignored_fields)
@@ -492,7 +495,7 @@ class Connection:
             self.meter.sent(output)
             match output:
                 case Finish():
-                    with contextlib.suppress(WebSocketDisconnect):
+                    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
                         await self.ws.close(CloseCode.NORMAL)
                     raise _Stop()
                 case Audio(data=data):
@@ -513,6 +516,11 @@ class Connection:
             else:
                 await self.send_deadline.within(self.ws.send_text(payload), self.settings.send_timeout_s)
         except WebSocketDisconnect:
+            raise _Stop() from None
+        except RuntimeError as exc:
+            # The server closed the socket under the writer (uvicorn's own 1007/1009 close, or ours
+            # already sent): the session ends as on a disconnect, with an info line, no traceback.
+            self.log.info("socket closed while sending: %s", exc)
             raise _Stop() from None
         except TimeoutError:
             raise SlowConsumer(f"the client read nothing for {self.settings.send_timeout_s:g} s") from None

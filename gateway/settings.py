@@ -133,6 +133,27 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_segment_audio_per_char_s: Annotated[
         float, option("seconds of audio a segment may have per character of its text", flag=True)
     ] = 0.3
+    # Per API key (per client address without keys), REST routes under /v1/ only: sessions have caps.
+    rate_limit_per_s: Annotated[
+        float,
+        option(
+            "REST requests (`/v1/` routes) per second per API key, or per client address without keys; "
+            "0 for no limit (429 `rate_limited`)",
+            flag=True,
+        ),
+    ] = 10.0
+    rate_limit_burst: Annotated[
+        int, option("REST requests a key (or address) may make at once, above the rate", flag=True)
+    ] = 50
+    # A client that trickles its request headers (slowloris) holds a connection: cut it after this.
+    header_timeout_s: Annotated[
+        float,
+        option(
+            "seconds a client has to send a request's headers, from its connection or its first byte "
+            "(408), 0 for no limit",
+            flag=True,
+        ),
+    ] = 10.0
     # ElevenLabs allows 5 per socket; a few more leave room for contexts a barge-in is still closing.
     max_contexts: Annotated[
         int,

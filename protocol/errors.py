@@ -81,6 +81,10 @@ class ErrorCode(enum.StrEnum):
     #: An engine gave more audio for a segment than its text can take (``max_segment_audio_*``): the rest
     #: was cut, and the engine's work on the segment stopped.
     AUDIO_TRUNCATED = "audio_truncated"
+    #: REST only: the API key (or, without keys, the client address) is over ``rate_limit_per_s``.
+    RATE_LIMITED = "rate_limited"
+    #: HTTP only: the request's headers did not arrive within ``header_timeout_s``.
+    HEADER_TIMEOUT = "header_timeout"
     #: A message would open a context past ``max_contexts`` named contexts open at once.
     TOO_MANY_CONTEXTS = "too_many_contexts"
 
@@ -126,6 +130,9 @@ FAILURES: dict[ErrorCode, Failure] = {
     ErrorCode.TEXT_BACKLOG_FULL: Failure(_POLICY, 429, "$.text"),
     # Never fatal; the engine misbehaved, as with ``engine_error``.
     ErrorCode.AUDIO_TRUNCATED: Failure(CloseCode.INTERNAL_ERROR, 502),
+    # HTTP only: no WebSocket session exists when these are sent (the close code is never used).
+    ErrorCode.RATE_LIMITED: Failure(_POLICY, 429),
+    ErrorCode.HEADER_TIMEOUT: Failure(CloseCode.TIMEOUT, 408),
     ErrorCode.TOO_MANY_CONTEXTS: Failure(_POLICY, 429, "$.context_id"),
 }
 #: The message of an ``internal_error``: the details stay in the server log.

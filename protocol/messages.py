@@ -291,6 +291,11 @@ class Limits(msgspec.Struct, kw_only=True):
     max_segment_audio_per_char_s: float = 0.0
     max_contexts: int = 0
     context_idle_timeout_s: float = 0.0
+    #: REST requests per second per API key (per client address without keys), and the burst above it.
+    rate_limit_per_s: float = 0.0
+    rate_limit_burst: int = 0
+    #: Seconds an HTTP client has to send a request's headers.
+    header_timeout_s: float = 0.0
 
 
 class EffectiveConfig(msgspec.Struct, kw_only=True):

@@ -178,7 +178,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from voxgate.engine import ENGINES
     from voxgate.gateway.app import create_app, engine_names
-    from voxgate.gateway.server import DRAIN_GRACE_S, DrainingServer
+    from voxgate.gateway.server import DRAIN_GRACE_S, DrainingServer, http_protocol
 
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     settings = Settings.from_env(**fields)
@@ -201,6 +201,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(DRAIN_GRACE_S) + 1,  # then what is left is cancelled
+        http=http_protocol(settings.header_timeout_s),
         **uvicorn_ws_options(settings),
     )
     DrainingServer(config, app.state.sessions).run()

@@ -42,6 +42,7 @@ def test_serve_flags_map_onto_settings() -> None:
         "--max-sessions-per-key", "3", "--max-pending-text-chars", "100", "--fake-delay-s", "0.5",
         "--max-segment-audio-base-s", "3", "--max-segment-audio-per-char-s", "0.2",
         "--piper-wide-threads", "4", "--ws-compression", "true",
+        "--rate-limit-per-s", "2.5", "--rate-limit-burst", "8", "--header-timeout-s", "3",
     )  # fmt: skip
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     assert fields == {
@@ -53,7 +54,7 @@ def test_serve_flags_map_onto_settings() -> None:
         "vllm_model": "Qwen/x", "vllm_deploy_config": "d.yaml", "drain_timeout_s": 4.0, "max_sessions": 9,
         "max_sessions_per_key": 3, "max_pending_text_chars": 100, "fake_delay_s": 0.5,
         "max_segment_audio_base_s": 3.0, "max_segment_audio_per_char_s": 0.2, "piper_wide_threads": 4,
-        "ws_compression": True,
+        "ws_compression": True, "rate_limit_per_s": 2.5, "rate_limit_burst": 8, "header_timeout_s": 3.0,
     }  # fmt: skip
     settings = Settings.from_env({}, **fields)
     assert settings.of(RemoteSettings).upstreams == ("http://a:8091", "http://b:8091")

@@ -27,8 +27,10 @@ from tests.conftest import (
     voxgate_connect,
 )
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
+from voxgate.gateway.settings import Settings
 from voxgate.protocol.audio import decode
 from voxgate.protocol.frames import HEADER_BYTES, FrameHeader
+from voxgate.protocol.messages import Limits
 
 URL = "/v1/audio/speech/stream"
 
@@ -62,6 +64,19 @@ def test_session_ready_reports_effective_config_and_limits() -> None:
     assert ready["config"]["sample_rate"] == 8000 and ready["config"]["response_format"] == "mulaw"  # type: ignore[index]
     assert ready["limits"]["idle_timeout_s"] == 42.0  # type: ignore[index]
     assert ready["session_id"]
+
+
+def test_session_ready_publishes_every_limit_as_configured() -> None:
+    custom = {"rate_limit_per_s": 3.5, "rate_limit_burst": 7, "header_timeout_s": 4.0, "max_contexts": 3}
+    with serve_engine(FakeEngine(), **custom) as address, voxgate_connect(f"ws://{address}{URL}") as ws:
+        send(ws, type="session.config")
+        ready = recv(ws)
+    assert isinstance(ready, dict)
+    limits = ready["limits"]
+    assert isinstance(limits, dict)
+    settings = Settings.from_env({}, voices_dir="unused", **custom)
+    assert set(limits) == set(Limits.__struct_fields__)
+    assert limits == {name: getattr(settings, name) for name in Limits.__struct_fields__}
 
 
 def test_streamed_tokens_give_segments_in_order_with_headers() -> None:

@@ -1,0 +1,134 @@
+"""A rate limit on the REST routes: one token bucket per API key, or per client address without keys.
+
+``TokenBuckets`` is the pure logic, with time passed in (tests drive it with a fake clock).
+``RateLimitMiddleware`` applies it to HTTP requests under ``/v1/`` (speech, voices): the probes
+(``/healthz``, ``/readyz``), ``/metrics``, the demo page and WebSockets are not counted (WebSocket
+sessions have their own caps, ``gateway.sessions``). A refused request gets 429 ``rate_limited`` with
+``Retry-After``, the seconds until a token is back (at least 1).
+
+Memory is bounded: a bucket that has refilled to full holds nothing a fresh bucket would not, so it is
+dropped; buckets are kept in least-recently-used order, so the idle ones are found first, at the front.
+Past ``max_entries`` the least recently used bucket is dropped even if not full (its caller then starts
+again with a full burst): a flood of distinct addresses cannot grow the table.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from voxgate.gateway.auth import API_PREFIX
+from voxgate.gateway.http import error_response
+from voxgate.protocol.errors import ErrorCode, ProtocolError
+
+#: Buckets kept at most (about 100 bytes each).
+MAX_BUCKETS = 10_000
+
+
+class TokenBuckets:
+    """Token buckets by key: ``rate`` tokens a second up to ``burst``; each request takes one.
+
+    Args:
+        rate: tokens added per second (> 0).
+        burst: the bucket's size, the requests allowed at once (>= 1).
+        max_entries: buckets kept at most; the least recently used is dropped past it.
+    """
+
+    def __init__(self, rate: float, burst: int, *, max_entries: int = MAX_BUCKETS) -> None:
+        if rate <= 0 or burst < 1 or max_entries < 1:
+            raise ValueError("rate must be > 0, burst and max_entries >= 1")
+        self.rate = rate
+        self.burst = float(burst)
+        self.max_entries = max_entries
+        # key -> (tokens, when they were counted), least recently used first.
+        self._buckets: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def _level(self, key: str, now: float) -> float:
+        tokens, then = self._buckets.get(key, (self.burst, now))
+        return min(self.burst, tokens + max(0.0, now - then) * self.rate)
+
+    def take(self, key: str, now: float) -> float:
+        """Take a token for ``key`` at time ``now`` (seconds); returns 0.0 when granted, else the seconds
+        until a token is available (nothing is taken then)."""
+        self._evict(now)
+        tokens = self._level(key, now)
+        if tokens >= 1.0:
+            self._buckets[key] = (tokens - 1.0, now)
+            self._buckets.move_to_end(key)
+            self._trim()
+            return 0.0
+        # Refused: the bucket is kept as it was counted, so a refusal does not reset its refill.
+        self._buckets[key] = (tokens, now)
+        self._buckets.move_to_end(key)
+        self._trim()
+        return (1.0 - tokens) / self.rate
+
+    def _evict(self, now: float) -> None:
+        """Drop, from the least recently used end, the buckets that have refilled to full."""
+        while self._buckets:
+            key = next(iter(self._buckets))
+            if self._level(key, now) < self.burst:
+                return
+            del self._buckets[key]
+
+    def _trim(self) -> None:
+        while len(self._buckets) > self.max_entries:
+            self._buckets.popitem(last=False)
+
+
+def retry_after(wait_s: float) -> int:
+    """``Retry-After`` in whole seconds for a wait of ``wait_s``: rounded up, at least 1."""
+    return max(1, math.ceil(wait_s))
+
+
+class RateLimitMiddleware:
+    """429 ``rate_limited`` with ``Retry-After`` for REST requests over the caller's rate.
+
+    Sits inside ``AuthMiddleware``, which records the caller's ``owner`` (a hash of the key); without
+    keys (owner ``""``) the client's address is the bucket's key.
+
+    Args:
+        rate: requests per second per caller; 0 turns the limit off.
+        burst: requests a caller may make at once.
+        clock: seconds, monotonic (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        rate: float,
+        burst: int,
+        clock: Callable[[], float] = time.monotonic,
+        max_entries: int = MAX_BUCKETS,
+    ) -> None:
+        self.app = app
+        self.buckets = TokenBuckets(rate, max(1, burst), max_entries=max_entries) if rate > 0 else None
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.buckets is None or scope["type"] != "http" or not scope["path"].startswith(API_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        owner = str(scope.get("state", {}).get("owner", ""))
+        client = scope.get("client")
+        key = f"key:{owner}" if owner else f"addr:{client[0] if client else ''}"
+        wait_s = self.buckets.take(key, self.clock())
+        if not wait_s:
+            await self.app(scope, receive, send)
+            return
+        seconds = retry_after(wait_s)
+        error = ProtocolError(
+            ErrorCode.RATE_LIMITED,
+            f"too many requests: retry in {seconds} s ({self.buckets.rate:g} a second)",
+        )
+        response = error_response(error)
+        response.headers["retry-after"] = str(seconds)
+        await response(scope, receive, send)
