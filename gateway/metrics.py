@@ -5,7 +5,7 @@ timings (``protocol.core``), the WebSocket writer and the REST body see every ou
 and the remote engine's ``UpstreamPool`` knows each upstream's health and breaker, read at scrape
 time. A ``SessionMeter`` is one session's (or one REST request's) view of the metrics.
 
-Labels stay bounded: ``engine`` (the configured engines), ``dialect`` (``voxgate.v1``, ``vllm-omni``,
+Labels stay bounded: ``engine`` (the configured engines), ``dialect`` (``voxgate.v1``, ``vllm-omni``, ``elevenlabs``,
 or ``openai`` for ``POST /v1/audio/speech``), ``since``, ``code`` (the protocol's error codes) and
 ``upstream`` (the configured URLs). Nothing is labelled by key, owner, session or voice.
 """
@@ -26,7 +26,7 @@ from starlette.responses import Response
 
 from voxgate.engine.base import AudioChunk, TTSEngine
 from voxgate.engine.upstreams import UpstreamPool
-from voxgate.protocol.messages import AudioDone, Error, SessionDone
+from voxgate.protocol.messages import AudioDone, ContextClosed, ContextOpened, Error, SessionDone
 from voxgate.protocol.output import Audio, Message, Output
 
 #: The ``dialect`` of ``POST /v1/audio/speech`` (the WebSocket's are ``voxgate.v1`` and ``vllm-omni``).
@@ -71,6 +71,12 @@ class Metrics:
         self.sessions = Gauge(
             "voxgate_sessions_active",
             "Open sessions (WebSocket) and speech requests being answered (REST)",
+            ["engine", "dialect"],
+            registry=r,
+        )
+        self.contexts = Gauge(
+            "voxgate_contexts_active",
+            "Named contexts open on the sessions (docs/protocol.md, contexts)",
             ["engine", "dialect"],
             registry=r,
         )
@@ -149,6 +155,7 @@ class SessionMeter:
     engine: str = NO_ENGINE
     _open: bool = False
     _playing: dict[int, _Playback] = field(default_factory=dict)
+    _contexts: set[int] = field(default_factory=set)  # the numbers of the named contexts open
 
     def __post_init__(self) -> None:
         # Looked up once: ``labels()`` on every audio frame was a visible share of the writer's time.
@@ -172,12 +179,17 @@ class SessionMeter:
         if self._open:
             self._open = False
             self.metrics.sessions.labels(self.engine, self.dialect).dec()
+        self.metrics.contexts.labels(self.engine, self.dialect).dec(len(self._contexts))
+        self._contexts.clear()
 
     def configured(self, engine: str) -> None:
         """The session now speaks with ``engine``."""
         if engine != self.engine and self._open:
             self.metrics.sessions.labels(self.engine, self.dialect).dec()
             self.metrics.sessions.labels(engine, self.dialect).inc()
+        if engine != self.engine and self._contexts:
+            self.metrics.contexts.labels(self.engine, self.dialect).dec(len(self._contexts))
+            self.metrics.contexts.labels(engine, self.dialect).inc(len(self._contexts))
         self.engine = engine
 
     def timed(self, chunks: AsyncGenerator[AudioChunk, None]) -> AsyncGenerator[AudioChunk, None]:
@@ -212,6 +224,12 @@ class SessionMeter:
                     )
             case Message(msg=Error(code=code)):
                 self.error(code)
+            case Message(msg=ContextOpened(context_number=number)) if number not in self._contexts:
+                self._contexts.add(number)
+                m.contexts.labels(self.engine, self.dialect).inc()
+            case Message(msg=ContextClosed(context_number=number)) if number in self._contexts:
+                self._contexts.discard(number)
+                m.contexts.labels(self.engine, self.dialect).dec()
 
     def error(self, code: str) -> None:
         self.metrics.errors.labels(code, self.dialect).inc()

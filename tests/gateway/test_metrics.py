@@ -93,6 +93,23 @@ def test_the_vllm_omni_dialect_and_a_session_error_are_labelled() -> None:
     assert len(errors) == 1 and dict(next(iter(errors)))["dialect"] == "vllm-omni"
 
 
+def test_named_contexts_are_counted_while_open() -> None:
+    with serve_engine(FakeEngine()) as address:
+        with session(address) as ws:
+            for context in ("a", "b"):
+                send(ws, type="keepalive", context_id=context)
+                recv_until(ws, "context.opened")
+            open_two = scrape(address)
+            send(ws, type="context.close", context_id="a")
+            recv_until(ws, "context.closed")
+            open_one = scrape(address)
+        series = settle(address, "voxgate_contexts_active", engine="fake", dialect="voxgate.v1")
+    active = "voxgate_contexts_active"
+    assert value(open_two, active, engine="fake", dialect="voxgate.v1") == 2
+    assert value(open_one, active, engine="fake", dialect="voxgate.v1") == 1
+    assert value(series, active, engine="fake", dialect="voxgate.v1") == 0  # the session ended with b open
+
+
 def test_metrics_are_public_by_default_even_with_keys() -> None:
     with serve_engine(FakeEngine(), api_keys=("k1",)) as address:
         assert "# TYPE voxgate_sessions_active gauge" in exposition(address)
