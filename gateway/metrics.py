@@ -5,8 +5,8 @@ timings (``protocol.core``), the WebSocket writer and the REST body see every ou
 and the remote engine's ``UpstreamPool`` knows each upstream's health and breaker, read at scrape
 time. A ``SessionMeter`` is one session's (or one REST request's) view of the metrics.
 
-Labels stay bounded: ``engine`` (the configured engines), ``dialect`` (``voxgate.v1``, ``vllm-omni``, ``elevenlabs``,
-or ``openai`` for ``POST /v1/audio/speech``), ``since``, ``code`` (the protocol's error codes) and
+Labels stay bounded: ``engine`` (the configured engines), ``dialect`` (``voxgate.v1``, ``vllm-omni``,
+``elevenlabs``, or ``openai`` for ``POST /v1/audio/speech``), ``since``, ``code`` (the protocol's error codes) and
 ``upstream`` (the configured URLs). Nothing is labelled by key, owner, session or voice.
 """
 
