@@ -44,3 +44,12 @@ def uptime_line() -> str:
     """What ``uptime`` says about the load: the load averages and the number of cores."""
     one, five, fifteen = os.getloadavg()
     return f"load average: {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def status_kib(pid: int, field: str) -> int:
+    """A ``kB`` field of ``/proc/PID/status`` (``VmRSS``, ``VmHWM``, ...) of process ``pid``."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise ValueError(f"no {field} in /proc/{pid}/status")

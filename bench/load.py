@@ -26,7 +26,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _procstat  # noqa: E402
 from _load_client import Plan, split, worker  # noqa: E402
+from _serve import free_port, serve_command  # noqa: E402
 
 # About 23 s of speech in four sentences (the paragraph of bench/ttfa.py): long enough for a turn to
 # hold several segments, so that gaps between them show as underruns.
@@ -82,13 +82,6 @@ def raise_nofile(wanted: int = NOFILE) -> int:
     return max(soft, limit)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def uptime() -> str:
     """``uptime``'s line, or the load averages where the command is missing."""
     if shutil.which("uptime"):
@@ -118,8 +111,7 @@ def server_env(args: argparse.Namespace, voices_dir: str) -> dict[str, str]:
 def started_server(args: argparse.Namespace, log: Path) -> Iterator[Server]:
     """``voxgate serve`` in a subprocess on a free loopback port, ready; stopped on exit."""
     port = free_port()
-    command = [sys.executable, "-c", "import sys; from voxgate.cli import main; sys.exit(main())"]
-    command += ["serve", "--engine", args.engine, "--host", "127.0.0.1", "--port", str(port)]
+    command = serve_command("--engine", args.engine, "--host", "127.0.0.1", "--port", str(port))
     with tempfile.TemporaryDirectory(prefix="voxgate-load-") as voices, log.open("ab") as out:
         proc = subprocess.Popen(
             command, env=server_env(args, voices), stdout=out, stderr=subprocess.STDOUT, cwd=voices

@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _procstat import status_kib
+from _serve import free_port
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
@@ -59,20 +60,9 @@ CHUNK_CHARS = 5_000
 TIMEOUT_S = 120.0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def memory_mb(pid: int) -> dict[str, float]:
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = round(int(value.split()[0]) / 1024, 1)
-    return {"rss_mb": fields["VmRSS"], "peak_mb": fields["VmHWM"]}
+    rss, peak = status_kib(pid, "VmRSS"), status_kib(pid, "VmHWM")
+    return {"rss_mb": round(rss / 1024, 1), "peak_mb": round(peak / 1024, 1)}
 
 
 def start_server(port: int) -> subprocess.Popen[bytes]:

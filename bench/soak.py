@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _serve import free_port, serve_command
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.typing import Subprotocol
@@ -72,13 +72,6 @@ class Counters:
     error_codes: dict[str, int] = field(default_factory=dict)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def read_proc(pid: int) -> tuple[float, int, int]:
     """RSS in MB, open fds, threads of ``pid`` (Linux /proc)."""
     rss_kb, threads = 0, 0
@@ -105,11 +98,7 @@ def slope_per_min(samples: list[Sample], after_s: float) -> float | None:
 
 
 def start_server(args: argparse.Namespace, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-c",
-        "import sys; from voxgate.cli import main; sys.exit(main())",
-        "serve",
+    command = serve_command(
         "--engine",
         args.engine,
         "--host",
@@ -120,7 +109,7 @@ def start_server(args: argparse.Namespace, port: int, log_path: Path) -> subproc
         str(max(512, args.sessions * 2)),
         "--log-level",
         "warning",
-    ]
+    )
     if args.engine == "fake":
         command += ["--fake-delay-s", str(args.fake_delay_s)]
     log = log_path.open("wb")

@@ -24,7 +24,6 @@ import contextlib
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import soundfile
+from _procstat import status_kib
+from _serve import free_port, serve_command
 
 MB = 1 << 20
 SAMPLE_EVERY_S = 0.002
@@ -67,14 +68,6 @@ def small_wav() -> bytes:
     return buffer.getvalue()
 
 
-def _status_kb(pid: int, field: str) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise BenchError(f"no {field} in /proc/{pid}/status")
-
-
 class RssSampler:
     """Samples a process's ``VmRSS`` on a thread; ``peak`` is the highest seen since ``reset``."""
 
@@ -87,11 +80,11 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                self.peak_kb = max(self.peak_kb, _status_kb(self.pid, "VmRSS"))
+                self.peak_kb = max(self.peak_kb, status_kib(self.pid, "VmRSS"))
             time.sleep(SAMPLE_EVERY_S)
 
     def reset(self) -> None:
-        self.peak_kb = _status_kb(self.pid, "VmRSS")
+        self.peak_kb = status_kib(self.pid, "VmRSS")
 
     def __enter__(self) -> RssSampler:
         self._thread.start()
@@ -114,23 +107,12 @@ class Level:
     stored_bytes: list[int]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def gateway(voices_dir: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``voxgate serve --engine fake`` in a subprocess, as this interpreter runs it."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "VOXGATE_MAX_VOICE_BYTES": "0", "VOXGATE_MAX_VOICES": "100000"}
-    command = [
-        sys.executable,
-        "-c",
-        "import sys; from voxgate.cli import main; sys.exit(main())",
-        "serve",
+    command = serve_command(
         "--engine",
         "fake",
         "--host",
@@ -141,7 +123,7 @@ def gateway(voices_dir: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
         voices_dir,
         "--log-level",
         "warning",
-    ]
+    )
     process = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -196,10 +178,10 @@ async def _send(url: str, mode: str, clip: bytes, count: int, tag: str) -> list[
 def run_level(pid: int, url: str, sampler: RssSampler, mode: str, clip: bytes, count: int) -> Level:
     with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as f:
         f.write("5")  # resets VmHWM to the current RSS (Linux 4.0+)
-    before_kb = _status_kb(pid, "VmRSS")
+    before_kb = status_kib(pid, "VmRSS")
     sampler.reset()
     stored = asyncio.run(_send(url, mode, clip, count, f"{mode}-{count}"))
-    peak_kb = _status_kb(pid, "VmHWM")
+    peak_kb = status_kib(pid, "VmHWM")
     return Level(
         mode=mode,
         concurrent=count,

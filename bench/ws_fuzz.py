@@ -37,7 +37,6 @@ import json
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _serve import free_port, serve_command
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.typing import Subprotocol
@@ -373,19 +373,8 @@ async def configured(
 # -- the server ---------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def start_server(port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-c",
-        "import sys; from voxgate.cli import main; sys.exit(main())",
-        "serve",
+    command = serve_command(
         "--engine",
         "fake",
         "--host",
@@ -396,7 +385,7 @@ def start_server(port: int, log_path: Path) -> subprocess.Popen[bytes]:
         str(SEND_TIMEOUT_S),
         "--log-level",
         "info",
-    ]
+    )
     env = {**os.environ, "VOXGATE_MAX_CONFIG_BYTES": str(MAX_CONFIG_BYTES)}
     return subprocess.Popen(command, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env=env)
 
