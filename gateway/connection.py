@@ -321,11 +321,7 @@ class Connection:
                         following.open()
                 case Drop(utterances=victims):
                     # Only the victims' segments: a cancel of one context leaves the others queued.
-                    for job in self.jobs.drain():
-                        if job.utterance.index in victims:
-                            dropped.append(job)
-                        else:
-                            self.jobs.put(job)
+                    dropped.extend(self.jobs.drain(victims))
                     if self.current is not None and self.current_utterance in victims:
                         self.current.cancel()
                     self.outbox.drop(victims)

@@ -25,7 +25,7 @@ import asyncio
 import collections
 import inspect
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Container
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -215,6 +215,11 @@ class JobQueue:
     def peek(self) -> Segment | None:
         return self._jobs[0] if self._jobs else None
 
-    def drain(self) -> list[Segment]:
-        jobs, self._jobs = list(self._jobs), collections.deque()
+    def drain(self, utterances: Container[int] | None = None) -> list[Segment]:
+        """Remove and return the queued segments of ``utterances`` (all of them when None)."""
+        if utterances is None:
+            jobs, self._jobs = list(self._jobs), collections.deque()
+            return jobs
+        jobs = [job for job in self._jobs if job.utterance.index in utterances]
+        self._jobs = collections.deque(job for job in self._jobs if job.utterance.index not in utterances)
         return jobs
