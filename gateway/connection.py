@@ -37,6 +37,7 @@ from voxgate.gateway.failures import REFUSALS, error_for
 from voxgate.gateway.jobs import AudioCap, JobQueue, Segment, Utterance
 from voxgate.gateway.metrics import Metrics, SessionMeter
 from voxgate.gateway.outbox import Outbox, SlowConsumer
+from voxgate.gateway.receipts import ReadReceipts
 from voxgate.gateway.sessions import Sessions, shutdown_error
 from voxgate.gateway.settings import Settings
 from voxgate.protocol.core import Core
@@ -175,6 +176,7 @@ class Connection:
     extensions: bool = True  # the client opted in to voxgate's extensions (protocol.dialect)
     meter: SessionMeter = field(default_factory=lambda: Metrics().session("voxgate.v1"))
     sessions: Sessions | None = None  # the process's sessions: their drain ends this one
+    receipts: ReadReceipts | None = None  # the socket's read receipts (gateway.receipts), if it has them
     session: Session = field(init=False)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
@@ -202,6 +204,8 @@ class Connection:
         self.send_deadline = Deadline()  # the writer's send timeout (a client that stopped reading)
         self.last_activity = time.monotonic()
         self.framing: Framing | None = None  # a phone carrier's messages (protocol.telephony)
+        if self.receipts is not None:
+            self.receipts.watch(s.send_timeout_s)
 
     async def run(self) -> None:
         stop: _Stop | None = None
@@ -212,6 +216,8 @@ class Connection:
                 tg.create_task(self._write())
                 if self.sessions is not None:
                     tg.create_task(self._drain(self.sessions))
+                if self.receipts is not None:
+                    tg.create_task(self._watch_reader(self.receipts))
         except* _Stop as group:
             stop = group.exceptions[0]  # type: ignore[assignment]
         except* SlowConsumer as group:
@@ -219,6 +225,8 @@ class Connection:
         finally:
             self.receive_deadline.close()
             self.send_deadline.close()
+            if self.receipts is not None:
+                self.receipts.close()
             await self._close_streams(self.jobs.drain())
         if stop is not None and stop.error is not None:
             await self._abort(stop.error)
@@ -227,6 +235,12 @@ class Connection:
         """On a drain, end the session once nothing is in flight, or when the drain's time is up."""
         await sessions.until_idle(lambda: bool(self.core.in_flight) or self._busy())
         raise _Stop(shutdown_error())
+
+    async def _watch_reader(self, receipts: ReadReceipts) -> None:
+        """End the session once the client has answered no ping for the send timeout: it stopped reading,
+        though its buffers (compressed, or behind a proxy) may still take what is written."""
+        await receipts.stalled.wait()
+        raise SlowConsumer(f"the client read nothing for {self.settings.send_timeout_s:g} s (no pong)")
 
     # -- reader -------------------------------------------------------------------------------
 
@@ -302,7 +316,13 @@ class Connection:
                 ) from None
 
     def _busy(self) -> bool:
-        return bool(len(self.outbox) or len(self.jobs) or self.current is not None or self.sending)
+        return bool(
+            len(self.outbox)
+            or len(self.jobs)
+            or self.current is not None
+            or self.sending
+            or (self.receipts is not None and self.receipts.awaiting)
+        )
 
     async def _flush(self) -> None:
         """Move the core's outputs, in order, to the job queue and the outbox (never waits on room)."""
@@ -494,16 +514,17 @@ class Connection:
                     with contextlib.suppress(WebSocketDisconnect, RuntimeError):
                         await self.ws.close(CloseCode.NORMAL)
                     raise _Stop()
-                case Audio(data=data):
-                    await self._send_now(data if self.framing is None else self.framing.media(data))
+                case Audio(data=data, audio_s=audio_s):
+                    await self._send_now(data if self.framing is None else self.framing.media(data), audio_s)
                 case Message(msg=msg, streamed=streamed):
                     for cue in self.framing.cues(msg) if self.framing is not None else ():
                         await self._send_now(cue)  # a carrier's mark or clear (protocol.telephony)
                     await self._send_now(self.session.send(msg, streamed=streamed))
             self.last_activity = time.monotonic()
 
-    async def _send_now(self, payload: str | bytes) -> None:
-        # A send blocks only while the client does not read; past the send timeout it is closed.
+    async def _send_now(self, payload: str | bytes, audio_s: float = 0.0) -> None:
+        # A send blocks only while the client does not read; past the send timeout it is closed. A send
+        # that did not block is followed by read receipts (``_watch_reader``).
         self.sending = True
         self.meter.wrote(payload)
         try:
@@ -522,6 +543,8 @@ class Connection:
             raise SlowConsumer(f"the client read nothing for {self.settings.send_timeout_s:g} s") from None
         finally:
             self.sending = False
+        if self.receipts is not None:
+            self.receipts.wrote(audio_s)
 
     async def _abort(self, err: ProtocolError) -> None:
         """Report a fatal error and close. A client that stopped reading gets one more send timeout

@@ -24,6 +24,7 @@ from voxgate.engine.base import UnsupportedOption
 from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.connection import CLOSE_TIMEOUT_S, Connection
 from voxgate.gateway.failures import REFUSALS, error_for
+from voxgate.gateway.receipts import ReadReceipts, read_receipts
 from voxgate.protocol.elevenlabs import Params, Stream, close_code, decode_inbound, parse_params
 from voxgate.protocol.errors import INTERNAL_ERROR_MESSAGE, CloseCode, ErrorCode, ProtocolError
 from voxgate.protocol.messages import ClientMessage
@@ -65,7 +66,12 @@ class Pipe:
 
 
 def connection_for(
-    scope_state: object, pipe: Pipe, params: Params, *, context_idle_timeout_s: float | None = None
+    scope_state: object,
+    pipe: Pipe,
+    params: Params,
+    *,
+    context_idle_timeout_s: float | None = None,
+    receipts: ReadReceipts | None = None,
 ) -> Connection:
     """A voxgate session behind ``pipe``; ElevenLabs' ``inactivity_timeout`` is its idle timeout.
 
@@ -84,6 +90,7 @@ def connection_for(
         extensions=True,
         meter=scope_state.metrics.session(DIALECT),  # type: ignore[attr-defined]
         sessions=getattr(scope_state, "sessions", None),
+        receipts=receipts,
     )
 
 
@@ -167,7 +174,9 @@ class _Socket:
         """Run the session until it ends (it closes the socket) or the client goes away."""
         state = self.ws.state
         idle_s = context_idle_timeout(state.settings.context_idle_timeout_s, params, multi=self.codec.multi)
-        connection = connection_for(state, self.pipe, params, context_idle_timeout_s=idle_s)
+        connection = connection_for(
+            state, self.pipe, params, context_idle_timeout_s=idle_s, receipts=read_receipts(self.ws.scope)
+        )
         for out in self.codec.start():
             self.pipe.push(out)
         session = asyncio.create_task(run_session(connection, self.pipe))

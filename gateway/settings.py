@@ -82,15 +82,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         float,
         option("seconds of audio held for a client before synthesis pauses until it reads", flag=True),
     ] = 60.0
-    # A write that makes no progress for this long means the client stopped reading: it is closed
-    # (4001). Long enough for a congested mobile link, short enough to free the session soon.
+    # A write that makes no progress for this long, or a ping unanswered for this long (gateway/receipts.py),
+    # means the client stopped reading: it is closed (4001). Long enough for a congested mobile link, short
+    # enough to free the session soon.
     send_timeout_s: Annotated[
         float,
         option("seconds a write may make no progress before the client is closed (4001)", flag=True),
     ] = 15.0
     # Off: speech does not compress (PCM and u-law gain a few percent, Opus nothing), while deflate costs
-    # about 30% more server CPU and a compressor's memory per session, and its buffering hid a client that
-    # stopped reading from the send timeout (issue 10). Browsers offer it on every WebSocket.
+    # about 30% more server CPU and a compressor's memory per session. Browsers offer it on every
+    # WebSocket. (A client that stops reading is caught with it too: gateway/receipts.py.)
     ws_compression: Annotated[
         bool,
         option(

@@ -10,6 +10,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from voxgate.gateway.auth import SUBPROTOCOL
 from voxgate.gateway.connection import CLOSE_TIMEOUT_S, Connection
+from voxgate.gateway.receipts import read_receipts
 from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
 from voxgate.protocol.errors import INTERNAL_ERROR_MESSAGE, CloseCode, ErrorCode
 from voxgate.protocol.messages import Error
@@ -35,6 +36,7 @@ async def speech_stream(websocket: WebSocket) -> None:
         extensions=extensions,
         meter=meter,
         sessions=getattr(state, "sessions", None),
+        receipts=read_receipts(websocket.scope),
     )
     try:
         with meter.active():

@@ -21,6 +21,7 @@ from websockets.typing import Subprotocol
 
 from voxgate.engine.base import TTSEngine
 from voxgate.gateway.app import create_app
+from voxgate.gateway.receipts import ReceiptProtocol
 from voxgate.gateway.settings import Settings
 from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
 
@@ -42,10 +43,14 @@ def serve(
     sock: socket.socket | None = None,
     *,
     ws_max_size: int = 16 * 1024 * 1024,
-    ws: str = "auto",
+    ws: str | type[ReceiptProtocol] = ReceiptProtocol,
     ws_per_message_deflate: bool = True,
 ) -> Iterator[str]:
-    """Run ``app`` on uvicorn in a thread on ``sock`` or a free loopback port; yields ``host:port``."""
+    """Run ``app`` on uvicorn in a thread on ``sock`` or a free loopback port; yields ``host:port``.
+
+    The WebSocket protocol is the one ``voxgate serve`` runs (uvicorn's sans-I/O one, with read receipts);
+    permessage-deflate is accepted, as ``ws_compression`` would, so the tests meet the harder case.
+    """
     sock = sock or bound_socket()
     port = sock.getsockname()[1]
     config = uvicorn.Config(

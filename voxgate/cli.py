@@ -224,7 +224,9 @@ def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
         "ws_per_message_deflate": settings.ws_compression,
     }
     if "websockets-sansio" in WS_PROTOCOLS:
-        options["ws"] = "websockets-sansio"
+        from voxgate.gateway.receipts import ReceiptProtocol
+
+        options["ws"] = ReceiptProtocol  # the sans-I/O one, with read receipts (gateway.receipts)
     return options
 
 
