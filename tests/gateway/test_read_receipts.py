@@ -142,8 +142,13 @@ def test_pongs_answer_every_ping_before_theirs_and_stale_ones_are_ignored() -> N
 
 
 def test_a_closed_or_unwatched_receipts_sends_nothing() -> None:
-    clock, pings = Clock(), []
-    idle = ReadReceipts(lambda p: pings.append(p) is None, cast(Any, clock))
+    clock, pings = Clock(), list[bytes]()
+
+    def send_ping(payload: bytes) -> bool:
+        pings.append(payload)
+        return True
+
+    idle = ReadReceipts(send_ping, cast(Any, clock))
     idle.wrote(10.0)  # not watching yet
     assert pings == [] and not idle.awaiting
     idle.watch(4.0)
@@ -185,6 +190,7 @@ def test_a_stalled_reader_with_deflate_is_closed_though_no_write_ever_blocks(
         with voxgate_connect(
             f"ws://{address}{URL}", max_size=None, max_queue=1, compression="deflate"
         ) as stuck:
+            assert stuck.response is not None
             assert "permessage-deflate" in (stuck.response.headers.get("Sec-WebSocket-Extensions") or "")
             send(stuck, type="session.config", response_format="pcm", sample_rate=24000)
             assert isinstance(ready := recv(stuck), dict) and ready["type"] == "session.ready"
