@@ -52,10 +52,9 @@ from voxgate.engine.base import (
     UnsupportedOption,
     Voice,
     VoiceReference,
-    WordTiming,
 )
 from voxgate.engine.options import option
-from voxgate.engine.qwen3_tts import qwen_language, variant_of
+from voxgate.engine.qwen3_tts import qwen_language, variant_of, word_timings
 from voxgate.engine.upstreams import Upstream, UpstreamPool
 from voxgate.engine.wav_stream import WavStream
 from voxgate.protocol.audio import encode, wav_header
@@ -169,52 +168,6 @@ def _parse_words(header: str) -> list[tuple[str, int, int]]:
         return [(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in listed]
     except (ValueError, TypeError, KeyError) as exc:
         raise EngineError(f"upstream sent unreadable word timestamps {header[:200]!r}: {exc}") from exc
-
-
-def _kept(token: str) -> str:
-    """A written word as vllm-omni's aligner segments it: its letters, digits and apostrophes."""
-    return "".join(c for c in token if c.isalnum() or c == "'")
-
-
-def written_words(text: str, words: list[str]) -> list[str]:
-    """The input's words (``"Dr."``, ``"$3.50"``) for the aligner's (``"Dr"``, ``"350"``).
-
-    vllm-omni's aligner times the text split at whitespace, punctuation dropped, each CJK character a word
-    of its own (``qwen3_force_align_processor.segment_words``). A written word that is one aligner word
-    gets its written form; one split into several (CJK) keeps the aligner's. If they stop matching, the
-    rest keep the aligner's names.
-    """
-    tokens = [(t, _kept(t)) for t in text.split()]
-    tokens = [(t, k) for t, k in tokens if k]
-    out: list[str] = []
-    at, rest = 0, ""
-    for word in words:
-        if not rest:
-            if at >= len(tokens):
-                return out + words[len(out) :]
-            written, rest = tokens[at]
-            at += 1
-            if rest == word:
-                out.append(written)
-                rest = ""
-                continue
-        if not rest.startswith(word):
-            return out + words[len(out) :]
-        out.append(word)
-        rest = rest[len(word) :]
-    return out
-
-
-def word_timings(
-    text: str, words: list[tuple[str, int, int]], sample_rate: int, length: int
-) -> tuple[WordTiming, ...]:
-    """vllm-omni's word times (ms from the start of the answer's audio) in samples, named as written."""
-    names = written_words(text, [w for w, _, _ in words])
-
-    def sample(ms: int) -> int:
-        return min(length, max(0, round(ms * sample_rate / 1000)))
-
-    return tuple(WordTiming(n, sample(s), sample(e)) for n, (_, s, e) in zip(names, words, strict=True))
 
 
 def _halves(text: str) -> tuple[str, str] | None:
@@ -530,6 +483,13 @@ class RemoteEngine:
                     async for chunk in part:
                         yield chunk
             return
+        self.sample_rate = wav.sample_rate
+        if header is None and self.aligners.get(upstream.url):
+            # vllm-omni's aligner timed nothing (a text without words, or a mismatch): it leaves the
+            # header out, as its WebSocket route sends ``timestamps: null``. The audio still plays.
+            logger.warning("upstream %s timed no word of %r", upstream.url, text[:80])
+            yield AudioChunk(samples, wav.sample_rate)
+            return
         if header is None:
             # An upstream that does not know the option (not vllm-omni, or one before 0.30) ignores it.
             self._learn_aligner(upstream, False)
@@ -538,7 +498,6 @@ class RemoteEngine:
                 field="word_timestamps",
             )
         self._learn_aligner(upstream, True)
-        self.sample_rate = wav.sample_rate
         timings = word_timings(text, _parse_words(header), wav.sample_rate, len(samples))
         yield AudioChunk(samples, wav.sample_rate, timings)
 
