@@ -227,6 +227,7 @@ class RemoteEngine:
         self._ref_cache: dict[tuple[bytes, int], str] = {}
         #: Per upstream URL: whether it can time words (launched with ``--forced-aligner``); absent: unknown.
         self.aligners: dict[str, bool] = {}
+        self._probed: set[str] = set()  # upstreams whose answer to the word-timestamp probe came
 
     async def start(self) -> None:
         self._client = httpx.AsyncClient(
@@ -250,8 +251,8 @@ class RemoteEngine:
 
         vllm-omni 0.30 checks ``word_timestamps`` against ``--forced-aligner`` before it reads the input
         (serving_speech.py ``create_speech``), so an empty input is refused for the missing aligner when
-        there is none, and for being empty when there is one. Any other answer leaves it unknown: the
-        first segment that asks for words finds out.
+        there is none, and for being empty when there is one. Any other answer leaves it unknown (the
+        first segment that asks for words finds out); an upstream that answered is not asked again.
         """
         client = self._http()
 
@@ -264,11 +265,12 @@ class RemoteEngine:
             except httpx.HTTPError as exc:
                 logger.info("word-timestamp probe of %s failed: %r", upstream.url, exc)
                 return
+            self._probed.add(upstream.url)  # answered: not asked again, whatever it said
             if response.status_code == 400:
                 self._learn_aligner(upstream, _ALIGNER_FLAG not in response.text)
 
         await asyncio.gather(
-            *(probe(u) for u in self.pool.upstreams if u.healthy and u.url not in self.aligners)
+            *(probe(u) for u in self.pool.upstreams if u.healthy and u.url not in self._probed)
         )
 
     def _learn_aligner(self, upstream: Upstream, present: bool) -> None:
