@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import msgspec
 import numpy as np
 
-from voxgate.engine.base import EngineError
+from voxgate.engine.base import EngineError, WordTiming
 
 if TYPE_CHECKING:
     from voxgate.engine.base import VoiceReference
@@ -79,7 +79,10 @@ _OPTIONS = frozenset(
 _CLONING = frozenset({"x_vector_only_mode", "speaker_embedding"})
 REFUSALS = {
     "speed": "Qwen3-TTS has no speaking-rate control; leave speed at 1.0",
-    "word_timestamps": "they need vllm-omni's forced-aligner stage, which this engine does not load",
+    "word_timestamps": (
+        "they need vllm-omni's forced-aligner stage, which this deploy does not load: set "
+        "VOXGATE_VLLM_FORCED_ALIGNER=Qwen/Qwen3-ForcedAligner-0.6B (an extra 0.6B model stage on the GPU)"
+    ),
     **{field: "only a Qwen3-TTS Base model clones voices" for field in _CLONING},
 }
 
@@ -155,8 +158,24 @@ class Qwen3Tools(Protocol):
         """The engine prompt: placeholder ids of the right length plus ``additional_information``."""
         ...
 
-    def stream_params(self) -> list[Any]:
-        """Per-stage sampling params: fresh copies of the deploy defaults, with streaming (DELTA) output."""
+    def stream_params(self, *, words: bool = False) -> list[Any]:
+        """Per-stage sampling params: fresh copies of the deploy defaults, with streaming (DELTA) output;
+        CUMULATIVE with ``words`` (the aligner stage reads the whole waveform), as vllm-omni's server."""
+        ...
+
+    #: Whether the pipeline ends with vllm-omni's forced-aligner stage (``--forced-aligner``).
+    word_timestamps: bool
+
+    #: What ``AsyncOmni.generate`` is asked for: ``["audio"]``, and the aligner's output for words.
+    def modalities(self, words: bool) -> list[str]: ...
+
+    def is_words(self, output: Any) -> bool:
+        """Whether ``output`` is the aligner stage's (its final output type is vllm-omni's timestamps)."""
+        ...
+
+    def words(self, output: Any, text: str, language: str | None) -> list[tuple[str, int, int]] | None:
+        """The aligner output's ``(word, start_ms, end_ms)``, read by vllm-omni's ``extract_word_timestamps``
+        (ms from the start of ``text``'s audio); None when it timed none."""
         ...
 
 
@@ -234,6 +253,53 @@ def cache_salt(info: Mapping[str, list[Any]], reference: VoiceReference | None) 
     return digest.hexdigest()[:32]
 
 
+def _kept(token: str) -> str:
+    """A written word as vllm-omni's aligner segments it: its letters, digits and apostrophes."""
+    return "".join(c for c in token if c.isalnum() or c == "'")
+
+
+def written_words(text: str, words: list[str]) -> list[str]:
+    """The input's words (``"Dr."``, ``"$3.50"``) for the aligner's (``"Dr"``, ``"350"``).
+
+    vllm-omni's aligner times the text split at whitespace, punctuation dropped, each CJK character a word
+    of its own (``qwen3_force_align_processor.segment_words``). A written word that is one aligner word
+    gets its written form; one split into several (CJK) keeps the aligner's. If they stop matching, the
+    rest keep the aligner's names.
+    """
+    tokens = [(t, _kept(t)) for t in text.split()]
+    tokens = [(t, k) for t, k in tokens if k]
+    out: list[str] = []
+    at, rest = 0, ""
+    for word in words:
+        if not rest:
+            if at >= len(tokens):
+                return out + words[len(out) :]
+            written, rest = tokens[at]
+            at += 1
+            if rest == word:
+                out.append(written)
+                rest = ""
+                continue
+        if not rest.startswith(word):
+            return out + words[len(out) :]
+        out.append(word)
+        rest = rest[len(word) :]
+    return out
+
+
+def word_timings(
+    text: str, words: Sequence[tuple[str, int, int]], sample_rate: int, length: int
+) -> tuple[WordTiming, ...]:
+    """vllm-omni's aligner times (``(word, start_ms, end_ms)`` from the start of ``text``'s audio, which is
+    ``length`` samples at ``sample_rate``) as ``AudioChunk.words``: in samples, named as written."""
+    names = written_words(text, [w for w, _, _ in words])
+
+    def sample(ms: int) -> int:
+        return min(length, max(0, round(ms * sample_rate / 1000)))
+
+    return tuple(WordTiming(n, sample(s), sample(e)) for n, (_, s, e) in zip(names, words, strict=True))
+
+
 def with_request_params(params: Sequence[Any], *, seed: int | None, max_tokens: int | None) -> list[Any]:
     """Stage-0 params with the request's seed and budget, set the way vllm-omni's speech server sets them.
 
@@ -290,6 +356,15 @@ class VllmOmniTools:
         if isinstance(self._language_ids, Mapping):
             self.languages = frozenset(str(k).title() for k in self._language_ids) | {"Auto"}
         self.variant = variant_of(str(getattr(config.hf_config, "tts_model_type", "") or ""))
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+        from vllm_omni.model_executor.stage_input_processors.forced_aligner import TIMESTAMPS_MODALITY
+        from vllm_omni.utils.forced_aligner import extract_word_timestamps
+
+        self._timestamps = TIMESTAMPS_MODALITY
+        self._extract_words = extract_word_timestamps
+        self._sampling_params, self._cumulative = SamplingParams, RequestOutputKind.CUMULATIVE
+        # AsyncOmni lists each stage's final output type; --forced-aligner appends a "timestamps" stage.
+        self.word_timestamps = TIMESTAMPS_MODALITY in list(getattr(omni, "output_modalities", None) or [])
 
     def prompt(self, info: dict[str, list[Any]], task_type: str, cache_salt: str) -> dict[str, Any]:
         length = self._estimate(
@@ -303,8 +378,28 @@ class VllmOmniTools:
         prompt["additional_information"] = info
         return prompt
 
-    def stream_params(self) -> list[Any]:
-        return list(self._coerce(list(self._omni.default_sampling_params_list), self.streaming))
+    def stream_params(self, *, words: bool = False) -> list[Any]:
+        params = list(self._coerce(list(self._omni.default_sampling_params_list), self.streaming))
+        if words and self.streaming:
+            # As vllm-omni's speech server (``_prepare_speech_generation``): the aligner consumes the
+            # terminal waveform, so earlier audio is kept (CUMULATIVE) rather than drained (DELTA).
+            params = [p.clone() if isinstance(p, self._sampling_params) else p for p in params]
+            for p in params:
+                if isinstance(p, self._sampling_params):
+                    p.output_kind = self._cumulative
+        return params
+
+    def modalities(self, words: bool) -> list[str]:
+        return ["audio", self._timestamps] if words else ["audio"]
+
+    def is_words(self, output: Any) -> bool:
+        return bool(getattr(output, "final_output_type", None) == self._timestamps)
+
+    def words(self, output: Any, text: str, language: str | None) -> list[tuple[str, int, int]] | None:
+        found = self._extract_words(output, text, language)
+        if found is None:
+            return None
+        return [(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in found]
 
     def text_tokens(self, text: str) -> int | None:
         # vllm-omni counts with the tokenizer it sized the prompt with (``_count_usage_text_tokens``).

@@ -14,6 +14,17 @@ need no voice store of their own.
 What is sent follows vllm-omni 0.30's rules for Qwen3-TTS (``entrypoints/openai/serving_speech.py``
 and ``tts_adapters/qwen3_tts.py``): language codes become the names it accepts, and a ``speed`` other
 than 1 is served by a whole (non-streamed) answer per segment, since it refuses streaming with one.
+
+Word timestamps come from vllm-omni's own path: a server launched with ``--forced-aligner`` runs the
+Qwen3-ForcedAligner stage after the audio, and its non-streamed ``POST /v1/audio/speech`` with
+``word_timestamps: true`` answers the whole WAV with an ``X-Word-Timestamps`` header,
+``[{word, start_ms, end_ms}]`` in integer ms from the start of that answer's audio (its streamed HTTP route
+refuses the option). So a segment that asks for words is one whole answer: its words go out with its
+audio, before it. Past 4 KB vllm-omni leaves the header out (``X-Word-Timestamps-Omitted``); the segment
+is then asked for again in two halves. Which upstreams have the aligner is learned by a probe that costs
+no synthesis (an empty input with ``word_timestamps: true``: without the aligner vllm-omni refuses the
+option first, with it the empty input), and again from any refusal that names ``--forced-aligner``; the
+option is refused by name at session config once no upstream can time words.
 """
 
 from __future__ import annotations
@@ -43,7 +54,7 @@ from voxgate.engine.base import (
     VoiceReference,
 )
 from voxgate.engine.options import option
-from voxgate.engine.qwen3_tts import qwen_language, variant_of
+from voxgate.engine.qwen3_tts import qwen_language, variant_of, word_timings
 from voxgate.engine.upstreams import Upstream, UpstreamPool
 from voxgate.engine.wav_stream import WavStream
 from voxgate.protocol.audio import encode, wav_header
@@ -54,15 +65,19 @@ logger = logging.getLogger(__name__)
 # vllm-omni's default voice and output rate for Qwen3-TTS; both are re-learned from the upstream.
 DEFAULT_VOICE = "vivian"
 DEFAULT_SAMPLE_RATE = 24000
-# Options the HTTP route forwards as they are; word timestamps need the WebSocket JSON path upstream.
-_FORWARDED = frozenset(ENGINE_OPTION_FIELDS) - {"word_timestamps"}
-# vllm-omni 0.30 times words only with its forced-aligner stage (``--forced-aligner``), only on its
-# WebSocket route, after each sentence's audio; its streamed HTTP route, which this engine reads, refuses
-# them.
-_NOT_FORWARDED = (
-    "the upstream's streamed HTTP speech route carries no word timestamps (vllm-omni 0.30 times words only "
-    "on its WebSocket route with --forced-aligner, after the audio); use engine piper for word timestamps"
+# Options sent upstream as they are (``word_timestamps`` turns the segment into a whole answer too).
+_FORWARDED = frozenset(ENGINE_OPTION_FIELDS)
+# vllm-omni 0.30 times words only with its forced-aligner stage; this is in its refusal without one
+# (serving_speech.py ``create_speech``: "word_timestamps=true requires the server to be launched with
+# --forced-aligner.").
+_ALIGNER_FLAG = "--forced-aligner"
+_NO_ALIGNER = (
+    "no upstream can time words: vllm-omni times them only when launched with --forced-aligner "
+    "(Qwen/Qwen3-ForcedAligner-0.6B, an extra model stage); use engine piper for word timestamps"
 )
+# vllm-omni's headers on a non-streamed answer (serving_speech.py ``create_speech``).
+_WORDS_HEADER = "x-word-timestamps"
+_WORDS_OMITTED_HEADER = "x-word-timestamps-omitted"
 _AUDIO_TYPES = ("audio/", "application/octet-stream")
 # vllm-omni lists this name beside the speakers; it means "no voice" and is not one.
 _PLACEHOLDER_VOICE = "default"
@@ -142,6 +157,28 @@ class _UpstreamFailed(Exception):
     """This upstream could not start the stream; another may."""
 
 
+class _NoAligner(Exception):
+    """This upstream was launched without ``--forced-aligner``; another may have it."""
+
+
+def _parse_words(header: str) -> list[tuple[str, int, int]]:
+    """vllm-omni's ``X-Word-Timestamps``: a JSON list of ``{word, start_ms, end_ms}``."""
+    try:
+        listed = json.loads(header)
+        return [(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in listed]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise EngineError(f"upstream sent unreadable word timestamps {header[:200]!r}: {exc}") from exc
+
+
+def _halves(text: str) -> tuple[str, str] | None:
+    """``text`` cut at the whitespace nearest its middle; None for a single word."""
+    gaps = [i for i, c in enumerate(text) if c.isspace() and text[:i].strip() and text[i:].strip()]
+    if not gaps:
+        return None
+    cut = min(gaps, key=lambda i: abs(i - len(text) // 2))
+    return text[:cut].strip(), text[cut:].strip()
+
+
 class RemoteEngine:
     """Speech from upstream servers.
 
@@ -188,6 +225,9 @@ class RemoteEngine:
         self.variant: str | None = None
         self._health: asyncio.Task[None] | None = None
         self._ref_cache: dict[tuple[bytes, int], str] = {}
+        #: Per upstream URL: whether it can time words (launched with ``--forced-aligner``); absent: unknown.
+        self.aligners: dict[str, bool] = {}
+        self._probed: set[str] = set()  # upstreams whose answer to the word-timestamp probe came
 
     async def start(self) -> None:
         self._client = httpx.AsyncClient(
@@ -195,6 +235,7 @@ class RemoteEngine:
         )
         await self._check_health()
         await self._learn()
+        await self._probe_aligners()
         self._health = asyncio.create_task(self._health_loop())
 
     async def _health_loop(self) -> None:
@@ -203,6 +244,39 @@ class RemoteEngine:
             await self._check_health()
             if not self._learned:
                 await self._learn()
+            await self._probe_aligners()
+
+    async def _probe_aligners(self) -> None:
+        """Learn which upstreams time words, asking each healthy one not known yet; no synthesis runs.
+
+        vllm-omni 0.30 checks ``word_timestamps`` against ``--forced-aligner`` before it reads the input
+        (serving_speech.py ``create_speech``), so an empty input is refused for the missing aligner when
+        there is none, and for being empty when there is one. Any other answer leaves it unknown (the
+        first segment that asks for words finds out); an upstream that answered is not asked again.
+        """
+        client = self._http()
+
+        async def probe(upstream: Upstream) -> None:
+            body: dict[str, object] = {"input": "", "word_timestamps": True}
+            if self.model:
+                body["model"] = self.model
+            try:
+                response = await client.post(f"{upstream.url}/v1/audio/speech", json=body)
+            except httpx.HTTPError as exc:
+                logger.info("word-timestamp probe of %s failed: %r", upstream.url, exc)
+                return
+            self._probed.add(upstream.url)  # answered: not asked again, whatever it said
+            if response.status_code == 400:
+                self._learn_aligner(upstream, _ALIGNER_FLAG not in response.text)
+
+        await asyncio.gather(
+            *(probe(u) for u in self.pool.upstreams if u.healthy and u.url not in self._probed)
+        )
+
+    def _learn_aligner(self, upstream: Upstream, present: bool) -> None:
+        if self.aligners.get(upstream.url) != present:
+            logger.info("upstream %s %s word timestamps", upstream.url, "times" if present else "cannot time")
+        self.aligners[upstream.url] = present
 
     async def _check_health(self) -> None:
         client = self._http()
@@ -268,7 +342,13 @@ class RemoteEngine:
             raise UnknownVoice(voice, self.name, [v.name for v in self._voices])
         for field in options:
             if field not in _FORWARDED:
-                raise UnsupportedOption(field, self.name, _NOT_FORWARDED)
+                raise UnsupportedOption(field, self.name)
+        if options.get("word_timestamps") and not self._may_time_words():
+            raise UnsupportedOption("word_timestamps", self.name, _NO_ALIGNER)
+
+    def _may_time_words(self) -> bool:
+        """Whether some upstream has the aligner or has not said (every one known without: no)."""
+        return any(self.aligners.get(u.url, True) for u in self.pool.upstreams)
 
     def _body(
         self,
@@ -279,8 +359,9 @@ class RemoteEngine:
     ) -> dict[str, object]:
         body: dict[str, object] = {"input": text, "response_format": "wav"}
         # vllm-omni refuses a streamed answer with speed adjustment (serving_speech.py
-        # ``_validate_speech_streaming_request``) but makes a whole one: ask for that instead.
-        if options.get("speed", 1.0) == 1.0:
+        # ``_validate_speech_streaming_request``) or with word timestamps (``create_speech``), but makes a
+        # whole one: ask for that instead.
+        if options.get("speed", 1.0) == 1.0 and not options.get("word_timestamps"):
             body.update(stream=True, stream_format="audio")
         if self.model:
             body["model"] = self.model
@@ -332,22 +413,95 @@ class RemoteEngine:
             {**req.options, **({"seed": req.seed} if req.seed is not None else {})},
             reference=req.reference,
         )
+        words = bool(body.get("word_timestamps"))
         candidates = self.pool.candidates()
         if not candidates:
             raise EngineError(f"engine 'remote' is unavailable: {self.pool.describe()}")
+        if words:  # only upstreams that may have the aligner
+            candidates = [u for u in candidates if self.aligners.get(u.url, True)]
+            if not candidates:
+                raise RequestRefused(_NO_ALIGNER, field="word_timestamps")
         for upstream in candidates:
             with self.pool.lease(upstream):
+                stream = (
+                    self._timed(client, upstream, body) if words else self._stream(client, upstream, body)
+                )
                 try:
-                    async with contextlib.aclosing(self._stream(client, upstream, body)) as chunks:
+                    async with contextlib.aclosing(stream) as chunks:
                         async for chunk in chunks:
                             yield chunk
                 except _UpstreamFailed as exc:
                     self.pool.failure(upstream, str(exc))
                     logger.warning("upstream %s failed before audio, trying the next: %s", upstream.url, exc)
                     continue
+                except _NoAligner:
+                    continue  # not this upstream's fault: the next one may have the aligner
                 self.pool.success(upstream)
                 return
+        if words and not self._may_time_words():
+            raise RequestRefused(_NO_ALIGNER, field="word_timestamps")
         raise EngineError(f"no upstream could serve the request: {self.pool.describe()}")
+
+    async def _timed(
+        self, client: httpx.AsyncClient, upstream: Upstream, body: dict[str, object]
+    ) -> AsyncGenerator[AudioChunk, None]:
+        """A segment with its words: vllm-omni's whole answer, its audio and ``X-Word-Timestamps``.
+
+        When vllm-omni leaves the words out for size (over 4 KB of JSON, ``X-Word-Timestamps-Omitted``),
+        each half of the text is asked for on its own (between words, so each half is timed whole).
+        """
+        try:
+            response = await client.post(f"{upstream.url}/v1/audio/speech", json=body)
+        except httpx.HTTPError as exc:
+            raise _UpstreamFailed(repr(exc)) from exc
+        status = response.status_code
+        if status >= 500 or status in _UPSTREAM_FAULTS:
+            raise _UpstreamFailed(f"status {status}: {response.content[:200]!r}")
+        if status == 400 and _ALIGNER_FLAG in response.text:
+            self._learn_aligner(upstream, False)
+            raise _NoAligner
+        if status != 200:
+            raise _refusal(status, response.content, body)
+        kind = response.headers.get("content-type", "")
+        if not kind.startswith(_AUDIO_TYPES):
+            raise _UpstreamFailed(f"answered {kind or 'no content type'} instead of a WAV")
+        wav = WavStream()
+        try:
+            samples = wav.feed(response.content)
+        except ValueError as exc:
+            raise _UpstreamFailed(str(exc)) from exc
+        if wav.sample_rate is None:
+            raise _UpstreamFailed("answered no WAV header")
+        text = str(body["input"])
+        header = response.headers.get(_WORDS_HEADER)
+        if header is None and response.headers.get(_WORDS_OMITTED_HEADER):
+            halves = _halves(text)
+            if halves is None:
+                raise EngineError(f"upstream {upstream.url} left out the words of {text[:80]!r} for size")
+            for half in halves:
+                async with contextlib.aclosing(
+                    self._timed(client, upstream, {**body, "input": half})
+                ) as part:
+                    async for chunk in part:
+                        yield chunk
+            return
+        self.sample_rate = wav.sample_rate
+        if header is None and self.aligners.get(upstream.url):
+            # vllm-omni's aligner timed nothing (a text without words, or a mismatch): it leaves the
+            # header out, as its WebSocket route sends ``timestamps: null``. The audio still plays.
+            logger.warning("upstream %s timed no word of %r", upstream.url, text[:80])
+            yield AudioChunk(samples, wav.sample_rate)
+            return
+        if header is None:
+            # An upstream that does not know the option (not vllm-omni, or one before 0.30) ignores it.
+            self._learn_aligner(upstream, False)
+            raise RequestRefused(
+                f"upstream {upstream.url} answered without word timestamps; {_NO_ALIGNER}",
+                field="word_timestamps",
+            )
+        self._learn_aligner(upstream, True)
+        timings = word_timings(text, _parse_words(header), wav.sample_rate, len(samples))
+        yield AudioChunk(samples, wav.sample_rate, timings)
 
     async def _stream(
         self,

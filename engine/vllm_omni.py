@@ -14,6 +14,11 @@ One segment, in vllm-omni 0.30.0's names:
   audio so far; vllm-omni's speech server keeps the last); ``AudioReader(snapshots=True)`` emits each
   sample once.
 - Closing the stream (cancel, disconnect) calls ``AsyncOmni.abort(request_id)``.
+- Word timestamps (``vllm_forced_aligner``: vllm-omni's ``--forced-aligner``, which appends the
+  Qwen3-ForcedAligner stage after code2wav) are asked for as vllm-omni's speech server asks: the output
+  modalities add the aligner's ``"timestamps"``, the streamed audio becomes CUMULATIVE, and the aligner's
+  output, which comes after the segment's audio, is read with vllm-omni's ``extract_word_timestamps``. The
+  segment's audio is held until then and goes out as one chunk carrying its words, so they come first.
 
 Checkpoints differ in data (``PROFILES``, kept with the prompt building in ``engine.qwen3_tts``).
 vllm-omni and torch are imported only in ``start()``, so the module imports without the extra; tests
@@ -67,6 +72,7 @@ from voxgate.engine.qwen3_tts import (
     qwen_language,
     variant_of,
     with_request_params,
+    word_timings,
 )
 
 logger = logging.getLogger(__name__)
@@ -90,6 +96,12 @@ class VllmOmniSettings(msgspec.Struct, frozen=True, kw_only=True):
     vllm_stage_init_timeout_s: Annotated[float, option("seconds each vllm-omni stage may take to start")] = (
         300.0
     )
+    # vllm-omni's --forced-aligner: appends an aligner model stage (Qwen3-ForcedAligner-0.6B, about 30% of
+    # the GPU's memory by vllm-omni's default) that times the words of each segment after its audio.
+    vllm_forced_aligner: Annotated[
+        str,
+        option("forced-aligner model for `word_timestamps` (vllm-omni's `--forced-aligner`); empty: none"),
+    ] = ""
 
 
 class OmniClient(Protocol):
@@ -184,6 +196,19 @@ class AudioReader:
         return rate
 
 
+def _with_words(
+    text: str, chunks: list[AudioChunk], words: list[tuple[str, int, int]] | None, request_id: str
+) -> AudioChunk:
+    """A segment's audio as one chunk, with the aligner's words (ms from its start) in samples."""
+    samples = np.concatenate([c.samples for c in chunks])
+    rate = chunks[0].sample_rate
+    if not words:
+        # vllm-omni's "timestamps: null": the aligner timed nothing (no word in the text, or a mismatch).
+        logger.warning("vllm-omni's aligner timed no word of request %s", request_id)
+        return AudioChunk(samples, rate)
+    return AudioChunk(samples, rate, word_timings(text, words, rate, len(samples)))
+
+
 class _Stream(AsyncGenerator[AudioChunk, None]):
     """One request in flight. Generation starts when the stream is made, not when it is first read."""
 
@@ -225,15 +250,32 @@ class _Stream(AsyncGenerator[AudioChunk, None]):
     async def _pump(self, req: SynthesisRequest) -> None:
         try:
             omni, prompt, params, snapshots = self._engine._prepare(req)
+            tools = self._engine._tools
+            assert tools is not None  # _prepare checked
+            words = bool(req.options.get("word_timestamps"))
             reader = AudioReader(self._engine.sample_rate, snapshots=snapshots)
             self._submitted = True
             outputs = omni.generate(
-                prompt, request_id=self.request_id, sampling_params_list=params, output_modalities=["audio"]
+                prompt,
+                request_id=self.request_id,
+                sampling_params_list=params,
+                output_modalities=tools.modalities(words),
             )
+            held: list[AudioChunk] = []  # with words: the segment's audio, until the aligner has timed it
+            timed: list[tuple[str, int, int]] | None = None
             async with contextlib.aclosing(outputs):
                 async for output in outputs:
+                    if words and tools.is_words(output):
+                        language = req.options.get("language")
+                        timed = tools.words(output, req.text, language if isinstance(language, str) else None)
+                        continue
                     for chunk in reader.read(output):
-                        self._queue.put_nowait(chunk)
+                        if words:
+                            held.append(chunk)
+                        else:
+                            self._queue.put_nowait(chunk)
+            if held:
+                self._queue.put_nowait(_with_words(req.text, held, timed, self.request_id))
             self._queue.put_nowait(None)
         except asyncio.CancelledError:
             # Closed before the end (cancel, disconnect): the engine must stop too. The abort is its own
@@ -258,6 +300,7 @@ class VllmOmniEngine:
         model: Hugging Face id or local path of a Qwen3-TTS checkpoint.
         deploy_config: vllm-omni deploy YAML (a name under ``vllm_omni/deploy/`` or a path).
         stage_init_timeout_s: how long each stage may take to start.
+        forced_aligner: vllm-omni's ``--forced-aligner`` model (word timestamps); empty: none.
         omni_factory: builds the ``AsyncOmni`` (tests pass a stand-in); default: the real one.
         tools_factory: binds vllm-omni's prompt helpers to it (tests pass a stand-in); default: the real ones.
     """
@@ -270,12 +313,14 @@ class VllmOmniEngine:
         model: str = DEFAULT_MODEL,
         deploy_config: str = DEFAULT_DEPLOY_CONFIG,
         stage_init_timeout_s: float = DEFAULT_STAGE_INIT_TIMEOUT_S,
+        forced_aligner: str = "",
         omni_factory: Callable[[], OmniClient] | None = None,
         tools_factory: Callable[[OmniClient], Qwen3Tools] | None = None,
     ) -> None:
         self.model = model
         self.deploy_config = deploy_config
         self.stage_init_timeout_s = stage_init_timeout_s
+        self.forced_aligner = forced_aligner
         self._omni_factory = omni_factory or self._build_omni
         self._tools_factory: Callable[[OmniClient], Qwen3Tools] = tools_factory or VllmOmniTools
         self._use_profile(PROFILES[variant_of(model) or "CustomVoice"])
@@ -298,13 +343,16 @@ class VllmOmniEngine:
             raise EngineError(
                 "engine 'vllm-omni' needs the vllm extra (pip install 'voxgate[vllm]') and an NVIDIA GPU"
             ) from exc
-        # vllm-omni 0.30.0 refuses stage_configs_path; deploy_config replaced it.
+        # vllm-omni 0.30.0 refuses stage_configs_path; deploy_config replaced it. Its other keywords are
+        # the serve command's options (``forced_aligner`` is ``--forced-aligner``).
+        extra: dict[str, Any] = {"forced_aligner": self.forced_aligner} if self.forced_aligner else {}
         try:
             omni: OmniClient = AsyncOmni(
                 model=self.model,
                 deploy_config=self.deploy_config,
                 stage_init_timeout=int(self.stage_init_timeout_s),
                 log_stats=False,
+                **extra,
             )
         # The library boundary. Without a GPU platform 0.30.0 raises RuntimeError("Orchestrator
         # initialization failed: ") caused by a bare NotImplementedError from get_omni_ar_worker_cls;
@@ -353,6 +401,8 @@ class VllmOmniEngine:
         elif voice != self.default_voice:
             raise UnknownVoice(voice, self.name, [self.default_voice])
         for field in demands(options):
+            if field == "word_timestamps" and self._tools is not None and self._tools.word_timestamps:
+                continue
             if field not in profile.options:
                 raise UnsupportedOption(field, self.name, REFUSALS.get(field, ""))
         for field in profile.requires:
@@ -386,7 +436,7 @@ class VllmOmniEngine:
             codec_frame_rate=tools.codec_frame_rate,
         )
         prompt = tools.prompt(info, profile.task_type, cache_salt(info, req.reference))
-        params = tools.stream_params()
+        params = tools.stream_params(words=bool(options.get("word_timestamps")))
         budget = options.get("max_new_tokens")
         if not isinstance(budget, int) and profile.codec_frames_per_char is not None and params:
             configured = getattr(params[0], "max_tokens", None) or DEFAULT_MAX_NEW_TOKENS
@@ -426,4 +476,5 @@ def create(settings: VllmOmniSettings) -> VllmOmniEngine:
         model=settings.vllm_model,
         deploy_config=settings.vllm_deploy_config,
         stage_init_timeout_s=settings.vllm_stage_init_timeout_s,
+        forced_aligner=settings.vllm_forced_aligner,
     )

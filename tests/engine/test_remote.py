@@ -280,7 +280,8 @@ def test_the_engine_learns_voices_and_rate_from_the_upstream() -> None:
     stub = StubUpstream(rate=16000)
     with stubs(stub) as urls, gateway(*urls) as b:
         listed = httpx.get(f"http://{b}/v1/audio/voices", timeout=TIMEOUT_S).json()
-        assert stub.requests == []  # no start-up probe: a Base checkpoint would refuse it
+        # No start-up synthesis, which a Base checkpoint would refuse (the word-timestamp probe runs none).
+        assert stub.requests == []
         with configured(b) as (ws, ready):
             got = speak(ws, "Hello.")
         with voxgate_connect(f"ws://{b}{URL}") as refused_ws:
@@ -331,12 +332,85 @@ def test_an_upstream_whose_voice_list_is_not_json_still_serves() -> None:
     assert stub.speech_requests()[0]["voice"] == "vivian"
 
 
-def test_word_timestamps_are_refused_by_name() -> None:
-    with stubs(StubUpstream()) as urls, gateway(*urls) as b, voxgate_connect(f"ws://{b}{URL}") as ws:
+def test_word_timestamps_are_refused_by_name_without_the_aligner() -> None:
+    stub = StubUpstream()  # a vllm-omni launched without --forced-aligner
+    with stubs(stub) as urls, gateway(*urls) as b, voxgate_connect(f"ws://{b}{URL}") as ws:
         send(ws, type="session.config", word_timestamps=True)
         refused = recv(ws)
-    assert isinstance(refused, dict) and refused["code"] == "unsupported_option"
-    assert "word_timestamps" in str(refused["message"]) and "remote" in str(refused["message"])
+    assert isinstance(refused, dict) and refused["code"] == "unsupported_option", refused
+    assert refused["field"] == "$.word_timestamps", refused
+    assert "'remote'" in str(refused["message"]) and "--forced-aligner" in str(refused["message"])
+    # Learned at start-up by the probe, which synthesizes nothing.
+    assert stub.requests == [] and [p["input"] for p in stub.probes] == [""]
+
+
+WRITTEN = "It costs $3.50 on 5/12, Dr. Smith said."
+
+
+def word_messages(got: Received) -> list[dict[str, object]]:
+    return [m for m in got.messages("audio.chunk")]
+
+
+def words_of(got: Received) -> list[dict[str, float | str]]:
+    return [w for m in word_messages(got) for w in m["timestamps"]]  # type: ignore[attr-defined]
+
+
+def test_word_timestamps_come_from_the_upstream_aligner_before_the_audio() -> None:
+    stub = StubUpstream(forced_aligner=True)
+    with stubs(stub) as urls, gateway(*urls) as b:
+        with configured(b, word_timestamps=True) as (ws, _):
+            got = speak(ws, WRITTEN)
+    assert not got.messages("error")
+    (body,) = stub.speech_requests()
+    # vllm-omni times words only on a whole answer: no stream fields.
+    assert body["word_timestamps"] is True and "stream" not in body and "stream_format" not in body
+    words = words_of(got)
+    # The aligner's words ("350", "Dr") named as the client wrote them.
+    assert [w["word"] for w in words] == WRITTEN.split()
+    # vllm-omni's ms from the answer's start, on the utterance's clock: the stub shares 300 ms evenly.
+    share = stub.seconds * 1000 / len(words)
+    for i, w in enumerate(words):
+        assert w["start_ms"] == pytest.approx(i * share, abs=1) and w["end_ms"] == pytest.approx(
+            (i + 1) * share, abs=1
+        )
+    # The words come before any of the audio they describe.
+    first_audio = next(i for i, item in enumerate(got.items) if isinstance(item, bytes))
+    first_words = next(
+        i for i, item in enumerate(got.items) if isinstance(item, dict) and item["type"] == "audio.chunk"
+    )
+    assert first_words < first_audio
+
+
+def test_words_left_out_for_size_are_asked_for_in_halves() -> None:
+    stub = StubUpstream(forced_aligner=True)
+    text = " ".join(["a"] * 140) + "."  # over vllm-omni's 4 KB header as one answer, under it in halves
+    with stubs(stub) as urls, gateway(*urls) as b:
+        with configured(b, word_timestamps=True, split_granularity="none") as (ws, _):
+            got = speak(ws, text)
+    assert not got.messages("error")
+    inputs = [str(body["input"]) for body in stub.speech_requests()]
+    assert inputs[0] == text and len(inputs) == 3 and " ".join(inputs[1:]) == text
+    words = words_of(got)
+    assert [w["word"] for w in words] == text.split()
+    starts = [float(w["start_ms"]) for w in words]
+    assert starts == sorted(starts) and starts[70] == pytest.approx(stub.seconds * 1000, abs=1)
+
+
+def test_words_go_only_to_upstreams_with_the_aligner() -> None:
+    plain, aligned = StubUpstream(), StubUpstream(forced_aligner=True)
+    with stubs(plain, aligned) as urls, gateway(*urls) as b:
+        with configured(b, word_timestamps=True) as (ws, _):
+            got = speak(ws, "One. ", "Two. ", "Three.")
+        with configured(b) as (ws, _):
+            untimed = speak(ws, "Four.")
+    assert [w["word"] for w in words_of(got)] == ["One.", "Two.", "Three."]
+    assert plain.speech_requests() == [] or all("word_timestamps" not in r for r in plain.speech_requests())
+    assert [r["input"] for r in aligned.speech_requests() if r.get("word_timestamps")] == [
+        "One.",
+        "Two.",
+        "Three.",
+    ]
+    assert not untimed.messages("audio.chunk") and untimed.frames()
 
 
 def test_uploaded_voice_travels_inline_as_ref_audio() -> None:

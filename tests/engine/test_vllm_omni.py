@@ -221,6 +221,10 @@ class FakeTools:
     codec_frame_rate: float | None = 12.5
     streaming: bool = True  # async_chunk on, as in vllm-omni's qwen3_tts.yaml
     tokens_per_text: int | None = None  # what the tokenizer counts; None: no tokenizer
+    word_timestamps: bool = False  # the pipeline has vllm-omni's forced-aligner stage
+    #: What the aligner "finds", per call of ``words`` (the real one reads vllm-omni's pooling output).
+    timed: list[tuple[str, int, int]] | None = None
+    words_asked: list[tuple[str, str | None]] = field(default_factory=list)
 
     def prompt(self, info: dict[str, list[Any]], task_type: str, cache_salt: str) -> dict[str, Any]:
         return {
@@ -229,11 +233,21 @@ class FakeTools:
             "cache_salt": cache_salt,
         }
 
-    def stream_params(self) -> list[Any]:
+    def stream_params(self, *, words: bool = False) -> list[Any]:
         return list(DEFAULT_PARAMS)
 
     def text_tokens(self, text: str) -> int | None:
         return self.tokens_per_text
+
+    def modalities(self, words: bool) -> list[str]:
+        return ["audio", "timestamps"] if words else ["audio"]
+
+    def is_words(self, output: Any) -> bool:
+        return bool(output.final_output_type == "timestamps")
+
+    def words(self, output: Any, text: str, language: str | None) -> list[tuple[str, int, int]] | None:
+        self.words_asked.append((text, language))
+        return self.timed
 
 
 def make_engine(omni: FakeOmni, tools: FakeTools | None = None, model: str = DEFAULT_MODEL) -> VllmOmniEngine:
@@ -727,8 +741,60 @@ def test_a_deploy_seed_reaches_the_code_predictor_when_the_request_sets_none() -
     # vllm-omni's Qwen3-TTS adapter: extra_args.setdefault("tts_local_seed", <stage-0 default seed>).
     seeded = (FakeSamplingParams(seed=5), DEFAULT_PARAMS[1])
     tools = FakeTools()
-    tools.stream_params = lambda: list(seeded)  # type: ignore[method-assign]
+
+    def stream_params(*, words: bool = False) -> list[Any]:
+        return list(seeded)
+
+    tools.stream_params = stream_params  # type: ignore[method-assign]
     omni = FakeOmni()
     speak(make_engine(omni, tools), request())
     assert omni.calls[0].params[0].extra_args == {"tts_local_seed": 5}
     assert seeded[0].extra_args is None  # the shared defaults are untouched
+
+
+# -- word timestamps (vllm-omni's forced-aligner stage) ---------------------------------------------------
+
+
+def aligned_script(prompt: dict[str, Any]) -> list[FakeOutput]:
+    """Two audio steps, then the aligner stage's output (its final output type is "timestamps")."""
+    sr = FakeTensor(RATE, np.int64)
+    audio = [audio_output(FakeTensor(tone(2400, i * 2400)), sr) for i in range(2)]
+    return [*audio, FakeOutput(stage_id=2, final_output_type="timestamps", finished=True)]
+
+
+def test_words_come_from_the_aligner_stage_with_the_audio_they_describe() -> None:
+    # The aligner's words as vllm-omni segments them, in ms from the start of the segment's audio.
+    tools = FakeTools(word_timestamps=True, timed=[("Dr", 0, 90), ("Smith", 90, 150), ("said", 160, 200)])
+    omni = FakeOmni(aligned_script)
+    chunks = speak(make_engine(omni, tools), request("Dr. Smith said.", options={"word_timestamps": True}))
+    assert omni.calls[0].modalities == ["audio", "timestamps"]
+    (chunk,) = chunks  # the audio was held until the aligner's output: words and audio go out together
+    np.testing.assert_allclose(chunk.samples, tone(4800), atol=1e-3)
+    assert chunk.words == (("Dr.", 0, 2160), ("Smith", 2160, 3600), ("said.", 3840, 4800))
+    assert tools.words_asked == [("Dr. Smith said.", None)]
+
+
+def test_without_word_timestamps_the_aligner_is_not_asked() -> None:
+    tools = FakeTools(word_timestamps=True)
+    omni = FakeOmni(delta_script())
+    chunks = speak(make_engine(omni, tools), request())
+    assert omni.calls[0].modalities == ["audio"] and len(chunks) == 3 and not tools.words_asked
+
+
+def test_a_segment_the_aligner_could_not_time_still_plays() -> None:
+    tools = FakeTools(word_timestamps=True, timed=None)  # vllm-omni's "timestamps: null"
+    chunks = speak(
+        make_engine(FakeOmni(aligned_script), tools), request("...", options={"word_timestamps": True})
+    )
+    assert [len(c.samples) for c in chunks] == [4800] and chunks[0].words == ()
+
+
+def test_word_timestamps_are_accepted_only_with_the_aligner_stage() -> None:
+    engine = make_engine(FakeOmni(), FakeTools(word_timestamps=True))
+    asyncio.run(engine.start())
+    engine.check("vivian", {"word_timestamps": True})
+    plain = make_engine(FakeOmni())
+    asyncio.run(plain.start())
+    with pytest.raises(UnsupportedOption) as info:
+        plain.check("vivian", {"word_timestamps": True})
+    assert info.value.field == "word_timestamps" and "VOXGATE_VLLM_FORCED_ALIGNER" in str(info.value)

@@ -7,7 +7,10 @@ it mirrors, and ``tests/vllm_omni/test_stub_drift.py`` sends the same requests t
 status codes, content types and body kinds, so drift shows.
 
 ``StubUpstream`` serves ``/health``, ``GET /v1/audio/voices`` (plain names plus vllm-omni's
-placeholder ``default``) and ``POST /v1/audio/speech``. Every speech body is recorded; what the
+placeholder ``default``) and ``POST /v1/audio/speech``. With ``forced_aligner`` it stands for a server
+launched with ``--forced-aligner``: a non-streamed answer asked for ``word_timestamps`` carries them in
+``X-Word-Timestamps`` (the tone's length shared evenly between the words). Every speech body is recorded
+(``probes``: the word-timestamp probes, empty inputs that never synthesize); what the
 answer is depends on ``mode``, which a test may switch at any time from its own thread. Each streamed
 answer gets a ``Stream`` record that says whether the stream ran to its end or was cut by the client
 (and when), so a test can check that a cancel or a failover closed the upstream request.
@@ -52,6 +55,14 @@ LANGUAGES = frozenset(
 SAMPLE_RATE = 24000
 TONE_HZ = 440.0
 REFUSAL = "voice 'nobody' is not supported by this stub"
+# serving_speech.py:2555-2565 ``create_speech``: the two word-timestamp refusals, before validation.
+WORDS_NOT_STREAMED = (
+    "word_timestamps=true is currently supported by the WebSocket /v1/audio/speech/stream path. "
+    "Use session.config with stream_audio=true and response_format='pcm'."
+)
+WORDS_NEED_ALIGNER = "word_timestamps=true requires the server to be launched with --forced-aligner."
+# serving_speech.py:2669: the word list travels in a header of at most this many bytes.
+WORDS_HEADER_LIMIT = 4096
 # Odd on purpose: 16-bit samples then straddle chunk boundaries, as they may over a real network.
 PIECE_BYTES = 2401
 # Longer than any test waits, so a stall only ends when the client gives up.
@@ -90,6 +101,7 @@ class StubUpstream:
         pieces_delay_s: sleep between body pieces of a streamed answer.
         voices_html: answer ``GET /v1/audio/voices`` with an HTML page instead of JSON.
         kind: the Qwen3-TTS checkpoint it stands for, which decides the requests it accepts.
+        forced_aligner: launched with ``--forced-aligner``: it times words.
     """
 
     mode: Mode = "ok"
@@ -98,7 +110,9 @@ class StubUpstream:
     seconds: float = 0.3
     pieces_delay_s: float = 0.01
     voices_html: bool = False  # answer the voice list with a web page, as a catch-all web app would
+    forced_aligner: bool = False
     requests: list[dict[str, object]] = field(default_factory=list)
+    probes: list[dict[str, object]] = field(default_factory=list)
     streams: list[Stream] = field(default_factory=list)
 
     def app(self) -> Starlette:
@@ -145,7 +159,8 @@ class StubUpstream:
 
     async def _speech(self, request: Request) -> Response:
         body = await request.json()
-        self.requests.append(body)
+        probe = bool(body.get("word_timestamps")) and not str(body.get("input", "")).strip()
+        (self.probes if probe else self.requests).append(body)
         mode = self.mode
         if mode == "refuse400":
             return _refused(REFUSAL)
@@ -155,6 +170,11 @@ class StubUpstream:
             return JSONResponse({"error": {"message": "engine core died", "code": 500}}, status_code=500)
         if mode == "garbage":
             return HTMLResponse("<html><body>502 Bad Gateway (a proxy's page)</body></html>")
+        streaming = body.get("stream_format") in ("audio", "sse") or bool(body.get("stream"))
+        if body.get("word_timestamps") and streaming:
+            return _refused(WORDS_NOT_STREAMED)
+        if body.get("word_timestamps") and not self.forced_aligner:
+            return _refused(WORDS_NEED_ALIGNER)
         if (refusal := self._refusal(body)) is not None:
             return _refused(refusal)
         fmt = str(body.get("response_format", "wav"))
@@ -167,9 +187,10 @@ class StubUpstream:
         if body.get("stream") or body.get("stream_format") == "sse":
             return _sse(pcm16(tone(self.seconds, self.rate)))
         audio = tone(self.seconds, self.rate)
+        headers = _word_headers(str(body["input"]), self.seconds) if body.get("word_timestamps") else {}
         if fmt == "pcm":
-            return Response(pcm16(audio), media_type="audio/pcm")
-        return Response(_wav(audio, self.rate), media_type="audio/wav")
+            return Response(pcm16(audio), media_type="audio/pcm", headers=headers)
+        return Response(_wav(audio, self.rate), media_type="audio/wav", headers=headers)
 
     def _refusal(self, body: dict[str, object]) -> str | None:
         """What vllm-omni 0.30.0 refuses with a 400, in its words; None when it accepts the body."""
@@ -215,6 +236,30 @@ class StubUpstream:
         if task == "VoiceDesign" and not body.get("instructions"):  # :247
             return "VoiceDesign task requires 'instructions' to describe the voice"
         return None
+
+
+def aligner_words(text: str) -> list[str]:
+    """The words vllm-omni's aligner times (qwen3_force_align_processor.py ``_tokenize_space_lang``, for
+    text without CJK): split at whitespace, keeping letters, digits and apostrophes."""
+    kept = ("".join(c for c in token if c.isalnum() or c == "'") for token in text.split())
+    return [word for word in kept if word]
+
+
+def _word_headers(text: str, seconds: float) -> dict[str, str]:
+    """serving_speech.py:2666-2679: ``X-Word-Timestamps``, or ``X-Word-Timestamps-Omitted`` past 4 KB.
+
+    The stub's aligner gives each word an equal share of the audio, in integer ms.
+    """
+    words = aligner_words(text)
+    share = seconds * 1000 / max(1, len(words))
+    listed = [
+        {"word": w, "start_ms": round(i * share), "end_ms": round((i + 1) * share)}
+        for i, w in enumerate(words)
+    ]
+    encoded = json.dumps(listed)
+    if len(encoded) <= WORDS_HEADER_LIMIT:
+        return {"X-Word-Timestamps": encoded}
+    return {"X-Word-Timestamps-Omitted": f"oversize; bytes={len(encoded)}; limit={WORDS_HEADER_LIMIT}"}
 
 
 def _refused(message: str) -> Response:

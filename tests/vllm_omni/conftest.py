@@ -9,18 +9,22 @@ import pytest
 
 from tests.vllm_omni.upstream import Kind, RealUpstream, real_upstream
 
-#: ``real(kind, async_chunk=True)``: the shared server of that kind, started on first use.
+#: ``real(kind, async_chunk=True, forced_aligner=False)``: the shared server of that kind, started when first
+#: used.
 RealUpstreams = Callable[..., RealUpstream]
 
 
 @pytest.fixture(scope="session")
 def real() -> Iterator[RealUpstreams]:
-    running: dict[tuple[Kind, bool], RealUpstream] = {}
+    running: dict[tuple[Kind, bool, bool], RealUpstream] = {}
     with contextlib.ExitStack() as stack:
 
-        def get(kind: Kind = "CustomVoice", async_chunk: bool = True) -> RealUpstream:
-            if (kind, async_chunk) not in running:
-                running[kind, async_chunk] = stack.enter_context(real_upstream(kind, async_chunk))
-            return running[kind, async_chunk]
+        def get(
+            kind: Kind = "CustomVoice", async_chunk: bool = True, forced_aligner: bool = False
+        ) -> RealUpstream:
+            key = (kind, async_chunk, forced_aligner)
+            if key not in running:
+                running[key] = stack.enter_context(real_upstream(kind, async_chunk, forced_aligner))
+            return running[key]
 
         yield get

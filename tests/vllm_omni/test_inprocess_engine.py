@@ -127,6 +127,38 @@ def test_cumulative_snapshots_are_not_duplicated(compared: dict[str, Any], shape
     assert result[shape]["equal"]
 
 
+def test_word_timestamp_requests_match(compared: dict[str, Any]) -> None:
+    # With --forced-aligner vllm-omni appends the aligner stage; both sides ask for its "timestamps" output
+    # and keep the audio CUMULATIVE (the aligner reads the whole waveform), with the pooling stage's params.
+    result = compared["words"]
+    assert result["stages"] == [None, "audio", "timestamps"]
+    upstream, ours = result["vllm_omni"], result["voxgate"]
+    assert ours["modalities"] == upstream["modalities"] == ["audio", "timestamps"]
+    assert len(ours["params"]) == len(upstream["params"]) == 3
+    assert ours["params"] == upstream["params"]
+    assert [p["output_kind"] for p in ours["params"][:2]] == ["CUMULATIVE", "CUMULATIVE"]
+    assert ours["prompt_len"] == upstream["prompt_len"]
+    assert ours["info"] == {k: v for k, v in upstream["info"].items() if k not in SERVER_ONLY_INFO}
+
+
+def test_words_reach_the_in_process_engine_from_the_aligner_stage(compared: dict[str, Any]) -> None:
+    # Read by vllm-omni's extract_word_timestamps from the aligner stage's output (the stand-in model's
+    # logits through vllm-omni's decoder), named as written, held with the audio they describe.
+    (chunk,) = compared["words"]["chunks"]
+    words = chunk["words"]
+    assert [w[0] for w in words] == "It costs $3.50 on 5/12, Dr. Smith said.".split()
+    bounds = [t for _, start, end in words for t in (start, end)]
+    assert bounds == sorted(bounds) and bounds[0] >= 0 and bounds[-1] <= chunk["samples"]
+    # Piper's words tile the audio; the aligner's 80 ms bins put the last end within a bin of its end.
+    assert chunk["samples"] - bounds[-1] <= 0.08 * chunk["rate"]
+
+
+def test_without_the_aligner_stage_word_timestamps_are_refused_by_name(compared: dict[str, Any]) -> None:
+    refused = compared["words"]["refused"]
+    assert refused is not None and refused["field"] == "word_timestamps"
+    assert "forced-aligner" in refused["message"] and "VOXGATE_VLLM_FORCED_ALIGNER" in refused["message"]
+
+
 def _session_members(sid: int) -> list[str]:
     members = []
     for entry in Path("/proc").iterdir():

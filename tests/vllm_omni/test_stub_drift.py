@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 
 import httpx
 import numpy as np
@@ -51,6 +52,10 @@ REQUESTS: dict[Kind, list[dict[str, object]]] = {
         {**HI, **RAW, "response_format": "wav", "ref_text": "Hello."},
         {**HI, **RAW, "response_format": "wav", "x_vector_only_mode": True},
         {"input": "   ", **RAW, "response_format": "wav"},
+        # Word timestamps need --forced-aligner, which this server was launched without.
+        {**HI, "response_format": "wav", "word_timestamps": True},
+        {**HI, **RAW, "response_format": "wav", "word_timestamps": True},
+        {"input": "", "word_timestamps": True},  # the remote engine's probe
     ],
     "Base": [
         {**HI, **RAW, "response_format": "wav"},
@@ -101,4 +106,41 @@ def test_the_stub_answers_as_the_real_layer_does(kind: Kind, real: RealUpstreams
         for body, want, have in zip(REQUESTS[kind], expected, got, strict=True)
         if want != have
     ]
+    assert not drift, "\n".join(f"{str(b)[:160]}: real {w}, stub {h}" for b, w, h in drift)
+
+
+WORDS = {"input": "It costs $3.50 on 5/12, Dr. Smith said.", "word_timestamps": True}
+ALIGNED_REQUESTS: list[dict[str, object]] = [
+    {**WORDS, "response_format": "wav"},
+    {**WORDS, "response_format": "pcm"},
+    {**WORDS, **RAW, "response_format": "wav"},
+    {**WORDS, "stream": True, "response_format": "pcm"},
+    {"input": "", "word_timestamps": True},  # the remote engine's probe
+    {"input": " ".join(["a"] * 140), "word_timestamps": True, "response_format": "wav"},  # over 4 KB
+]
+
+
+def words_kind(response: httpx.Response) -> tuple[tuple[int, str, str], list[str] | str | None]:
+    """The answer's kind, and the words of its ``X-Word-Timestamps`` (or that they were left out)."""
+    header = response.headers.get("x-word-timestamps")
+    if header is not None:
+        words: list[str] | str | None = [w["word"] for w in json.loads(header)]
+    else:
+        words = "omitted" if response.headers.get("x-word-timestamps-omitted") else None
+    return kind_of(response), words
+
+
+def test_the_stub_times_words_as_the_real_layer_with_its_aligner_does(real: RealUpstreams) -> None:
+    upstream = real("CustomVoice", forced_aligner=True)
+    with serve_stub(StubUpstream(forced_aligner=True)) as stub:
+        expected = [
+            words_kind(httpx.post(f"{upstream.url}/v1/audio/speech", json=body, timeout=120))
+            for body in ALIGNED_REQUESTS
+        ]
+        got = [
+            words_kind(httpx.post(f"{stub}/v1/audio/speech", json=body, timeout=120))
+            for body in ALIGNED_REQUESTS
+        ]
+    assert expected[0][1] == ["It", "costs", "350", "on", "512", "Dr", "Smith", "said"]
+    drift = [(b, w, h) for b, w, h in zip(ALIGNED_REQUESTS, expected, got, strict=True) if w != h]
     assert not drift, "\n".join(f"{str(b)[:160]}: real {w}, stub {h}" for b, w, h in drift)

@@ -27,6 +27,8 @@ Kind = Literal["CustomVoice", "Base", "VoiceDesign"]
 ENV_VAR = "VOXGATE_VLLM_OMNI_PYTHON"
 DEFAULT_ENV = Path.home() / ".cache" / "voxgate" / "vllm-omni-0.30.0"
 SERVER = Path(__file__).with_name("server.py")
+#: What ``--forced-aligner`` names (server.py stands in for the model; nothing is loaded or downloaded).
+ALIGNER_MODEL = "Qwen/Qwen3-ForcedAligner-0.6B"
 # Imports (vLLM, transformers, torch) take 10-20 s on a 2-core machine; give a loaded CI runner room.
 START_TIMEOUT_S = 120.0
 
@@ -64,6 +66,7 @@ class RealUpstream:
     model: str
     kind: Kind
     async_chunk: bool
+    forced_aligner: bool
     log_path: Path
     process: subprocess.Popen[bytes]
 
@@ -107,9 +110,17 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def real_upstream(
-    kind: Kind = "CustomVoice", async_chunk: bool = True, *, timeout: float = START_TIMEOUT_S
+    kind: Kind = "CustomVoice",
+    async_chunk: bool = True,
+    forced_aligner: bool = False,
+    *,
+    timeout: float = START_TIMEOUT_S,
 ) -> Iterator[RealUpstream]:
-    """vllm-omni's serving layer with the CPU (Piper) engine client, on a free loopback port."""
+    """vllm-omni's serving layer with the CPU (Piper) engine client, on a free loopback port.
+
+    ``forced_aligner``: launched with vllm-omni's ``--forced-aligner`` (word timestamps), whose model stage
+    is stood in for by server.py's ``StandInAligner``.
+    """
     python = require_vllm_python()
     port = _free_port()
     model = f"Qwen/Qwen3-TTS-12Hz-0.6B-{kind}"
@@ -117,6 +128,8 @@ def real_upstream(
     command += ["--served-model-name", model]
     if not async_chunk:
         command.append("--no-async-chunk")
+    if forced_aligner:
+        command += ["--forced-aligner", ALIGNER_MODEL]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     with tempfile.TemporaryDirectory(prefix="voxgate-vllm-omni-") as tmp:
         log_path = Path(tmp) / "server.log"
@@ -125,7 +138,9 @@ def real_upstream(
             process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env
             )
-        upstream = RealUpstream(f"http://127.0.0.1:{port}", model, kind, async_chunk, log_path, process)
+        upstream = RealUpstream(
+            f"http://127.0.0.1:{port}", model, kind, async_chunk, forced_aligner, log_path, process
+        )
         try:
             _wait_healthy(upstream, timeout)
             yield upstream
