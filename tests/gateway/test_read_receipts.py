@@ -1,7 +1,9 @@
-"""Read receipts (gateway/receipts.py): a client that stops reading is closed with 4001 ``slow_consumer``
-within ``send_timeout_s`` even when nothing it was sent ever fills a buffer: with permessage-deflate a
-test tone compresses to almost nothing, so the writes never block (issue 10). A client that reads at
-playback pace, however far behind, is never closed.
+"""Read receipts and the coalescing transport (gateway/receipts.py).
+
+A client that stops reading is closed with 4001 ``slow_consumer`` within ``send_timeout_s`` even when
+nothing it was sent ever fills a buffer: with permessage-deflate a test tone compresses to almost
+nothing, so the writes never block (issue 10). A client that reads at playback pace, however far
+behind, is never closed. The writes of one turn of the event loop reach the socket as one write.
 
 The ``ReadReceipts`` unit tests drive a hand-turned clock (``Clock``), so no ordering depends on timing.
 """
@@ -17,7 +19,7 @@ from typing import Any, cast
 import pytest
 
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.receipts import QUIET_S, ReadReceipts
+from voxgate.gateway.receipts import QUIET_S, CoalescingTransport, ReadReceipts
 
 from ..conftest import TIMEOUT_S, recv, send, serve_engine, voxgate_connect
 
@@ -245,3 +247,62 @@ def _read_to_close(ws: Any) -> tuple[list[dict[str, Any]], int | None]:
                 messages.append(item)
     except ConnectionClosed as closed:
         return messages, closed.rcvd.code if closed.rcvd else None
+
+
+# -- CoalescingTransport ---------------------------------------------------------------------------------
+
+
+class Recorder:
+    """A transport that records its writes."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_extra_info(self, name: str) -> str:
+        return f"info:{name}"
+
+
+def test_writes_of_one_turn_of_the_loop_go_out_as_one_in_order() -> None:
+    async def run() -> Recorder:
+        recorder = Recorder()
+        transport = CoalescingTransport(cast(Any, recorder), asyncio.get_running_loop())
+        for frame in (b"a", b"bb", b"ccc"):
+            transport.write(frame)
+        assert recorder.writes == [] and transport.get_write_buffer_size() == 6
+        await asyncio.sleep(0)  # the loop's turn ends
+        assert recorder.writes == [b"abbccc"]
+        transport.write(b"d")
+        await asyncio.sleep(0)
+        transport.write(b"close frame")
+        transport.close()  # what is pending goes first
+        assert transport.get_extra_info("peername") == "info:peername"
+        await asyncio.sleep(0)
+        return recorder
+
+    recorder = asyncio.run(run())
+    assert recorder.writes == [b"abbccc", b"d", b"close frame"] and recorder.closed
+
+
+def test_nothing_is_written_to_a_transport_that_closed_under_it() -> None:
+    async def run() -> Recorder:
+        recorder = Recorder()
+        transport = CoalescingTransport(cast(Any, recorder), asyncio.get_running_loop())
+        transport.write(b"late")
+        recorder.closed = True  # the connection was lost
+        await asyncio.sleep(0)
+        return recorder
+
+    assert asyncio.run(run()).writes == []

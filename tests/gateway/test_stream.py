@@ -6,6 +6,7 @@ The FakeEngine stands in for a model only to control timing and failures; tests/
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 
@@ -329,16 +330,22 @@ def test_next_segment_arrives_before_the_previous_one_has_played() -> None:
     assert arrivals[1] - arrivals[0] < durations[0]
 
 
-def test_slow_consumer_is_closed_and_other_sessions_are_unaffected() -> None:
+def test_slow_consumer_is_closed_and_other_sessions_are_unaffected(caplog: pytest.LogCaptureFixture) -> None:
     engine = FakeEngine(sample_rate=48000, chunk_s=1.0)
-    with serve_engine(engine, max_buffered_audio_s=2.0, send_timeout_s=1.5) as address:
+    caplog.set_level(logging.INFO, logger="voxgate")
+    with serve_engine(engine, max_buffered_audio_s=2.0, send_timeout_s=3.0) as address:
         with voxgate_connect(f"ws://{address}{URL}", max_size=None, max_queue=1) as stuck:
             send(stuck, type="session.config", response_format="f32", frame_ms=1000)
             send(stuck, type="input.text", text="word " * 4000)  # about 20 minutes of audio, 230 MB
             send(stuck, type="input.done")
-            time.sleep(3.0)  # not reading: the kernel buffers fill, then the outbox; synthesis pauses
+            # Not reading: the kernel buffers fill, then the outbox; synthesis pauses.
             with session(address) as other:
                 assert speak(other, "Meanwhile, this works.").frames()
+            # Once the server gives up on it, the client has send_timeout_s to read the rest and the error.
+            deadline = time.monotonic() + TIMEOUT_S
+            while not any("closing with 4001" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "the stalled reader was not closed"
+                time.sleep(0.02)
             messages, code = closed_with(stuck)
     assert messages[-1]["code"] == "slow_consumer" and code == 4001
     # The bound paused synthesis: far fewer than the ~70 segments of the text were ever started.
