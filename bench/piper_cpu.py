@@ -18,8 +18,9 @@ phonemizing) under each setting in ``VARIANTS``, against ``before``, the engine'
 
 ``--malloc`` sets the process's glibc malloc tuning (``engine``: this tree's ``tune_malloc``, the default;
 ``arenas``: two arenas only, the engine's before; ``glibc``: none). ``--malloc-compare`` runs the
-``before`` and ``lifted`` variants in child processes, one per malloc tuning, alternating ``--rounds``
-times, and prints the same table per tuning: malloc is per process.
+``before`` and ``lifted`` variants each in its own child process (one session per process, as in the
+engine), once per malloc tuning and variant, alternating, ``--rounds`` times (2 rounds each), and prints the
+same table per tuning: malloc is per process. The page faults column shows what the tuning is about.
 
 ``--pieces`` compares the engine's session (``lifted``) on the same sentences cut into pieces of at most
 15, 30, 60 and 120 phonemes and not cut at all: the cost of Piper's per-run overhead at each piece size.
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -190,6 +192,7 @@ def measure(names: list[str], rounds: int, limit: int) -> dict[str, Any]:
         audio_s = {name: sum(len(a) for a in out) / RATE for name, out in outputs.items()}
         cpu: dict[str, list[float]] = {name: [] for name in names}
         wall: dict[str, list[float]] = {name: [] for name in names}
+        faults = dict.fromkeys(names, 0)
         turn = 0
         for _ in range(rounds):
             spent = dict.fromkeys(names, 0.0)
@@ -201,14 +204,16 @@ def measure(names: list[str], rounds: int, limit: int) -> dict[str, Any]:
                     own = pieces[limits[name]]
                     if i >= len(own):
                         continue
+                    flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                     started, cpu0 = time.perf_counter(), time.process_time()
                     _run(sessions[name], own[i])
                     spent[name] += time.process_time() - cpu0
+                    faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - flt
                     took[name] += time.perf_counter() - started
             for name in names:
                 cpu[name].append(1000 * spent[name] / audio_s[name])
                 wall[name].append(1000 * took[name] / audio_s[name])
-        return {"outputs": outputs, "audio_s": audio_s, "cpu": cpu, "wall": wall}
+        return {"outputs": outputs, "audio_s": audio_s, "cpu": cpu, "wall": wall, "faults": faults}
 
     load_before = os.getloadavg()
     got = _on_a_worker(work)
@@ -238,6 +243,7 @@ def measure(names: list[str], rounds: int, limit: int) -> dict[str, Any]:
                 "cpu_ms_per_audio_s_median": round(statistics.median(got["cpu"][name]), 1),
                 "wall_ms_per_audio_s_median": round(statistics.median(got["wall"][name]), 1),
                 "max_abs_diff": diff,
+                "page_faults_per_audio_s": round(got["faults"][name] / got["audio_s"][name] / rounds),
                 "cpu_ms_per_audio_s_rounds": [round(x, 1) for x in got["cpu"][name]],
             }
         )
@@ -260,57 +266,59 @@ def print_table(result: dict[str, Any], title: str) -> None:
     )
     print(
         "| variant | ms CPU per audio s, best / median | wall ms per audio s (median) "
-        "| max abs sample difference | pieces |"
+        "| page faults per audio s | max abs sample difference | pieces |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for r in result["rows"]:
         diff = r["max_abs_diff"]
         shown = "identical" if diff == 0.0 else diff if isinstance(diff, str) else f"{diff:.2e}"
         print(
             f"| `{r['variant']}`: {r['about']} "
             f"| {r['cpu_ms_per_audio_s_best']} / {r['cpu_ms_per_audio_s_median']} "
-            f"| {r['wall_ms_per_audio_s_median']} | {shown} | {r['pieces']} of ≤{r['piece_limit'] or 'any'} |"
+            f"| {r['wall_ms_per_audio_s_median']} | {r['page_faults_per_audio_s']} | {shown} "
+            f"| {r['pieces']} of ≤{r['piece_limit'] or 'any'} |"
         )
 
 
 def malloc_compare(rounds: int) -> dict[str, Any]:
-    """``before`` and ``lifted`` per malloc tuning: a child process per tuning and round, alternating."""
+    """``before`` and ``lifted`` per malloc tuning: one child process per tuning, variant and round.
+
+    One session per process, as in the engine: two sessions alternating in one process share a heap, and
+    hide what one session's inferences do to it.
+    """
     tunings = ["arenas", "engine", "glibc"]
-    runs: dict[str, list[dict[str, Any]]] = {t: [] for t in tunings}
-    load_before = os.getloadavg()
+    variants = ["before", "lifted"]
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {v: [] for v in variants} for t in tunings}
+    load_before = [round(x, 2) for x in os.getloadavg()]
     for i in range(rounds):
         for tuning in tunings[i % 3 :] + tunings[: i % 3]:
-            cmd = [
-                sys.executable,
-                __file__,
-                "--malloc",
-                tuning,
-                "--rounds",
-                "1",
-                "--variants",
-                "before,lifted",
-            ]
-            out = subprocess.run([*cmd, "--json", "-", "--quiet"], capture_output=True, text=True, check=True)
-            runs[tuning].append(json.loads(out.stdout))
-    load_after = os.getloadavg()
+            for variant in variants if i % 2 else variants[::-1]:
+                cmd = [sys.executable, __file__, "--malloc", tuning, "--rounds", "2", "--variants", variant]
+                out = subprocess.run([*cmd, "--json", "-"], capture_output=True, text=True, check=True)
+                runs[tuning][variant].append(json.loads(out.stdout)["rows"][0])
+    load_after = [round(x, 2) for x in os.getloadavg()]
     tables = {}
-    for tuning, results in runs.items():
+    for tuning, per_variant in runs.items():
         rows = []
-        for j, row in enumerate(results[0]["rows"]):
-            values = [r["rows"][j]["cpu_ms_per_audio_s_best"] for r in results]
-            walls = [r["rows"][j]["wall_ms_per_audio_s_median"] for r in results]
+        for results in per_variant.values():
+            values = [x for r in results for x in r["cpu_ms_per_audio_s_rounds"]]
+            walls = [r["wall_ms_per_audio_s_median"] for r in results]
             rows.append(
-                row
+                results[0]
                 | {
                     "cpu_ms_per_audio_s_best": min(values),
                     "cpu_ms_per_audio_s_median": round(statistics.median(values), 1),
                     "wall_ms_per_audio_s_median": round(statistics.median(walls), 1),
+                    "page_faults_per_audio_s": round(
+                        statistics.median(r["page_faults_per_audio_s"] for r in results)
+                    ),
+                    "max_abs_diff": "(own process)",
                     "cpu_ms_per_audio_s_rounds": values,
                 }
             )
         tables[tuning] = {
             "rows": rows,
-            "rounds": rounds,
+            "rounds": rounds * 2,
             "load_before": load_before,
             "load_after": load_after,
         }
@@ -328,7 +336,6 @@ def main() -> int:
     parser.add_argument("--malloc-compare", action="store_true")
     parser.add_argument("--pieces", action="store_true")
     parser.add_argument("--json", help="write the figures here ('-': stdout, and no table)")
-    parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     started = time.strftime("%H:%M:%S", time.gmtime())
     result: dict[str, Any]
