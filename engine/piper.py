@@ -258,6 +258,12 @@ class PiperEngine:
             # after ``_ARENA_IDLE_S`` without work.
             options.enable_cpu_mem_arena = arena
             options.enable_mem_pattern = False
+            if threads > 1:
+                # The wide session's pool threads wait for work without spinning: it runs when no other
+                # inference does, but one may start beside it, and spinning threads then take CPU the
+                # other needs (bench/piper_cpu.py: 2 threads, 123-132 ms of CPU per audio s instead of
+                # 140-154, the same wall time).
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             return onnxruntime.InferenceSession(
                 model, sess_options=options, providers=["CPUExecutionProvider"]
             )
