@@ -250,13 +250,24 @@ def measure(names: list[str], rounds: int, limit: int) -> dict[str, Any]:
     return {"rows": rows, "rounds": rounds, "load_before": shown[0], "load_after": shown[1]}
 
 
+# glibc mallopt parameters (malloc.h) for the ``kept`` tuning.
+_M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD = -3, -1
+MALLOC = {
+    "engine": "this tree's tune_malloc (two arenas, glibc's dynamic thresholds)",
+    "kept": "two arenas, blocks up to 32 MiB from the heap, a heap keeps up to 1 GiB free",
+    "glibc": "no tuning",
+}
+
+
 def _tune(malloc: str) -> None:
     from voxgate.engine import piper as engine
 
     if malloc == "engine":
         engine.tune_malloc()
-    elif malloc == "arenas" and engine._LIBC is not None:
+    elif malloc == "kept" and engine._LIBC is not None:
         engine._LIBC.mallopt(engine._M_ARENA_MAX, engine._ARENAS)
+        engine._LIBC.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+        engine._LIBC.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
 
 
 def print_table(result: dict[str, Any], title: str) -> None:
@@ -280,13 +291,75 @@ def print_table(result: dict[str, Any], title: str) -> None:
         )
 
 
+def engine_cpu(malloc: str, streams: int, repeats: int) -> dict[str, Any]:
+    """The engine itself (this tree's ``PiperEngine``, 2 workers, no wide session) under one malloc tuning.
+
+    ``streams`` requests of the paragraph at once, ``repeats`` times: two inferences at a time on two
+    worker threads, as under load. CPU and page faults of the whole process per second of audio.
+    """
+    import asyncio
+
+    from _procstat import rss_kib
+
+    from voxgate.engine import piper as engine
+    from voxgate.engine.base import SynthesisRequest
+
+    if malloc != "engine":  # the engine calls tune_malloc when it is built: give it the tuning asked for
+        engine.tune_malloc = lambda: _tune(malloc)
+
+    async def run() -> dict[str, Any]:
+        piper = engine.PiperEngine(threads=1, workers=2, wide_threads=1)
+        await piper.start()
+        try:
+
+            async def one() -> int:
+                request = SynthesisRequest(text=PARAGRAPH, voice="joe", seed=1)
+                return sum([len(c.samples) async for c in piper.synthesize(request)])
+
+            await one()  # warm-up
+            flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            cpu, started = time.process_time(), time.perf_counter()
+            samples = 0
+            for _ in range(repeats):
+                samples += sum(await asyncio.gather(*(one() for _ in range(streams))))
+            audio_s = samples / RATE
+            return {
+                "malloc": malloc,
+                "audio_s": round(audio_s, 1),
+                "cpu_ms_per_audio_s": round(1000 * (time.process_time() - cpu) / audio_s, 1),
+                "wall_ms_per_audio_s": round(1000 * (time.perf_counter() - started) / audio_s, 1),
+                "page_faults_per_audio_s": round(
+                    (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - flt) / audio_s
+                ),
+                "rss_kib": rss_kib(os.getpid()),
+            }
+        finally:
+            await piper.aclose()
+
+    return asyncio.run(run())
+
+
+def engine_compare(rounds: int) -> dict[str, Any]:
+    """``engine_cpu`` per malloc tuning, one child process each, alternating, ``rounds`` times."""
+    tunings = ["engine", "kept"]
+    runs: dict[str, list[dict[str, Any]]] = {t: [] for t in tunings}
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    for i in range(rounds):
+        for tuning in tunings if i % 2 == 0 else tunings[::-1]:
+            cmd = [sys.executable, __file__, "--engine-child", tuning, "--json", "-"]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            runs[tuning].append(json.loads(out.stdout))
+    load_after = [round(x, 2) for x in os.getloadavg()]
+    return {"runs": runs, "load_before": load_before, "load_after": load_after}
+
+
 def malloc_compare(rounds: int) -> dict[str, Any]:
     """``before`` and ``lifted`` per malloc tuning: one child process per tuning, variant and round.
 
     One session per process, as in the engine: two sessions alternating in one process share a heap, and
     hide what one session's inferences do to it.
     """
-    tunings = ["arenas", "engine", "glibc"]
+    tunings = list(MALLOC)
     variants = ["before", "lifted"]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {v: [] for v in variants} for t in tunings}
     load_before = [round(x, 2) for x in os.getloadavg()]
@@ -332,14 +405,31 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--variants", default=DEFAULT, help=f"comma-separated, from: {', '.join(VARIANTS)}")
     parser.add_argument("--limit", type=int, default=0, help="phonemes per piece (default: the engine's)")
-    parser.add_argument("--malloc", choices=["engine", "arenas", "glibc"], default="engine")
+    parser.add_argument("--malloc", choices=list(MALLOC), default="engine")
     parser.add_argument("--malloc-compare", action="store_true")
     parser.add_argument("--pieces", action="store_true")
+    parser.add_argument("--engine-compare", action="store_true")
+    parser.add_argument("--engine-child", choices=list(MALLOC), help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the figures here ('-': stdout, and no table)")
     args = parser.parse_args()
     started = time.strftime("%H:%M:%S", time.gmtime())
     result: dict[str, Any]
-    if args.malloc_compare:
+    if args.engine_child:
+        result = engine_cpu(args.engine_child, streams=4, repeats=2)
+    elif args.engine_compare:
+        result = engine_compare(args.rounds)
+        print(
+            f"\nthe engine, 4 streams at once, 2 workers ({started} UTC), load average before "
+            f"{result['load_before']}, after {result['load_after']}"
+        )
+        print("| malloc tuning | ms CPU per audio s, each run | page faults per audio s | RSS after, KiB |")
+        print("|---|---|---|---|")
+        for tuning, runs in result["runs"].items():
+            cpu = ", ".join(str(r["cpu_ms_per_audio_s"]) for r in runs)
+            faults = ", ".join(str(r["page_faults_per_audio_s"]) for r in runs)
+            rss = ", ".join(str(r["rss_kib"]) for r in runs)
+            print(f"| `{tuning}` | {cpu} | {faults} | {rss} |")
+    elif args.malloc_compare:
         result = {"malloc": malloc_compare(args.rounds)}
         for tuning, table in result["malloc"].items():
             print_table(table, f"malloc tuning {tuning!r} ({started} UTC)")

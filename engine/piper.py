@@ -151,31 +151,24 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 _LIBC = _glibc()
-# mallopt parameters (glibc's malloc.h).
+# mallopt parameter (glibc's malloc.h).
 _M_ARENA_MAX = -8
-_M_MMAP_THRESHOLD = -3
-_M_TRIM_THRESHOLD = -1
 # Two malloc arenas: each thread that allocates would otherwise get a heap of its own (up to 8 per core),
-# each keeping its freed pages and its fragments.
+# each keeping its freed pages and its fragments. The mmap threshold stays glibc's (dynamic): fixing it
+# low gives each freed tensor back at once, but every inference then faults its hundreds of MB of
+# tensors in again, 2-3x slower (measured with 1 thread). Fixing it high (32 MiB, and the trim threshold
+# at 1 GiB, so that a heap keeps its free pages for the next inference) saved 25% of CPU with one
+# inference at a time in a process of its own, but only 0-5% for the engine under load
+# (``bench/piper_cpu.py --engine-compare``: 117-128 ms of CPU per audio second against 126-140), for
+# 150-200 MB more resident memory at the peak of 16 sessions: not taken. ``release_freed_memory`` hands
+# the heap's free pages back when the engine goes idle.
 _ARENAS = 2
-# The narrow session has no ONNX Runtime arena (memory comes back after large texts): every tensor of an
-# inference comes from malloc and goes back to it. With glibc's dynamic thresholds, a worker thread's
-# heap gave most of it back to the system at once (large blocks mmapped, a heap's free top trimmed), and
-# the next inference faulted it in again: measured 20-25 ms of CPU per second of audio in page faults
-# alone, 140-150 ms per audio second against 100-115 with the pages kept (``bench/piper_cpu.py
-# --malloc-compare``). Fixed thresholds keep them: blocks up to 32 MiB (glibc's largest mmap threshold;
-# a piece of at most ``MAX_PIECE_PHONEMES`` needs no larger one) come from the heap, and a heap keeps up
-# to 1 GiB of free top. ``release_freed_memory`` hands it all back when the engine goes idle.
-_MMAP_THRESHOLD = 32 << 20
-_TRIM_THRESHOLD = 1 << 30
 
 
 def tune_malloc() -> None:
-    """Make glibc keep fewer heaps, and freed tensors for the next run (call before the threads start)."""
+    """Make glibc keep fewer heaps (call before the inference threads start)."""
     if _LIBC is not None:
         _LIBC.mallopt(_M_ARENA_MAX, _ARENAS)
-        _LIBC.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-        _LIBC.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
 
 
 def release_freed_memory() -> None:
