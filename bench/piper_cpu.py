@@ -17,16 +17,19 @@ phonemizing) under each setting in ``VARIANTS``, against ``before``, the engine'
   (1.0 is full scale); a different length is reported as such.
 
 ``--malloc`` sets the process's glibc malloc tuning (``engine``: this tree's ``tune_malloc``, the default;
-``arenas``: two arenas only, the engine's before; ``glibc``: none). ``--malloc-compare`` runs the
-``before`` and ``lifted`` variants each in its own child process (one session per process, as in the
-engine), once per malloc tuning and variant, alternating, ``--rounds`` times (2 rounds each), and prints the
-same table per tuning: malloc is per process. The page faults column shows what the tuning is about.
+``kept``: also fixed thresholds, so that freed tensors stay in the heap for the next inference; ``glibc``:
+none). ``--malloc-compare`` runs the ``before`` and ``lifted`` variants each in its own child process (one
+session per process), once per malloc tuning and variant, alternating, ``--rounds`` times (2 rounds each),
+and prints the same table per tuning: malloc is per process. ``--engine-compare`` runs the engine itself
+(``PiperEngine``, 2 workers, 4 paragraphs at once, so two inferences at a time as under load) in a child
+process per tuning (``engine``, ``kept``), alternating, ``--rounds`` times: CPU, page faults and memory.
 
 ``--pieces`` compares the engine's session (``lifted``) on the same sentences cut into pieces of at most
 15, 30, 60 and 120 phonemes and not cut at all: the cost of Piper's per-run overhead at each piece size.
 
     .venv/bin/python bench/piper_cpu.py [--rounds 5] [--variants before,lifted,...] [--json out.json]
-    .venv/bin/python bench/piper_cpu.py --malloc-compare [--rounds 4]
+    .venv/bin/python bench/piper_cpu.py --malloc-compare [--rounds 2]
+    .venv/bin/python bench/piper_cpu.py --engine-compare [--rounds 4]
     .venv/bin/python bench/piper_cpu.py --pieces
 
 The machine should be otherwise idle; note its load (``uptime``) with the figures, which it prints.
