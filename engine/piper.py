@@ -254,8 +254,8 @@ class PiperEngine:
             if threads > 1:
                 # The wide session's pool threads wait for work without spinning: it runs when no other
                 # inference does, but one may start beside it, and spinning threads then take CPU the
-                # other needs (bench/piper_cpu.py: 2 threads, 123-132 ms of CPU per audio s instead of
-                # 140-154, the same wall time).
+                # other needs (bench/piper_cpu.py: 2 threads, 120-128 ms of CPU per audio s instead of
+                # 153-168, at the same or a better wall time; first audio alone no slower).
                 options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             return onnxruntime.InferenceSession(
                 model, sess_options=options, providers=["CPUExecutionProvider"]

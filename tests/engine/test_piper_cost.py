@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -13,6 +14,11 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from voxgate.engine import piper
 from voxgate.engine.base import SynthesisRequest
+
+if TYPE_CHECKING:
+    from piper import PiperVoice
+
+SPINNING = "session.intra_op.allow_spinning"
 
 
 def _graph() -> ModelProto:
@@ -117,3 +123,25 @@ def test_the_engine_speaks_what_the_voice_file_says() -> None:
     got = asyncio.run(engine_audio())
     assert got.shape == plain.shape
     assert float(np.max(np.abs(got - plain))) < 1e-3
+
+
+@pytest.mark.slow
+def test_only_the_wide_session_lets_its_pool_threads_sleep() -> None:
+    def spinning(voice: PiperVoice | None) -> str | None:
+        assert voice is not None
+        try:
+            value = voice.session.get_session_options().get_session_config_entry(SPINNING)
+        except RuntimeError:  # not set: ONNX Runtime's default (spin)
+            return None
+        return str(value)
+
+    async def options() -> tuple[str | None, str | None]:
+        engine = piper.PiperEngine(threads=1, workers=2, wide_threads=2)
+        await engine.start()
+        try:
+            return spinning(engine._voice), spinning(engine._wide)
+        finally:
+            await engine.aclose()
+
+    # One thread has no pool to spin; the wide session's pool threads sleep when out of work.
+    assert asyncio.run(options()) == (None, "0")
