@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import resource
 import time
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from _text import tokenize
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
@@ -33,8 +33,6 @@ from websockets.typing import Subprotocol
 PATH = "/v1/audio/speech/stream"
 # Handshakes at once per worker: thousands of simultaneous connects overflow the listen backlog.
 CONNECT_CONCURRENCY = 32
-# LLM tokenizers emit pieces of about this size for English prose (as in bench/ttfa.py).
-TOKEN_CHARS = (2, 5)
 # How often the loop-lag probe wakes: its oversleep shows a worker that cannot keep up.
 LAG_PROBE_S = 0.05
 
@@ -82,17 +80,6 @@ class Report:
     connect_failures: list[str] = field(default_factory=list)
     loop_lag_ms: list[float] = field(default_factory=list)
     max_rss_kib: int = 0
-
-
-def tokenize(text: str, seed: int) -> list[str]:
-    """Cut ``text`` into LLM-like tokens of 2-5 characters (deterministic for a given seed)."""
-    rng = random.Random(seed)
-    tokens, i = [], 0
-    while i < len(text):
-        n = rng.randint(*TOKEN_CHARS)
-        tokens.append(text[i : i + n])
-        i += n
-    return tokens
 
 
 class _Session:

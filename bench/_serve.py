@@ -1,8 +1,10 @@
-"""What the benches share to run a gateway of their own: a free port and the ``voxgate serve`` command."""
+"""What the benches share to run a gateway of their own: a free port, the ``voxgate serve`` command,
+and stopping it."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 
 # This interpreter, so the gateway runs from the same environment (and tree) as the bench.
@@ -15,6 +17,18 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def stop(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """SIGTERM (the gateway drains), and SIGKILL if it has not exited within ``timeout_s``."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def serve_command(*flags: str) -> list[str]:

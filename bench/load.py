@@ -43,16 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _procstat  # noqa: E402
 from _load_client import Plan, split, worker  # noqa: E402
-from _serve import free_port, serve_command  # noqa: E402
+from _serve import free_port, serve_command, stop  # noqa: E402
+from _text import PARAGRAPH  # noqa: E402
 
-# About 23 s of speech in four sentences (the paragraph of bench/ttfa.py): long enough for a turn to
-# hold several segments, so that gaps between them show as underruns.
-PARAGRAPH = (
-    "The gateway turns a stream of words into speech while the model is still writing its answer. "
-    "Each sentence is spoken as soon as it ends, so the listener hears the first words almost at once. "
-    "Short pauses between sentences sound natural, but a gap in the middle of a thought sounds broken. "
-    "This benchmark measures how quickly the first sound arrives and whether playback ever runs dry."
-)
 # Seconds of audio per 250 ms chunk of the fake engine's tone (engine/fake.py), to turn an RTF into
 # its ``fake_delay_s``.
 FAKE_CHUNK_S = 0.25
@@ -121,12 +114,7 @@ def started_server(args: argparse.Namespace, log: Path) -> Iterator[Server]:
             print(f"server pid {proc.pid} on port {port}", file=sys.stderr, flush=True)
             yield Server(f"ws://127.0.0.1:{port}", proc.pid)
         finally:
-            proc.terminate()  # a drain: the sessions are over by now
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)  # a drain: the sessions are over by now
 
 
 def wait_ready(base: str, proc: subprocess.Popen[bytes]) -> None:

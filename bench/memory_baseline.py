@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 from _procstat import status_kib
-from _serve import free_port
+from _serve import free_port, stop
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
@@ -179,11 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.idle_s)
         record(f"after {args.idle_s:g} s idle")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     result = {"load_average": list(os.getloadavg()), "cpus": os.cpu_count(), "steps": steps}
     print(f"load average at the end: {result['load_average']}")
     if args.json:

@@ -57,13 +57,8 @@ import numpy.typing as npt
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import write_json  # noqa: E402
+from _text import PARAGRAPH  # noqa: E402
 
-PARAGRAPH = (  # bench/ttfa.py's paragraph: about 20 s of speech
-    "The gateway turns a stream of words into speech while the model is still writing its answer. "
-    "Each sentence is spoken as soon as it ends, so the listener hears the first words almost at once. "
-    "Short pauses between sentences sound natural, but a gap in the middle of a thought sounds broken. "
-    "This benchmark measures how quickly the first sound arrives and whether playback ever runs dry."
-)
 RATE = 22050
 
 

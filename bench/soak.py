@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _serve import free_port, serve_command
+from _serve import free_port, serve_command, stop
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.typing import Subprotocol
@@ -230,12 +230,7 @@ async def main_async(args: argparse.Namespace) -> int:
             closed = Sample(round(time.monotonic() - start, 2), round(rss, 2), fds, threads)
         alive = process.poll() is None
     finally:
-        if process.poll() is None:
-            process.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(60)
-        if process.poll() is None:
-            process.kill()
+        stop(process, 60.0)
     warm_s = args.warmup_min * 60
     slope = slope_per_min(samples, warm_s)
     after = [s for s in samples if s.t_s >= warm_s] or samples

@@ -19,7 +19,6 @@ import contextlib
 import json
 import math
 import os
-import random
 import socket
 import sys
 import threading
@@ -32,6 +31,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import uvicorn
+from _text import PARAGRAPH, tokenize
 from starlette.applications import Starlette
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import ClientConnection, connect
@@ -48,18 +48,6 @@ from voxgate.protocol.segmenter import Segmenter
 
 PATH = "/v1/audio/speech/stream"
 VOICE = "joe"
-# Four sentences, ~20 s of speech in 5 segments: enough segments for inter-segment gaps to show, short
-# enough that 20 runs plus the concurrency sweep fit in about two minutes on two cores.
-PARAGRAPH = (
-    "The gateway turns a stream of words into speech while the model is still writing its answer. "
-    "Each sentence is spoken as soon as it ends, so the listener hears the first words almost at once. "
-    "Short pauses between sentences sound natural, but a gap in the middle of a thought sounds broken. "
-    "This benchmark measures how quickly the first sound arrives and whether playback ever runs dry."
-)
-# LLM tokenizers emit pieces of about this size for English prose.
-TOKEN_CHARS = (2, 5)
-# Fixed, so every run (and every machine) streams exactly the same token boundaries.
-TOKEN_SEED = 7
 # A fast hosted LLM streams ~50 tokens/s; slower token rates only make gaps less likely.
 TOKEN_DELAY_MS = 20.0
 # Generous: a 4-session round on two cores takes ~6 s; a hang must still end the bench.
@@ -107,17 +95,6 @@ def serve(app: Starlette) -> Iterator[str]:
 
 
 # -- the text stream ---------------------------------------------------------------------------------
-
-
-def tokenize(text: str, seed: int = TOKEN_SEED) -> list[str]:
-    """Cut ``text`` into LLM-like tokens of 2-5 characters (deterministic for a given seed)."""
-    rng = random.Random(seed)
-    tokens, i = [], 0
-    while i < len(text):
-        n = rng.randint(*TOKEN_CHARS)
-        tokens.append(text[i : i + n])
-        i += n
-    return tokens
 
 
 def first_segment(

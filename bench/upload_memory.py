@@ -37,7 +37,7 @@ import httpx
 import numpy as np
 import soundfile
 from _procstat import status_kib
-from _serve import free_port, serve_command
+from _serve import free_port, serve_command, stop
 
 MB = 1 << 20
 SAMPLE_EVERY_S = 0.002
@@ -139,12 +139,7 @@ def gateway(voices_dir: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
             time.sleep(0.1)
         yield process, url
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
 
 
 async def _upload(client: httpx.AsyncClient, name: str, clip: bytes) -> int:

@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 import numpy as np
 from _serve import free_port
-from ttfa import PARAGRAPH, tokenize
+from _text import PARAGRAPH, tokenize
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _serve import free_port, serve_command
+from _serve import free_port, serve_command, stop
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.typing import Subprotocol
@@ -469,12 +469,8 @@ async def main_async(args: argparse.Namespace) -> int:
         if process is not None and process.poll() is not None:
             report.crashes += 1
     finally:
-        if process is not None and process.poll() is None:
-            process.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(30)
-            if process.poll() is None:
-                process.kill()
+        if process is not None:
+            stop(process)
     if process is not None:
         report.traceback_kinds = count_tracebacks(log_path)
         report.tracebacks = sum(report.traceback_kinds.values())
