@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import tempfile
 import threading
@@ -37,6 +38,17 @@ def bound_socket() -> socket.socket:
     return sock
 
 
+class LogRecords(logging.Handler):
+    """A logging handler that keeps every record it is given."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 @contextmanager
 def serve(
     app: Starlette,
@@ -45,11 +57,13 @@ def serve(
     ws_max_size: int = 16 * 1024 * 1024,
     ws: str | type[ReceiptProtocol] = ReceiptProtocol,
     ws_per_message_deflate: bool = True,
+    **options: Any,
 ) -> Iterator[str]:
     """Run ``app`` on uvicorn in a thread on ``sock`` or a free loopback port; yields ``host:port``.
 
     The WebSocket protocol is the one ``voxgate serve`` runs (uvicorn's sans-I/O one, with read receipts);
     permessage-deflate is accepted, as ``ws_compression`` would, so the tests meet the harder case.
+    ``options`` go to ``uvicorn.Config`` as they are (``ssl_certfile``, ...).
     """
     sock = sock or bound_socket()
     port = sock.getsockname()[1]
@@ -60,6 +74,7 @@ def serve(
         ws=ws,
         ws_per_message_deflate=ws_per_message_deflate,
         lifespan="on",
+        **options,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -8,7 +8,7 @@ import tempfile
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from tests.conftest import recv, serve, voxgate_connect
+from tests.conftest import LogRecords, recv, serve, voxgate_connect
 from voxgate.cli import uvicorn_ws_options
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.app import create_app
@@ -16,18 +16,9 @@ from voxgate.gateway.server import quiet_client_faults
 from voxgate.gateway.settings import Settings
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.mark.parametrize("configured", [False, True])
 def test_invalid_utf8_closes_1007_without_a_traceback(configured: bool) -> None:
-    handler = _Records()
+    handler = LogRecords()
     uvicorn_log = logging.getLogger("uvicorn.error")
     with tempfile.TemporaryDirectory() as voices_dir:
         settings = Settings(voices_dir=voices_dir)

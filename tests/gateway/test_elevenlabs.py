@@ -10,7 +10,6 @@ import signal
 import ssl
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,14 +18,13 @@ from typing import Any
 import httpx
 import pytest
 import soundfile
-import uvicorn
 from elevenlabs.client import ElevenLabs
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.conftest import TIMEOUT_S, bound_socket, serve_engine
+from tests.conftest import TIMEOUT_S, serve, serve_engine
 from tests.gateway.test_drain import _await_draining, voxgate_serve
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
 from voxgate.gateway.app import create_app
@@ -277,21 +275,8 @@ def tls_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     )
     with tempfile.TemporaryDirectory(prefix="voxgate-voices-") as voices:
         app = create_app(Settings.from_env({}, api_keys=KEY, voices_dir=voices), engine=FakeEngine())
-        sock = bound_socket()
-        config = uvicorn.Config(app, log_level="warning", ssl_certfile=str(cert), ssl_keyfile=str(key))
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        try:
-            deadline = time.monotonic() + TIMEOUT_S
-            while not server.started:
-                assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-                time.sleep(0.01)
-            yield f"127.0.0.1:{sock.getsockname()[1]}", cert
-        finally:
-            server.should_exit = True
-            thread.join(TIMEOUT_S)
-            sock.close()
+        with serve(app, ssl_certfile=str(cert), ssl_keyfile=str(key)) as address:
+            yield address, cert
 
 
 # The SDK reads ConnectionClosed.code, which websockets 14+ deprecates, when the server closes normally.

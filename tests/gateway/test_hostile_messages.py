@@ -11,7 +11,17 @@ from contextlib import contextmanager
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from tests.conftest import recv, recv_message, recv_until, send, serve, serve_engine, session, voxgate_connect
+from tests.conftest import (
+    LogRecords,
+    recv,
+    recv_message,
+    recv_until,
+    send,
+    serve,
+    serve_engine,
+    session,
+    voxgate_connect,
+)
 from voxgate.cli import uvicorn_ws_options
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.app import create_app
@@ -20,19 +30,10 @@ from voxgate.gateway.settings import Settings
 URL = "/v1/audio/speech/stream"
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @contextmanager
 def problems() -> Iterator[list[logging.LogRecord]]:
     """Records at WARNING or above, or with a traceback, that any logger emits while the block runs."""
-    handler = _Records()
+    handler = LogRecords()
     loggers = [logging.getLogger(), logging.getLogger("uvicorn"), logging.getLogger("uvicorn.access")]
     for logger in loggers:
         logger.addHandler(handler)
@@ -74,7 +75,7 @@ def test_a_50_mb_config_closes_with_1009_as_served_by_the_cli(
     gateway_log = logging.getLogger("voxgate.gateway")
     level = gateway_log.level
     gateway_log.setLevel(logging.INFO)
-    handler = _Records()
+    handler = LogRecords()
     gateway_log.addHandler(handler)
     try:
         with tempfile.TemporaryDirectory() as voices_dir:
