@@ -28,7 +28,6 @@ from collections.abc import Awaitable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-import msgspec
 from starlette.websockets import WebSocketDisconnect
 
 from voxgate.engine.base import EngineError
@@ -52,6 +51,7 @@ from voxgate.protocol.messages import (
     ServerWarning,
     SessionConfig,
     SessionReady,
+    wire_context_id,
 )
 from voxgate.protocol.output import Audio, Configure, Drop, Finish, Message, OutputFormat, Speak
 from voxgate.protocol.session import Session, State
@@ -451,7 +451,7 @@ class Connection:
                 fatal=err.fatal,
                 field=err.field,
                 utterance_index=utterance,
-                context_id=msgspec.UNSET if err.context_id is None else err.context_id,
+                context_id=wire_context_id(err.context_id),
             )
         )
 

@@ -51,6 +51,7 @@ from voxgate.protocol.messages import (
     SessionDone,
     WordTimestamp,
     WordTimestamps,
+    wire_context_id,
 )
 from voxgate.protocol.output import (
     Audio,
@@ -83,11 +84,6 @@ from voxgate.protocol.session import (
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 2)
-
-
-def _wire(context_id: str | None) -> str | msgspec.UnsetType:
-    """A context id as server messages carry it: left out for the default context."""
-    return msgspec.UNSET if context_id is None else context_id
 
 
 @dataclass(slots=True)
@@ -280,13 +276,7 @@ class Core:
         Args:
             open_index: the utterance the client had open, confirmed when nothing was in flight.
         """
-        victims = tuple(self._utterances.values())
-        self._forget(victims)
-        self._out.append(Drop(tuple(u.index for u in victims)))
-        for u in victims:
-            self._out.append(Message(AudioCancelled(utterance_index=u.index, context_id=_wire(u.context_id))))
-        if not victims:
-            self._out.append(Message(AudioCancelled(utterance_index=open_index)))
+        self._cancel(tuple(self._utterances.values()), AudioCancelled(utterance_index=open_index))
         for ctx in list(self._contexts.values()):
             if ctx.context_id is not None:
                 self._close(ctx.context_id, ctx.number, "cancelled")
@@ -308,7 +298,7 @@ class Core:
             format=u.packer.fmt,
             sample_rate=u.packer.sample_rate,
             start_sample=start,
-            context_id=_wire(u.context_id),
+            context_id=wire_context_id(u.context_id),
         )
         self._out.append(Message(msg, utterance, streamed=u.streamed))
 
@@ -361,7 +351,7 @@ class Core:
                 message=error.message,
                 utterance_index=utterance,
                 field=error.field,
-                context_id=_wire(u.context_id),
+                context_id=wire_context_id(u.context_id),
             )
             self._out.append(Message(msg, utterance))
         u.done += 1
@@ -427,7 +417,7 @@ class Core:
 
     def _wire_id(self, context: int) -> str | msgspec.UnsetType:
         ctx = self._contexts.get(context)
-        return _wire(None if ctx is None else ctx.context_id)
+        return wire_context_id(None if ctx is None else ctx.context_id)
 
     def _forget(self, victims: tuple[_Utterance, ...]) -> None:
         for u in victims:
@@ -436,13 +426,19 @@ class Core:
 
     def _drop(self, context_id: str, number: int | None, *, confirm: bool) -> None:
         """Cancel one context's utterances; ``confirm``: answer even when there were none."""
-        victims = tuple(u for u in self._utterances.values() if number is not None and u.context == number)
+        victims = () if number is None else tuple(u for u in self._utterances.values() if u.context == number)
+        self._cancel(victims, AudioCancelled(context_id=context_id) if confirm else None)
+
+    def _cancel(self, victims: tuple[_Utterance, ...], otherwise: AudioCancelled | None) -> None:
+        """Drop ``victims`` and confirm each with ``audio.cancelled``; with none, send ``otherwise``."""
         self._forget(victims)
-        if victims or confirm:
+        if victims or otherwise is not None:
             self._out.append(Drop(tuple(u.index for u in victims)))
-        indices: list[int | None] = [u.index for u in victims]
-        for index in indices or ([None] if confirm else []):
-            self._out.append(Message(AudioCancelled(utterance_index=index, context_id=context_id)))
+        for u in victims:
+            cancelled = AudioCancelled(utterance_index=u.index, context_id=wire_context_id(u.context_id))
+            self._out.append(Message(cancelled))
+        if not victims and otherwise is not None:
+            self._out.append(Message(otherwise))
 
     def _close(self, context_id: str, number: int | None, reason: CloseReason) -> None:
         if number is not None:
@@ -500,7 +496,7 @@ class Core:
             chunk_end_ms=ms(length),
             sample_rate=u.packer.sample_rate,
             timestamps=[WordTimestamp(word=w, start_ms=ms(start), end_ms=ms(end)) for w, start, end in words],
-            context_id=_wire(u.context_id),
+            context_id=wire_context_id(u.context_id),
         )
         seg.word_chunks += 1
         self._out.append(Message(msg, u.index))
@@ -535,7 +531,7 @@ class Core:
             error=seg.error,
             text_to_first_audio_ms=_ms(ready),
             synthesis_ms=_ms(seg.synthesis_s) or 0.0,
-            context_id=_wire(u.context_id),
+            context_id=wire_context_id(u.context_id),
         )
 
     def _session_done(self, u: _Utterance) -> SessionDone:
@@ -548,5 +544,5 @@ class Core:
             first_text_to_first_audio_ms=_ms(first),
             audio_ms=round(u.packer.samples_sent * 1000.0 / u.packer.sample_rate, 2),
             synthesis_ms=_ms(u.synthesis_s) or 0.0,
-            context_id=_wire(u.context_id),
+            context_id=wire_context_id(u.context_id),
         )

@@ -271,6 +271,11 @@ CLIENT_TYPES: frozenset[str] = frozenset(
 )
 
 
+def wire_context_id(context_id: str | None) -> str | msgspec.UnsetType:
+    """A context id as server messages carry it: left out for the default context (None)."""
+    return msgspec.UNSET if context_id is None else context_id
+
+
 class _Server(msgspec.Struct, tag_field="type", kw_only=True):
     """Base of every server-to-client message."""
 

@@ -392,11 +392,10 @@ class Session:
         cap = self.max_pending_text_chars
         pending = self.backlog + sum(len(stream.segmenter.pending) for stream in self._streams())
         if cap and pending + len(text) > cap:
-            raise ProtocolError(
+            raise self._error(
                 ErrorCode.TEXT_BACKLOG_FULL,
                 f"{pending} characters are waiting to be spoken; {len(text)} more would pass the "
                 f"limit of {cap}: send it once the audio has caught up",
-                fatal=not self.configured,
                 context_id=context_id,
             )
 
@@ -404,7 +403,9 @@ class Session:
         return [self._default, *self._named.values()]
 
     def _by_number(self, number: int) -> _Stream | None:
-        return next((stream for stream in self._streams() if stream.number == number), None)
+        if number == self._default.number:
+            return self._default
+        return next((stream for stream in self._named.values() if stream.number == number), None)
 
     def _new_segmenter(self) -> Segmenter:
         granularity, eager = self._segmentation
@@ -419,11 +420,10 @@ class Session:
             events.append(ContextActive(stream.number))
             return stream
         if len(self._named) >= self.max_contexts:
-            raise ProtocolError(
+            raise self._error(
                 ErrorCode.TOO_MANY_CONTEXTS,
                 f"{len(self._named)} contexts are open, the most this session allows; close one "
                 "(context.close or input.cancel with its context_id) before opening another",
-                fatal=not self.configured,
                 context_id=context_id,
             )
         self._numbers += 1
@@ -516,8 +516,9 @@ class Session:
         message: str,
         *,
         field: str | None = None,
+        context_id: str | None = None,
     ) -> ProtocolError:
-        return ProtocolError(code, message, fatal=not self.configured, field=field)
+        return ProtocolError(code, message, fatal=not self.configured, field=field, context_id=context_id)
 
 
 def _open_index(stream: _Stream) -> int:
