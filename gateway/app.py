@@ -93,7 +93,9 @@ def create_app(
             engines = [ENGINES[name](settings.engine_settings(name)) for name in engine_names(settings)]
         else:
             engines = [engine] if not isinstance(engine, Sequence) else list(engine)
-        store = VoiceStore(settings.resolved_voices_dir(), max_voices=settings.max_voices)
+        store = VoiceStore(
+            settings.resolved_voices_dir(), max_voices=settings.max_voices, max_bytes=settings.max_voice_bytes
+        )
         catalog = Catalog(engines, aliases=settings.voice_aliases, store=store)
         await catalog.start()
         metrics.watch(engines)

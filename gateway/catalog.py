@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 from voxgate.engine.base import TTSEngine, UnknownVoice, UnsupportedOption, Voice, VoiceReference
-from voxgate.gateway.clips import inline_reference
+from voxgate.gateway.clips import decoding, inline_reference
 from voxgate.gateway.http import Rejected
 from voxgate.gateway.store import VoiceStore
 
@@ -102,7 +102,7 @@ class Catalog:
         """
         inline = None
         if ref_audio is not None:
-            inline = await asyncio.to_thread(inline_reference, ref_audio, ref_text)
+            inline = await decoding(inline_reference, ref_audio, ref_text)
         elif ref_text is not None:
             message = "ref_text goes with ref_audio; an uploaded voice keeps its own transcript"
             raise Rejected(400, "invalid_ref_audio", message, "ref_text")

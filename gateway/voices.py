@@ -47,7 +47,6 @@ from voxgate.engine.base import Voice
 from voxgate.gateway.clips import MAX_AUDIO_BYTES, decode_audio, decoding, parse_embedding
 from voxgate.gateway.http import Rejected, api_error
 from voxgate.gateway.multipart import FormLimits, Part, read_form, text_field
-from voxgate.gateway.settings import Settings
 from voxgate.gateway.store import (
     InvalidVoiceName,
     VoiceInfo,
@@ -129,7 +128,7 @@ def _check_form(parts: dict[str, Part]) -> _Upload:
     )
 
 
-def _save(store: VoiceStore, owner: str, upload: _Upload, max_bytes: int | None) -> VoiceInfo:
+def _save(store: VoiceStore, owner: str, upload: _Upload) -> VoiceInfo:
     """Decode the clip (if any) and store the voice; run on a decode thread (``clips.decoding``), so a
     clip's decoded samples and its voice file are made and dropped there, and uploads wait their turn."""
     audio, rate, mime = decode_audio(upload.audio) if upload.audio is not None else (None, 0, None)
@@ -143,7 +142,6 @@ def _save(store: VoiceStore, owner: str, upload: _Upload, max_bytes: int | None)
         ref_text=upload.ref_text,
         speaker_description=upload.speaker_description,
         mime_type=mime,
-        max_bytes=max_bytes,
     )
 
 
@@ -183,12 +181,6 @@ def _owner(request: Request) -> str:
     return owner
 
 
-def _max_bytes(request: Request) -> int | None:
-    """The ``max_voice_bytes`` setting of the app, or None (the store's own cap) when it has no settings."""
-    settings: Settings | None = getattr(request.state, "settings", None)
-    return settings.max_voice_bytes if settings is not None else None
-
-
 def _check_length(headers: Headers) -> None:
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -220,7 +212,7 @@ async def upload_voice(request: Request) -> JSONResponse:
             raise Rejected(
                 409, "name_taken", f"{upload.name!r} is a built-in voice; choose another name", "name"
             )
-        info = await decoding(_save, store, _owner(request), upload, _max_bytes(request))
+        info = await decoding(_save, store, _owner(request), upload)
     except Rejected as exc:
         await _drain(chunks)
         return api_error(exc.status, exc.message, code=exc.code, param=exc.param)
