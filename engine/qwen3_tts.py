@@ -399,11 +399,16 @@ class VllmOmniTools:
         found = self._extract_words(output, text, language)
         if found is None:
             return None
-        return [(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in found]
+        return word_triples(found)
 
     def text_tokens(self, text: str) -> int | None:
         # vllm-omni counts with the tokenizer it sized the prompt with (``_count_usage_text_tokens``).
         return len(self._tokenizer(text, padding=False)["input_ids"])
+
+
+def word_triples(listed: Any) -> list[tuple[str, int, int]]:
+    """vllm-omni's word timestamps (``[{word, start_ms, end_ms}]``) as (word, start ms, end ms)."""
+    return [(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in listed]
 
 
 def _field(config: Any, name: str) -> Any:

@@ -54,7 +54,7 @@ from voxgate.engine.base import (
     VoiceReference,
 )
 from voxgate.engine.options import option
-from voxgate.engine.qwen3_tts import qwen_language, variant_of, word_timings
+from voxgate.engine.qwen3_tts import qwen_language, variant_of, word_timings, word_triples
 from voxgate.engine.upstreams import Upstream, UpstreamPool
 from voxgate.engine.wav_stream import WavStream
 from voxgate.protocol.audio import encode, wav_header
@@ -164,8 +164,7 @@ class _NoAligner(Exception):
 def _parse_words(header: str) -> list[tuple[str, int, int]]:
     """vllm-omni's ``X-Word-Timestamps``: a JSON list of ``{word, start_ms, end_ms}``."""
     try:
-        listed = json.loads(header)
-        return [(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in listed]
+        return word_triples(json.loads(header))
     except (ValueError, TypeError, KeyError) as exc:
         raise EngineError(f"upstream sent unreadable word timestamps {header[:200]!r}: {exc}") from exc
 

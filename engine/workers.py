@@ -33,7 +33,6 @@ class DeadlineWorkers:
     """
 
     def __init__(self, workers: int, name: str) -> None:
-        self.workers = workers
         self._queue: queue.PriorityQueue[_Job] = queue.PriorityQueue()
         self._order = itertools.count()
         self._lock = threading.Lock()

@@ -204,6 +204,7 @@ class Connection:
         self.send_deadline = Deadline()  # the writer's send timeout (a client that stopped reading)
         self.last_activity = time.monotonic()
         self.framing: Framing | None = None  # a phone carrier's messages (protocol.telephony)
+        self.cap = AudioCap(s.max_segment_audio_base_s, s.max_segment_audio_per_char_s)  # a segment's audio
         if self.receipts is not None:
             self.receipts.watch(s.send_timeout_s)
 
@@ -430,9 +431,8 @@ class Connection:
     def _utterance(self, index: int) -> Utterance:
         config, resolved = self.session.config, self.resolved
         assert config is not None and resolved is not None  # utterances start only once configured
-        cap = AudioCap(self.settings.max_segment_audio_base_s, self.settings.max_segment_audio_per_char_s)
         return Utterance(
-            index, config, resolved.engine, resolved.voice, resolved.reference, resolved.options, cap
+            index, config, resolved.engine, resolved.voice, resolved.reference, resolved.options, self.cap
         )
 
     @staticmethod

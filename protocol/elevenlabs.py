@@ -247,10 +247,15 @@ def spread_alignment(text: str, duration_ms: float) -> Alignment:
     For engines that do not time words (``word_alignment`` otherwise): ``text`` is the segment as spoken,
     plus the space that separates it from the next one (clients complete a word at a space).
     """
-    chars = list(text)
-    n = len(chars)
-    edges = [round(i * duration_ms / n) for i in range(n + 1)] if n else [0]
-    return Alignment(chars, edges[:-1], [b - a for a, b in zip(edges, edges[1:], strict=False)])
+    if not text:
+        return Alignment([], [], [])
+    return Alignment(list(text), *_spread(len(text), 0.0, duration_ms))
+
+
+def _spread(n: int, start: float, end: float) -> tuple[list[int], list[int]]:
+    """Start times and durations (ms) of ``n`` characters sharing ``start`` to ``end`` evenly."""
+    edges = [round(start + i * (end - start) / n) for i in range(n + 1)]
+    return edges[:-1], [b - a for a, b in zip(edges, edges[1:], strict=False)]
 
 
 def word_alignment(words: list[WordTimestamp], offset_ms: float, duration_ms: float) -> Alignment:
@@ -270,10 +275,10 @@ def word_alignment(words: list[WordTimestamp], offset_ms: float, duration_ms: fl
         start = min(max(word.start_ms - offset_ms, 0.0), duration_ms)
         end = duration_ms if n == len(words) - 1 else min(max(word.end_ms - offset_ms, start), duration_ms)
         text = word.word + " "
-        edges = [round(start + i * (end - start) / len(text)) for i in range(len(text) + 1)]
+        spread_starts, spread_durations = _spread(len(text), start, end)
         chars += text
-        starts += edges[:-1]
-        durations += [b - a for a, b in zip(edges, edges[1:], strict=False)]
+        starts += spread_starts
+        durations += spread_durations
     return Alignment(chars, starts, durations)
 
 

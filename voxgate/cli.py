@@ -68,8 +68,16 @@ def _engines(text: str) -> str:
 
 
 def _boolean(text: str) -> bool:
-    value = {"true": True, "1": True, "on": True, "yes": True, "false": False, "0": False, "off": False}
-    value |= {"no": False}
+    value = {
+        "true": True,
+        "1": True,
+        "on": True,
+        "yes": True,
+        "false": False,
+        "0": False,
+        "off": False,
+        "no": False,
+    }
     if (parsed := value.get(text.strip().lower())) is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
     return parsed
