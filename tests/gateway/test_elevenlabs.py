@@ -275,7 +275,9 @@ def tls_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     )
     with tempfile.TemporaryDirectory(prefix="voxgate-voices-") as voices:
         app = create_app(Settings.from_env({}, api_keys=KEY, voices_dir=voices), engine=FakeEngine())
-        with serve(app, ssl_certfile=str(cert), ssl_keyfile=str(key)) as address:
+        # uvicorn's default WebSocket protocol, as this fixture always ran: voxgate serve does not terminate
+        # TLS (docs/deploy.md: a proxy does), so its own protocol never runs under TLS.
+        with serve(app, ws="auto", ssl_certfile=str(cert), ssl_keyfile=str(key)) as address:
             yield address, cert
 
 
