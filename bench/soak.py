@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from _serve import free_port, serve_command, stop
+from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.typing import Subprotocol
-
-from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
 
 PATH = "/v1/audio/speech/stream"
 SENTENCES = (

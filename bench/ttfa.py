@@ -33,10 +33,6 @@ import numpy as np
 import uvicorn
 from _text import PARAGRAPH, tokenize
 from starlette.applications import Starlette
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
-from websockets.sync.client import ClientConnection, connect
-from websockets.typing import Subprotocol
-
 from voxgate.engine import piper
 from voxgate.engine.base import SynthesisRequest
 from voxgate.engine.piper import PiperSettings
@@ -45,6 +41,9 @@ from voxgate.gateway.settings import Settings
 from voxgate.protocol.audio import BYTES_PER_SAMPLE
 from voxgate.protocol.messages import DEFAULT_MAX_BUFFER_DELAY_MS
 from voxgate.protocol.segmenter import Segmenter
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Subprotocol
 
 PATH = "/v1/audio/speech/stream"
 VOICE = "joe"

@@ -45,12 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from _serve import free_port, serve_command, stop
+from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
+from voxgate.protocol.errors import FAILURES, ErrorCode
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.typing import Subprotocol
-
-from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
-from voxgate.protocol.errors import FAILURES, ErrorCode
 
 PATH = "/v1/audio/speech/stream"
 MAX_CONFIG_BYTES = 64 * 1024  # of the server this script starts

@@ -13,8 +13,8 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from voxgate.engine import fake, piper, remote, vllm_omni
-from voxgate.engine.base import (
+from . import fake, piper, remote, vllm_omni
+from .base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,

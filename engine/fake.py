@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from voxgate.engine.base import (
+from .base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,
@@ -26,7 +26,7 @@ from voxgate.engine.base import (
     Voice,
     demands,
 )
-from voxgate.engine.options import option
+from .options import option
 
 # 60 ms of audio per character is close to natural speech (about 15 characters a second).
 SECONDS_PER_CHAR = 0.06

@@ -32,8 +32,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from voxgate.engine import piper_words
-from voxgate.engine.base import (
+from . import piper_words
+from .base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,
@@ -43,8 +43,8 @@ from voxgate.engine.base import (
     WordTiming,
     demands,
 )
-from voxgate.engine.options import option
-from voxgate.engine.workers import DeadlineWorkers
+from .options import option
+from .workers import DeadlineWorkers
 
 if TYPE_CHECKING:
     import onnx

@@ -28,7 +28,7 @@ import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from voxgate.engine.base import WordTiming
+from .base import WordTiming
 
 BOS, EOS, PAD, SPACE = "^", "$", "_", " "
 # Phoneme symbols that are not sounds of a word: stress, length, tie and syllable marks, punctuation.

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import msgspec
 import numpy as np
 
-from voxgate.engine.base import EngineError, WordTiming
+from .base import EngineError, WordTiming
 
 if TYPE_CHECKING:
-    from voxgate.engine.base import VoiceReference
+    from .base import VoiceReference
 
 DEFAULT_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
 # A name under vllm_omni/deploy/ or a path; this one streams talker -> code2wav in chunks (async_chunk).

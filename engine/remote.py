@@ -43,7 +43,9 @@ import httpx
 import msgspec
 import numpy as np
 
-from voxgate.engine.base import (
+from ..protocol.audio import encode, wav_header
+from ..protocol.messages import ENGINE_OPTION_FIELDS
+from .base import (
     AudioChunk,
     EngineError,
     RequestRefused,
@@ -53,12 +55,10 @@ from voxgate.engine.base import (
     Voice,
     VoiceReference,
 )
-from voxgate.engine.options import option
-from voxgate.engine.qwen3_tts import qwen_language, variant_of, word_timings, word_triples
-from voxgate.engine.upstreams import Upstream, UpstreamPool
-from voxgate.engine.wav_stream import WavStream
-from voxgate.protocol.audio import encode, wav_header
-from voxgate.protocol.messages import ENGINE_OPTION_FIELDS
+from .options import option
+from .qwen3_tts import qwen_language, variant_of, word_timings, word_triples
+from .upstreams import Upstream, UpstreamPool
+from .wav_stream import WavStream
 
 logger = logging.getLogger(__name__)
 

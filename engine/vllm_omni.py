@@ -40,7 +40,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from voxgate.engine.base import (
+from .base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,
@@ -53,8 +53,8 @@ from voxgate.engine.base import (
 if TYPE_CHECKING:
     pass
 
-from voxgate.engine.options import option
-from voxgate.engine.qwen3_tts import (
+from .options import option
+from .qwen3_tts import (
     CODEC_FRAMES_PER_TEXT_TOKEN,
     DEFAULT_DEPLOY_CONFIG,
     DEFAULT_LANGUAGES,

@@ -37,11 +37,10 @@ import numpy as np
 from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
+from voxgate.protocol.audio import mulaw_decode
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
-
-from voxgate.protocol.audio import mulaw_decode
 
 logger = logging.getLogger(__name__)
 

@@ -16,22 +16,22 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from voxgate.engine import ENGINES, TTSEngine
-from voxgate.gateway import elevenlabs, elevenlabs_rest, speech, voices
-from voxgate.gateway.auth import AuthMiddleware
-from voxgate.gateway.catalog import Catalog
-from voxgate.gateway.headers import SecurityHeadersMiddleware
-from voxgate.gateway.http import HttpOnly, RequestIdMiddleware, not_found, not_found_error
-from voxgate.gateway.metrics import Metrics, metrics_endpoint
-from voxgate.gateway.ratelimit import RateLimitMiddleware
-from voxgate.gateway.sessions import Admission, Sessions
-from voxgate.gateway.settings import Settings
-from voxgate.gateway.store import VoiceStore
-from voxgate.gateway.ws import speech_stream
+from ..engine import ENGINES, TTSEngine
+from . import elevenlabs, elevenlabs_rest, speech, voices
+from .auth import AuthMiddleware
+from .catalog import Catalog
+from .headers import SecurityHeadersMiddleware
+from .http import HttpOnly, RequestIdMiddleware, not_found, not_found_error
+from .metrics import Metrics, metrics_endpoint
+from .ratelimit import RateLimitMiddleware
+from .sessions import Admission, Sessions
+from .settings import Settings
+from .store import VoiceStore
+from .ws import speech_stream
 
 logger = logging.getLogger(__name__)
 # The demo page is package data of voxgate (voxgate/web), in a checkout and in any install.
-WEB_DIR = Path(str(resources.files("voxgate").joinpath("web")))
+WEB_DIR = Path(str(resources.files("voxgate.web")))
 
 
 class State(TypedDict):

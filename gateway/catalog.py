@@ -12,10 +12,10 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
-from voxgate.engine.base import TTSEngine, UnknownVoice, UnsupportedOption, Voice, VoiceReference
-from voxgate.gateway.clips import decoding, inline_reference
-from voxgate.gateway.http import Rejected
-from voxgate.gateway.store import VoiceStore
+from ..engine.base import TTSEngine, UnknownVoice, UnsupportedOption, Voice, VoiceReference
+from .clips import decoding, inline_reference
+from .http import Rejected
+from .store import VoiceStore
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ import numpy as np
 import numpy.typing as npt
 import soundfile
 
-from voxgate.engine.base import VoiceReference
-from voxgate.gateway.http import Rejected
-from voxgate.protocol.audio import Resampler
+from ..engine.base import VoiceReference
+from ..protocol.audio import Resampler
+from .http import Rejected
 
 # vllm-omni's limit for a reference clip.
 MAX_AUDIO_BYTES = 10 * 1024 * 1024

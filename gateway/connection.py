@@ -30,19 +30,11 @@ from typing import Any, Protocol, TypeVar
 
 from starlette.websockets import WebSocketDisconnect
 
-from voxgate.engine.base import EngineError
-from voxgate.gateway.catalog import Catalog, Resolved
-from voxgate.gateway.failures import REFUSALS, error_for
-from voxgate.gateway.jobs import AudioCap, JobQueue, Segment, Utterance
-from voxgate.gateway.metrics import Metrics, SessionMeter
-from voxgate.gateway.outbox import Outbox, SlowConsumer
-from voxgate.gateway.receipts import ReadReceipts
-from voxgate.gateway.sessions import Sessions, shutdown_error
-from voxgate.gateway.settings import Settings
-from voxgate.protocol.core import Core
-from voxgate.protocol.dialect import sends
-from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
-from voxgate.protocol.messages import (
+from ..engine.base import EngineError
+from ..protocol.core import Core
+from ..protocol.dialect import sends
+from ..protocol.errors import CloseCode, ErrorCode, ProtocolError
+from ..protocol.messages import (
     EffectiveConfig,
     Error,
     InputCancel,
@@ -53,9 +45,17 @@ from voxgate.protocol.messages import (
     SessionReady,
     wire_context_id,
 )
-from voxgate.protocol.output import Audio, Configure, Drop, Finish, Message, OutputFormat, Speak
-from voxgate.protocol.session import Session, State
-from voxgate.protocol.telephony import Framing, framed_config
+from ..protocol.output import Audio, Configure, Drop, Finish, Message, OutputFormat, Speak
+from ..protocol.session import Session, State
+from ..protocol.telephony import Framing, framed_config
+from .catalog import Catalog, Resolved
+from .failures import REFUSALS, error_for
+from .jobs import AudioCap, JobQueue, Segment, Utterance
+from .metrics import Metrics, SessionMeter
+from .outbox import Outbox, SlowConsumer
+from .receipts import ReadReceipts
+from .sessions import Sessions, shutdown_error
+from .settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -20,14 +20,14 @@ import msgspec
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from voxgate.engine.base import UnsupportedOption
-from voxgate.gateway.catalog import Catalog
-from voxgate.gateway.connection import CLOSE_TIMEOUT_S, Connection
-from voxgate.gateway.failures import REFUSALS, error_for
-from voxgate.gateway.receipts import ReadReceipts, read_receipts
-from voxgate.protocol.elevenlabs import Params, Stream, close_code, decode_inbound, parse_params
-from voxgate.protocol.errors import INTERNAL_ERROR_MESSAGE, CloseCode, ErrorCode, ProtocolError
-from voxgate.protocol.messages import ClientMessage
+from ..engine.base import UnsupportedOption
+from ..protocol.elevenlabs import Params, Stream, close_code, decode_inbound, parse_params
+from ..protocol.errors import INTERNAL_ERROR_MESSAGE, CloseCode, ErrorCode, ProtocolError
+from ..protocol.messages import ClientMessage
+from .catalog import Catalog
+from .connection import CLOSE_TIMEOUT_S, Connection
+from .failures import REFUSALS, error_for
+from .receipts import ReadReceipts, read_receipts
 
 logger = logging.getLogger(__name__)
 

@@ -21,11 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from voxgate.gateway.catalog import Catalog
-from voxgate.gateway.elevenlabs import Pipe, check_voice, connection_for, run_session
-from voxgate.gateway.http import BodyTooLarge, read_body
-from voxgate.protocol.audio import BYTES_PER_SAMPLE, decode
-from voxgate.protocol.elevenlabs import (
+from ..protocol.audio import BYTES_PER_SAMPLE, decode
+from ..protocol.elevenlabs import (
     Alignment,
     Inbound,
     Params,
@@ -35,8 +32,11 @@ from voxgate.protocol.elevenlabs import (
     parse_params,
     seconds_alignment,
 )
-from voxgate.protocol.errors import ErrorCode, ProtocolError, field_path
-from voxgate.protocol.messages import Error
+from ..protocol.errors import ErrorCode, ProtocolError, field_path
+from ..protocol.messages import Error
+from .catalog import Catalog
+from .elevenlabs import Pipe, check_voice, connection_for, run_session
+from .http import BodyTooLarge, read_body
 
 logger = logging.getLogger(__name__)
 

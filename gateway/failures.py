@@ -6,10 +6,10 @@ result from ``protocol.errors.FAILURES``, so the same failure gets the same code
 
 from __future__ import annotations
 
-from voxgate.engine.base import EngineError, RequestRefused, UnknownVoice, UnsupportedOption
-from voxgate.gateway.catalog import VoiceNotServable
-from voxgate.gateway.http import Rejected
-from voxgate.protocol.errors import INTERNAL_ERROR_MESSAGE, ErrorCode, ProtocolError
+from ..engine.base import EngineError, RequestRefused, UnknownVoice, UnsupportedOption
+from ..protocol.errors import INTERNAL_ERROR_MESSAGE, ErrorCode, ProtocolError
+from .catalog import VoiceNotServable
+from .http import Rejected
 
 #: What ``Catalog.prepare`` raises when it refuses a request's voice, reference or options.
 REFUSALS = (Rejected, UnknownVoice, VoiceNotServable, UnsupportedOption)

@@ -31,9 +31,9 @@ from types import TracebackType
 
 import msgspec
 
-from voxgate.engine.base import AudioChunk, SynthesisRequest, TTSEngine, VoiceReference
-from voxgate.protocol.errors import ErrorCode, ProtocolError
-from voxgate.protocol.messages import SessionConfig
+from ..engine.base import AudioChunk, SynthesisRequest, TTSEngine, VoiceReference
+from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.messages import SessionConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,10 +24,10 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
-from voxgate.engine.base import AudioChunk, TTSEngine
-from voxgate.engine.upstreams import UpstreamPool
-from voxgate.protocol.messages import AudioDone, ContextClosed, ContextOpened, Error, SessionDone
-from voxgate.protocol.output import Audio, Message, Output
+from ..engine.base import AudioChunk, TTSEngine
+from ..engine.upstreams import UpstreamPool
+from ..protocol.messages import AudioDone, ContextClosed, ContextOpened, Error, SessionDone
+from ..protocol.output import Audio, Message, Output
 
 #: The ``dialect`` of ``POST /v1/audio/speech`` (the WebSocket's are ``voxgate.v1`` and ``vllm-omni``).
 REST_DIALECT = "openai"

@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from voxgate.gateway.http import Rejected
+from .http import Rejected
 
 
 @dataclass(frozen=True)

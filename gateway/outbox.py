@@ -13,7 +13,7 @@ import asyncio
 import collections
 from collections.abc import Iterable
 
-from voxgate.protocol.output import Audio, Message, Output, Report
+from ..protocol.output import Audio, Message, Output, Report
 
 
 class SlowConsumer(Exception):

@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from voxgate.gateway.auth import API_PREFIX
-from voxgate.gateway.http import error_response
-from voxgate.protocol.errors import ErrorCode, ProtocolError
+from ..protocol.errors import ErrorCode, ProtocolError
+from .auth import API_PREFIX
+from .http import error_response
 
 #: Buckets kept at most (about 100 bytes each).
 MAX_BUCKETS = 10_000

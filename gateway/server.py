@@ -16,8 +16,8 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from voxgate.gateway.sessions import Sessions
-from voxgate.protocol.errors import ErrorCode, ProtocolError
+from ..protocol.errors import ErrorCode, ProtocolError
+from .sessions import Sessions
 
 try:  # uvicorn's default HTTP parser when installed (uvicorn[standard]); h11 otherwise
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from voxgate.gateway.http import error_response
-from voxgate.protocol.errors import ErrorCode, ProtocolError
+from ..protocol.errors import ErrorCode, ProtocolError
+from .http import error_response
 
 #: The paths, and the path prefixes, whose ``POST`` requests are sessions (every WebSocket is one).
 SESSION_POSTS = frozenset({"/v1/audio/speech"})

@@ -16,8 +16,8 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from voxgate.engine import ENGINES
-from voxgate.engine.options import Option, option, options_of
+from ..engine import ENGINES
+from ..engine.options import Option, option, options_of
 
 S = TypeVar("S", bound=msgspec.Struct)
 

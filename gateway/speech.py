@@ -32,18 +32,18 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from voxgate.engine.base import SynthesisRequest
-from voxgate.gateway.catalog import Catalog, Resolved
-from voxgate.gateway.failures import REFUSALS, error_for
-from voxgate.gateway.http import BodyTooLarge, error_response, read_body
-from voxgate.gateway.jobs import Playback
-from voxgate.gateway.metrics import REST_DIALECT, Metrics, SessionMeter
-from voxgate.protocol.audio import AudioFormat, Samples, decode
-from voxgate.protocol.core import Core
-from voxgate.protocol.errors import ErrorCode, ProtocolError, field_path
-from voxgate.protocol.messages import InputDone, InputText, SessionConfig, SessionDone
-from voxgate.protocol.output import Audio, Message, Output, OutputFormat, Report, Speak
-from voxgate.protocol.speech import PRODUCIBLE_FORMATS, SpeechRequest, decode_speech_request
+from ..engine.base import SynthesisRequest
+from ..protocol.audio import AudioFormat, Samples, decode
+from ..protocol.core import Core
+from ..protocol.errors import ErrorCode, ProtocolError, field_path
+from ..protocol.messages import InputDone, InputText, SessionConfig, SessionDone
+from ..protocol.output import Audio, Message, Output, OutputFormat, Report, Speak
+from ..protocol.speech import PRODUCIBLE_FORMATS, SpeechRequest, decode_speech_request
+from .catalog import Catalog, Resolved
+from .failures import REFUSALS, error_for
+from .http import BodyTooLarge, error_response, read_body
+from .jobs import Playback
+from .metrics import REST_DIALECT, Metrics, SessionMeter
 
 logger = logging.getLogger(__name__)
 

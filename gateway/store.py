@@ -37,7 +37,7 @@ import numpy.typing as npt
 import safetensors.numpy
 from safetensors import SafetensorError, safe_open
 
-from voxgate.gateway.names import UnsafeName, normalize_name
+from .names import UnsafeName, normalize_name
 
 logger = logging.getLogger(__name__)
 

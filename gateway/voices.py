@@ -43,11 +43,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from voxgate.engine.base import Voice
-from voxgate.gateway.clips import MAX_AUDIO_BYTES, decode_audio, decoding, parse_embedding
-from voxgate.gateway.http import Rejected, api_error
-from voxgate.gateway.multipart import FormLimits, Part, read_form, text_field
-from voxgate.gateway.store import (
+from ..engine.base import Voice
+from .clips import MAX_AUDIO_BYTES, decode_audio, decoding, parse_embedding
+from .http import Rejected, api_error
+from .multipart import FormLimits, Part, read_form, text_field
+from .store import (
     InvalidVoiceName,
     VoiceInfo,
     VoiceLimitReached,

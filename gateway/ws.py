@@ -8,12 +8,12 @@ import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from voxgate.gateway.auth import SUBPROTOCOL
-from voxgate.gateway.connection import CLOSE_TIMEOUT_S, Connection
-from voxgate.gateway.receipts import read_receipts
-from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
-from voxgate.protocol.errors import INTERNAL_ERROR_MESSAGE, CloseCode, ErrorCode
-from voxgate.protocol.messages import Error
+from ..protocol.dialect import EXTENSIONS_SUBPROTOCOL
+from ..protocol.errors import INTERNAL_ERROR_MESSAGE, CloseCode, ErrorCode
+from ..protocol.messages import Error
+from .auth import SUBPROTOCOL
+from .connection import CLOSE_TIMEOUT_S, Connection
+from .receipts import read_receipts
 
 logger = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from voxgate.protocol.audio import Samples
-from voxgate.protocol.errors import ProtocolError
-from voxgate.protocol.messages import (
+from .audio import Samples
+from .errors import ProtocolError
+from .messages import (
     AudioCancelled,
     AudioDone,
     AudioStart,
@@ -53,7 +53,7 @@ from voxgate.protocol.messages import (
     WordTimestamps,
     wire_context_id,
 )
-from voxgate.protocol.output import (
+from .output import (
     Audio,
     Configure,
     Drop,
@@ -64,8 +64,8 @@ from voxgate.protocol.output import (
     Report,
     Speak,
 )
-from voxgate.protocol.packer import AudioPacker
-from voxgate.protocol.session import (
+from .packer import AudioPacker
+from .session import (
     CloseRequested,
     Committed,
     ConfigAccepted,

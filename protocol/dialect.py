@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from voxgate.protocol.messages import (
+from .messages import (
     AudioCancelled,
     ContextClosed,
     ContextOpened,

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from voxgate.protocol.audio import BYTES_PER_SAMPLE, AudioFormat
-from voxgate.protocol.errors import FAILURES, CloseCode, ErrorCode, ProtocolError, field_path
-from voxgate.protocol.messages import (
+from .audio import BYTES_PER_SAMPLE, AudioFormat
+from .errors import FAILURES, CloseCode, ErrorCode, ProtocolError, field_path
+from .messages import (
     AudioStart,
     ClientMessage,
     ContextClose,

@@ -24,7 +24,7 @@ from typing import Self
 
 import msgspec
 
-from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
+from .errors import CloseCode, ErrorCode, ProtocolError
 
 MAGIC = b"VGA1"
 _HEADER = struct.Struct("<4sIIIQ")

@@ -44,8 +44,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from voxgate.protocol.audio import AudioFormat
-from voxgate.protocol.segmenter import Granularity
+from .audio import AudioFormat
+from .segmenter import Granularity
 
 SampleRate = Annotated[int, msgspec.Meta(ge=8000, le=48000)]
 Speed = Annotated[float, msgspec.Meta(ge=0.25, le=4.0)]

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from voxgate.protocol.audio import AudioFormat
-from voxgate.protocol.messages import ServerMessage, SessionConfig
+from .audio import AudioFormat
+from .messages import ServerMessage, SessionConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from voxgate.protocol.audio import BYTES_PER_SAMPLE, AudioFormat, Resampler, Samples, encode, wav_header
-from voxgate.protocol.frames import FrameHeader
+from .audio import BYTES_PER_SAMPLE, AudioFormat, Resampler, Samples, encode, wav_header
+from .frames import FrameHeader
 
 
 class AudioPacker:

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from voxgate.protocol.dialect import render
-from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError, field_path
-from voxgate.protocol.messages import (
+from .dialect import render
+from .errors import CloseCode, ErrorCode, ProtocolError, field_path
+from .messages import (
     CLIENT_TYPES,
     DEFAULT_MAX_BUFFER_DELAY_MS,
     ClientMessage,
@@ -50,7 +50,7 @@ from voxgate.protocol.messages import (
     SessionClose,
     SessionConfig,
 )
-from voxgate.protocol.segmenter import Granularity, Segmenter
+from .segmenter import Granularity, Segmenter
 
 # vllm-omni's limits: a config may carry reference audio inline, other messages are small.
 MAX_CONFIG_BYTES = 4 * 1024 * 1024

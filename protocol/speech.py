@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from voxgate.protocol.messages import DEFAULT_SAMPLE_RATE, SpeechOptions
+from .messages import DEFAULT_SAMPLE_RATE, SpeechOptions
 
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for this route
 SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]

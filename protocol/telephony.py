@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from voxgate.protocol.audio import BYTES_PER_SAMPLE, AudioFormat
-from voxgate.protocol.errors import ErrorCode, ProtocolError
-from voxgate.protocol.messages import (
+from .audio import BYTES_PER_SAMPLE, AudioFormat
+from .errors import ErrorCode, ProtocolError
+from .messages import (
     AudioCancelled,
     AudioDone,
     AudioStart,

@@ -17,14 +17,13 @@ from typing import Any
 import pytest
 import uvicorn
 from starlette.applications import Starlette
-from websockets.sync.client import ClientConnection, connect
-from websockets.typing import Subprotocol
-
 from voxgate.engine.base import TTSEngine
 from voxgate.gateway.app import create_app
 from voxgate.gateway.receipts import ReceiptProtocol
 from voxgate.gateway.settings import Settings
 from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
+from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Subprotocol
 
 # The bound on every wait in the tests, so a slow machine can raise them all at once.
 TIMEOUT_S = 30.0

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from voxgate.engine import ENGINES
 from voxgate.engine.remote import RemoteSettings
 from voxgate.gateway.settings import Settings, options
@@ -378,9 +377,9 @@ def _datasource_uid() -> str:
 def _exported_names() -> set[str]:
     """Every sample name a real gateway's /metrics can carry, from the ``# TYPE`` lines of a scrape."""
     import httpx
+    from voxgate.engine.fake import FakeEngine
 
     from tests.conftest import TIMEOUT_S, serve_engine
-    from voxgate.engine.fake import FakeEngine
 
     with serve_engine(FakeEngine()) as address:
         text = httpx.get(f"http://{address}/metrics", timeout=TIMEOUT_S).text

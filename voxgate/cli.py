@@ -14,11 +14,11 @@ import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from voxgate.engine import ENGINES
-from voxgate.gateway.settings import Settings, options
+from .engine import ENGINES
+from .gateway.settings import Settings, options
 
 if TYPE_CHECKING:
-    from voxgate.client import ClientSettings
+    from .client import ClientSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,7 +98,7 @@ def _ranged(kind: type[int] | type[float], low: float, high: float) -> Callable[
 
 
 def _output(text: str) -> str:
-    from voxgate.client import output_problem
+    from .client import output_problem
 
     if problem := output_problem(text):
         raise argparse.ArgumentTypeError(problem)
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
-    from voxgate import client
+    from . import client
 
     settings = client.ClientSettings.from_env(url=args.url, api_key=args.api_key)
     try:
@@ -184,9 +184,9 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from voxgate.engine import ENGINES
-    from voxgate.gateway.app import create_app, engine_names
-    from voxgate.gateway.server import DRAIN_GRACE_S, DrainingServer, http_protocol
+    from .engine import ENGINES
+    from .gateway.app import create_app, engine_names
+    from .gateway.server import DRAIN_GRACE_S, DrainingServer, http_protocol
 
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     settings = Settings.from_env(**fields)
@@ -199,7 +199,7 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    from voxgate.gateway.auth import install_redaction
+    from .gateway.auth import install_redaction
 
     install_redaction(settings.all_api_keys())  # every log record, uvicorn's access and error lines too
     app = create_app(settings)
@@ -232,14 +232,14 @@ def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
         "ws_per_message_deflate": settings.ws_compression,
     }
     if "websockets-sansio" in WS_PROTOCOLS:
-        from voxgate.gateway.receipts import ReceiptProtocol
+        from .gateway.receipts import ReceiptProtocol
 
         options["ws"] = ReceiptProtocol  # the sans-I/O one, with read receipts (gateway.receipts)
     return options
 
 
 def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:
-    from voxgate import client
+    from . import client
 
     match args.command, getattr(args, "action", None):
         case "say", _:

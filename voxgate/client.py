@@ -32,8 +32,8 @@ from websockets.exceptions import (
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
-from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
-from voxgate.protocol.messages import (
+from .protocol.dialect import EXTENSIONS_SUBPROTOCOL
+from .protocol.messages import (
     Error,
     InputDone,
     InputText,

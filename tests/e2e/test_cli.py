@@ -16,9 +16,9 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
+from voxgate.engine import ENGINES
 
 from tests.conftest import TIMEOUT_S, serve_engine
-from voxgate.engine import ENGINES
 
 pytestmark = pytest.mark.slow
 

@@ -27,10 +27,10 @@ from livekit.plugins import elevenlabs as livekit_elevenlabs
 from pipecat.frames.frames import TTSAudioRawFrame, TTSSpeakFrame, TTSTextFrame
 from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
 from pipecat.tests.utils import run_test
+from voxgate.protocol.audio import decode
 
 from tests.conftest import TIMEOUT_S, serve_engine
 from tests.speech_check import load_whisper, word_error_rate
-from voxgate.protocol.audio import decode
 
 pytestmark = pytest.mark.slow
 

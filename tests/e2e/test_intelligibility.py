@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from voxgate.protocol.audio import decode
 
 from tests.conftest import recv_until, send, session
 from tests.speech_check import load_whisper, word_error_rate
-from voxgate.protocol.audio import decode
 
 pytestmark = pytest.mark.slow
 

@@ -16,10 +16,10 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
-
-from tests.conftest import TIMEOUT_S, Received, recv, recv_until, send, session
 from voxgate.protocol.audio import decode
 from voxgate.protocol.frames import HEADER_BYTES, FrameHeader
+
+from tests.conftest import TIMEOUT_S, Received, recv, recv_until, send, session
 
 pytestmark = pytest.mark.slow
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, cast
 
 import pytest
+from voxgate.protocol.audio import decode
 from websockets.sync.client import connect
 
 from tests.conftest import TIMEOUT_S, Received, recv_until, send, session
-from voxgate.protocol.audio import decode
 
 pytestmark = pytest.mark.slow
 

@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from voxgate.engine.fake import FakeEngine
+from voxgate.protocol.audio import decode, mulaw_encode
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from examples.twilio_bridge import Call, SpeechDetector
 from tests.conftest import TIMEOUT_S, recv_message, send, serve, serve_engine, session
 from tests.speech_check import load_whisper, word_error_rate
-from voxgate.engine.fake import FakeEngine
-from voxgate.protocol.audio import decode, mulaw_encode
 
 SID = "MZ00000000000000000000000000000001"
 FRAME_BYTES = 160  # 20 ms of 8 kHz mu-law

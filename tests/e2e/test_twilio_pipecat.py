@@ -18,9 +18,9 @@ from typing import Any, cast
 from pipecat.audio.utils import create_stream_resampler, ulaw_to_pcm
 from pipecat.frames.frames import InputAudioRawFrame, InterruptionFrame, OutputAudioRawFrame
 from pipecat.serializers.twilio import TwilioFrameSerializer
+from voxgate.engine.fake import FakeEngine
 
 from tests.conftest import recv_message, send, serve_engine, session
-from voxgate.engine.fake import FakeEngine
 
 SID = "MZ0123456789abcdef0123456789abcdef"
 

@@ -6,7 +6,6 @@ import asyncio
 import threading
 
 import pytest
-
 from voxgate.engine import piper
 from voxgate.engine.base import SynthesisRequest
 from voxgate.engine.piper import MAX_PIECE_PHONEMES, PiperEngine, pieces

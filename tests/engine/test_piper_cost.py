@@ -11,7 +11,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import ModelProto, TensorProto, helper, numpy_helper
-
 from voxgate.engine import piper
 from voxgate.engine.base import SynthesisRequest
 

@@ -7,10 +7,10 @@ import platform
 import threading
 
 import pytest
-
-from tests.conftest import TIMEOUT_S
 from voxgate.engine import piper
 from voxgate.engine.base import SynthesisRequest
+
+from tests.conftest import TIMEOUT_S
 
 
 def test_malloc_tuning_and_trim_run_and_find_glibc_where_it_is() -> None:

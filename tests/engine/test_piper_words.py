@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import pytest
 from piper.const import BOS, EOS, PAD
 from piper.phonemize_espeak import EspeakPhonemizer
-
 from voxgate.engine.base import WordTiming
 from voxgate.engine.piper_words import Group, letters, phoneme_samples, plan, timings
 

@@ -18,6 +18,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import soundfile
+from voxgate.engine.qwen3_tts import qwen_language
+from voxgate.protocol.audio import decode
 from websockets.sync.client import ClientConnection
 
 from tests.conftest import (
@@ -40,8 +42,6 @@ from tests.engine.upstream_stub import (
     serve_stub,
     tone,
 )
-from voxgate.engine.qwen3_tts import qwen_language
-from voxgate.protocol.audio import decode
 
 URL = "/v1/audio/speech/stream"
 # Small enough that a stall or a dead upstream shows within a second or two; TIMEOUT_S stays the

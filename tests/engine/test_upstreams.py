@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from voxgate.engine.upstreams import Upstream, UpstreamPool
 
 URLS = ["http://a:1", "http://b:2", "http://c:3"]

@@ -35,8 +35,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-
-from tests.conftest import TIMEOUT_S, recv, recv_until, send, serve_engine, session
 from voxgate.engine.base import (
     AudioChunk,
     EngineError,
@@ -47,6 +45,8 @@ from voxgate.engine.base import (
 )
 from voxgate.engine.qwen3_tts import DEFAULT_MODEL, MIN_CODEC_FRAMES, Qwen3Tools, qwen_language, variant_of
 from voxgate.engine.vllm_omni import OmniClient, VllmOmniEngine, to_samples
+
+from tests.conftest import TIMEOUT_S, recv, recv_until, send, serve_engine, session
 
 RATE = 24000
 BASE_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-Base"

@@ -10,7 +10,6 @@ import pytest
 import soundfile
 from hypothesis import given
 from hypothesis import strategies as st
-
 from voxgate.engine.wav_stream import WavStream
 from voxgate.protocol.audio import wav_header
 

@@ -6,7 +6,6 @@ import functools
 import threading
 
 import pytest
-
 from voxgate.engine.workers import DeadlineWorkers
 
 

@@ -36,9 +36,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
+from voxgate.protocol.audio import wav_header
 
 from tests.conftest import TIMEOUT_S, serve
-from voxgate.protocol.audio import wav_header
 
 Mode = Literal["ok", "error500", "garbage", "stall_before", "stall_mid", "refuse400", "unauthorized"]
 Kind = Literal["CustomVoice", "Base", "VoiceDesign"]

@@ -7,11 +7,11 @@ from collections.abc import AsyncGenerator
 
 import numpy as np
 import pytest
-
-from tests.conftest import recv_until, send, serve_engine, session
 from voxgate.engine.base import AudioChunk
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
 from voxgate.gateway.jobs import AudioCap, CappedStream
+
+from tests.conftest import recv_until, send, serve_engine, session
 
 RATE = 16000
 

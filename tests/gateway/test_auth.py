@@ -6,11 +6,11 @@ from typing import Any
 
 import httpx
 import pytest
+from voxgate.engine.fake import FakeEngine
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Origin
 
 from tests.conftest import recv_message, send, serve_engine, voxgate_connect
-from voxgate.engine.fake import FakeEngine
 
 URL = "/v1/audio/speech/stream"
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from voxgate.engine.base import UnknownVoice
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.catalog import Catalog, VoiceNotServable

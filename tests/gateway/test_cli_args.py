@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 
 import pytest
-
-from voxgate.cli import build_parser
-from voxgate.client import ClientError, http_url, output_problem, ws_url
 from voxgate.engine.piper import PiperSettings
 from voxgate.engine.remote import RemoteSettings
 from voxgate.gateway.settings import Settings, options
+
+from voxgate.cli import build_parser
+from voxgate.client import ClientError, http_url, output_problem, ws_url
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.connection import Connection

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
+from voxgate.engine.fake import FakeEngine
+from voxgate.protocol.frames import FrameHeader, split_frame
 from websockets.sync.client import ClientConnection, connect
 
 from tests.conftest import TIMEOUT_S, Received, recv, recv_message, recv_until, send, serve_engine, session
-from voxgate.engine.fake import FakeEngine
-from voxgate.protocol.frames import FrameHeader, split_frame
 
 URL = "/v1/audio/speech/stream"
 

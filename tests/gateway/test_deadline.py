@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from voxgate.gateway.connection import Deadline
 
 

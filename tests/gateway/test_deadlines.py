@@ -9,13 +9,13 @@ import time
 from collections.abc import AsyncGenerator
 
 import numpy as np
-
-from tests.conftest import TIMEOUT_S
 from voxgate.engine.base import AudioChunk, SynthesisRequest
 from voxgate.engine.fake import FakeEngine
 from voxgate.engine.workers import DeadlineWorkers
 from voxgate.gateway.jobs import Playback, Segment, Utterance
 from voxgate.protocol.messages import SessionConfig
+
+from tests.conftest import TIMEOUT_S
 
 RATE = 16000
 

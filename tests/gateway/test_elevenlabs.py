@@ -21,14 +21,14 @@ import soundfile
 from elevenlabs.client import ElevenLabs
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
+from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
+from voxgate.gateway.app import create_app
+from voxgate.gateway.settings import Settings
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from tests.conftest import TIMEOUT_S, serve, serve_engine
 from tests.gateway.test_drain import _await_draining, voxgate_serve
-from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
-from voxgate.gateway.app import create_app
-from voxgate.gateway.settings import Settings
 
 MAX_CONTEXTS = Settings.from_env({}).max_contexts
 

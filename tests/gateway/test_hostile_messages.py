@@ -9,6 +9,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+from voxgate.engine.fake import FakeEngine
+from voxgate.gateway.app import create_app
+from voxgate.gateway.settings import Settings
 from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import (
@@ -23,9 +26,6 @@ from tests.conftest import (
     voxgate_connect,
 )
 from voxgate.cli import uvicorn_ws_options
-from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.app import create_app
-from voxgate.gateway.settings import Settings
 
 URL = "/v1/audio/speech/stream"
 

@@ -9,9 +9,9 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
+from voxgate.engine.fake import FakeEngine
 
 from tests.conftest import recv_message, recv_until, send, serve_engine, session, voxgate_connect
-from voxgate.engine.fake import FakeEngine
 
 URL = "/v1/audio/speech/stream"
 

@@ -6,12 +6,12 @@ import time
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from websockets.sync.client import connect
-
-from tests.conftest import TIMEOUT_S, recv_until, send, serve_engine, session
 from voxgate.engine.fake import FakeEngine
 from voxgate.engine.upstreams import UpstreamPool
 from voxgate.gateway.metrics import Metrics
+from websockets.sync.client import connect
+
+from tests.conftest import TIMEOUT_S, recv_until, send, serve_engine, session
 
 TWO_SENTENCES = "The first sentence is here. And then a second one follows it."
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from starlette.types import Message
+from voxgate.engine.fake import FakeEngine
+from voxgate.gateway.http import not_found
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from tests.conftest import TIMEOUT_S, serve_engine
-from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.http import not_found
 
 PATHS = ["/nope", "/v1/nope", "/v1/audio/voices", "/"]  # the last two serve HTTP only
 

@@ -9,10 +9,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
-
-from tests.conftest import serve_engine
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.ratelimit import RateLimitMiddleware, TokenBuckets, retry_after
+
+from tests.conftest import serve_engine
 
 
 def test_a_bucket_grants_its_burst_then_refuses_until_it_refills() -> None:

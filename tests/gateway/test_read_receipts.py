@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
-
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.receipts import QUIET_S, CoalescingTransport, ReadReceipts
 

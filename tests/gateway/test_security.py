@@ -12,12 +12,12 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
+from voxgate.engine.fake import FakeEngine
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 from websockets.typing import Origin, Subprotocol
 
 from tests.conftest import TIMEOUT_S, recv_message, send, serve_engine, voxgate_connect
-from voxgate.engine.fake import FakeEngine
 
 URL = "/v1/audio/speech/stream"
 KEY = "s3cret-KEY-1"

@@ -10,11 +10,11 @@ from typing import Any
 import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
+from voxgate.engine.fake import FakeEngine
+from voxgate.gateway.sessions import Admission, Sessions
 from websockets.exceptions import InvalidStatus
 
 from tests.conftest import TIMEOUT_S, recv_message, recv_until, send, serve_engine, voxgate_connect
-from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.sessions import Admission, Sessions
 
 URL = "/v1/audio/speech/stream"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from voxgate.engine import ENGINES
 from voxgate.engine.remote import RemoteSettings
 from voxgate.engine.vllm_omni import VllmOmniSettings

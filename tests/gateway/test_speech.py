@@ -10,9 +10,9 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
+from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
 
 from tests.conftest import serve_engine
-from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
 
 TEXT = "Hello there. How are you today? Fine, thanks."
 

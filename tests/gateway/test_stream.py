@@ -13,6 +13,11 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 import pytest
+from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
+from voxgate.gateway.settings import Settings
+from voxgate.protocol.audio import decode
+from voxgate.protocol.frames import HEADER_BYTES, FrameHeader
+from voxgate.protocol.messages import Limits
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -27,11 +32,6 @@ from tests.conftest import (
     session,
     voxgate_connect,
 )
-from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
-from voxgate.gateway.settings import Settings
-from voxgate.protocol.audio import decode
-from voxgate.protocol.frames import HEADER_BYTES, FrameHeader
-from voxgate.protocol.messages import Limits
 
 URL = "/v1/audio/speech/stream"
 

@@ -26,14 +26,14 @@ import pytest
 import safetensors.numpy
 import soundfile
 from safetensors import safe_open
-
-from tests.conftest import TIMEOUT_S, recv_message, recv_until, send, serve_engine, session, voxgate_connect
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway import clips
 from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.clips import decode_audio
 from voxgate.gateway.http import Rejected
 from voxgate.gateway.store import FORMAT, PUBLIC_DIR, VoiceQuotaExceeded, VoiceStore
+
+from tests.conftest import TIMEOUT_S, recv_message, recv_until, send, serve_engine, session, voxgate_connect
 
 URL = "/v1/audio/voices"
 # The budget for that clip: server memory to take it in, and disk to keep it.

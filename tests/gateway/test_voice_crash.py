@@ -20,10 +20,10 @@ import numpy as np
 import numpy.typing as npt
 import safetensors.numpy
 import soundfile
+from voxgate.gateway.store import PUBLIC_DIR, SUFFIX, VoiceStore
 
 from tests.conftest import TIMEOUT_S
 from tests.gateway import voice_server
-from voxgate.gateway.store import PUBLIC_DIR, SUFFIX, VoiceStore
 
 URL = "/v1/audio/voices"
 ROUNDS = 12

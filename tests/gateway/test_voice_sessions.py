@@ -7,9 +7,9 @@ import io
 import httpx
 import numpy as np
 import soundfile
+from voxgate.engine.fake import FakeEngine
 
 from tests.conftest import recv, recv_until, send, serve_engine, session, voxgate_connect
-from voxgate.engine.fake import FakeEngine
 
 URL = "/v1/audio/speech/stream"
 

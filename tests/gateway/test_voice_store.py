@@ -13,7 +13,6 @@ import numpy.typing as npt
 import pytest
 import safetensors.numpy
 from safetensors import safe_open
-
 from voxgate.gateway.store import (
     MAX_FILE_BYTES,
     PUBLIC_DIR,

@@ -17,9 +17,6 @@ import soundfile
 import soxr
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-
-from tests.conftest import TIMEOUT_S, serve
-from tests.gateway import voice_server
 from voxgate.engine.base import Voice
 from voxgate.gateway import voices
 from voxgate.gateway.auth import AuthMiddleware, owner_of
@@ -27,6 +24,9 @@ from voxgate.gateway.clips import MAX_AUDIO_BYTES
 from voxgate.gateway.http import Rejected
 from voxgate.gateway.multipart import read_form
 from voxgate.gateway.store import VoiceStore
+
+from tests.conftest import TIMEOUT_S, serve
+from tests.gateway import voice_server
 
 URL = "/v1/audio/voices"
 INFO_FIELDS = {

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from voxgate.engine.fake import FakeEngine
 from websockets.sync.client import connect
 
 from tests.conftest import TIMEOUT_S, recv, send, serve_engine
-from voxgate.engine.fake import FakeEngine
 
 
 @pytest.mark.parametrize("value", [True])

@@ -18,7 +18,6 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-
 from voxgate.gateway import voices
 from voxgate.gateway.auth import AuthMiddleware
 from voxgate.gateway.store import VoiceStore

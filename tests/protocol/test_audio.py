@@ -8,7 +8,6 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import soundfile
-
 from voxgate.protocol.audio import (
     BYTES_PER_SAMPLE,
     WAV_HEADER_BYTES,

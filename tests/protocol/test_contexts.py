@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-
 from voxgate.protocol.audio import Samples
 from voxgate.protocol.core import Core
 from voxgate.protocol.dialect import render, sends

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from voxgate.protocol.audio import Samples
 from voxgate.protocol.core import Core
 from voxgate.protocol.errors import ErrorCode, ProtocolError

@@ -24,7 +24,6 @@ import math
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from voxgate.protocol.audio import BYTES_PER_SAMPLE
 from voxgate.protocol.core import Core
 from voxgate.protocol.errors import FAILURES, ErrorCode, ProtocolError

@@ -7,7 +7,6 @@ import json
 
 import msgspec
 import pytest
-
 from voxgate.protocol.elevenlabs import (
     DEFAULT_INACTIVITY_TIMEOUT_S,
     FIXED_CONTEXT,

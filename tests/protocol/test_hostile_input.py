@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from voxgate.protocol.session import Session, State
 

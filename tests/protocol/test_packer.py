@@ -7,7 +7,6 @@ import io
 import numpy as np
 import pytest
 import soundfile
-
 from voxgate.protocol.audio import (
     BYTES_PER_SAMPLE,
     WAV_HEADER_BYTES,

@@ -7,7 +7,6 @@ import re
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from voxgate.protocol.segmenter import MAX_SEGMENT_CHARS, Granularity, Segmenter
 
 GRANULARITIES: list[Granularity] = ["none", "sentence", "clause"]

@@ -6,7 +6,6 @@ import json
 
 import msgspec
 import pytest
-
 from voxgate.protocol.dialect import sends
 from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from voxgate.protocol.messages import (

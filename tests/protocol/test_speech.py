@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-
 from voxgate.protocol.speech import DEFAULT_SAMPLE_RATE, decode_speech_request
 
 

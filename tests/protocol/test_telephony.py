@@ -7,7 +7,6 @@ import json
 from typing import get_args
 
 import pytest
-
 from voxgate.protocol.errors import ErrorCode, ProtocolError
 from voxgate.protocol.messages import (
     AudioCancelled,

@@ -254,7 +254,6 @@ async def serving_layer(client: RecordingClient, model_dir: Path) -> Any:
 
 async def compare_kind(kind: str, root: Path) -> dict[str, Any]:
     from vllm_omni.entrypoints.openai.protocol.audio import OpenAICreateSpeechRequest
-
     from voxgate.engine.base import SynthesisRequest
     from voxgate.engine.vllm_omni import VllmOmniEngine
 
@@ -295,7 +294,6 @@ async def cumulative(root: Path) -> dict[str, Any]:
     """async_chunk off: the coerced output kind on both sides, and the samples voxgate's engine emits."""
     import torch
     from vllm_omni.entrypoints.openai.protocol.audio import OpenAICreateSpeechRequest
-
     from voxgate.engine.base import SynthesisRequest
     from voxgate.engine.vllm_omni import VllmOmniEngine
 
@@ -362,7 +360,6 @@ async def words(root: Path) -> dict[str, Any]:
     vllm-omni's own input processor and decoder around the stand-in model).
     """
     from vllm_omni.entrypoints.openai.protocol.audio import OpenAICreateSpeechRequest
-
     from voxgate.engine.base import SynthesisRequest, UnsupportedOption
     from voxgate.engine.vllm_omni import VllmOmniEngine
 
@@ -440,7 +437,6 @@ def construct() -> dict[str, Any]:
     import threading
 
     import psutil
-
     from voxgate.engine.vllm_omni import VllmOmniEngine
 
     out: dict[str, Any] = {}

@@ -602,7 +602,6 @@ class StandInAligner:
         `spoken`: the times the stand-in model will "find" in this audio."""
         import numpy as np
         import soxr
-
         from voxgate.engine.base import SynthesisRequest
 
         request = SynthesisRequest(text=text, voice="joe", options={"word_timestamps": True})

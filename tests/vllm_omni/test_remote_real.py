@@ -21,13 +21,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import soundfile
+from voxgate.protocol.audio import decode
 from websockets.sync.client import ClientConnection, connect
 
 from tests.conftest import TIMEOUT_S, Received, recv, recv_until, send, serve_engine, session
 from tests.speech_check import load_whisper, word_error_rate
 from tests.vllm_omni.conftest import RealUpstreams
 from tests.vllm_omni.upstream import RealUpstream
-from voxgate.protocol.audio import decode
 
 pytestmark = pytest.mark.slow
 

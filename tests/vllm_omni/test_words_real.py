@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
+from voxgate.protocol.audio import decode
 
 from tests.conftest import Received, recv, recv_until, send, serve_engine, session, voxgate_connect
 from tests.vllm_omni.conftest import RealUpstreams
 from tests.vllm_omni.upstream import RealUpstream
-from voxgate.protocol.audio import decode
 
 pytestmark = pytest.mark.slow
 
