@@ -6,10 +6,11 @@ shell feeds them messages, engine audio and the time, and moves their outputs to
 - The reader only decodes messages and queues work, so a cancel is handled while audio streams. It
   waits on the socket no longer than the core's next deadline (``Core.next_deadline``), and calls
   ``Core.tick`` when it passes: the eager first segment is cut by time, with no polling.
-- The synthesizer takes segments in order and feeds their engine audio to the core as fast as the
-  engine makes it: while segment k is being sent, segment k+1 is already being synthesized. Segments
-  of several contexts (``context_id``) take their turns in the order they were cut, so their frames
-  interleave on the socket; a cancel of one context stops only its segments.
+- The synthesizer is the engine pump (``gateway.pump``, the same on every surface): it takes segments
+  in order and feeds their engine audio to the core as fast as the engine makes it, with look-ahead,
+  the audio cap, deadlines, cancel and backpressure. Segments of several contexts (``context_id``) take
+  their turns in the order they were cut, so their frames interleave on the socket; a cancel of one
+  context stops only its segments.
 - The writer drains the outbox (the bounded backpressure queue) into the socket, rendering each
   output in the session's dialect.
 
@@ -30,7 +31,6 @@ from typing import Any, Protocol, TypeVar
 
 from starlette.websockets import WebSocketDisconnect
 
-from ..engine.base import EngineError
 from ..protocol.core import Core
 from ..protocol.dialect import sends
 from ..protocol.errors import CloseCode, ErrorCode, ProtocolError
@@ -41,18 +41,18 @@ from ..protocol.messages import (
     Limits,
     ServerMessage,
     ServerWarning,
-    SessionConfig,
     SessionReady,
     wire_context_id,
 )
-from ..protocol.output import Audio, Configure, Drop, Finish, Message, OutputFormat, Speak
+from ..protocol.output import Audio, Configure, Finish, Message, OutputFormat
 from ..protocol.session import Session, State
 from ..protocol.telephony import Framing, framed_config
 from .catalog import Catalog, Resolved
 from .failures import REFUSALS, error_for
-from .jobs import AudioCap, JobQueue, Segment, Utterance
+from .jobs import AudioCap, Utterance
 from .metrics import Metrics, SessionMeter
 from .outbox import Outbox, SlowConsumer
+from .pump import Pump
 from .receipts import ReadReceipts
 from .sessions import Sessions, shutdown_error
 from .settings import Settings
@@ -194,10 +194,16 @@ class Connection:
         self.session = session
         self.log = _SessionLog(logger, {"session": self.id})
         self.outbox = Outbox(s.max_buffered_audio_s)
-        self.jobs = JobQueue()
-        self.speaking: Utterance | None = None  # the utterance the client has open
-        self.current: asyncio.Task[None] | None = None
-        self.current_utterance: int | None = None  # the utterance of the segment ``current`` speaks
+        self.pump = Pump(
+            self.core,
+            self.outbox,
+            self.meter,
+            self._utterance,
+            self.log,
+            extensions=self.extensions,
+            configure=self._configure,
+            dropped=self._cleared,
+        )
         self.resolved: Resolved | None = None
         self.sending = False  # the writer is inside a send (it may block on a client that does not read)
         self.receive_deadline = Deadline()  # the reader's config, idle and tick timeouts
@@ -213,7 +219,7 @@ class Connection:
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._read())
-                tg.create_task(self._synthesize())
+                tg.create_task(self.pump.run())
                 tg.create_task(self._write())
                 if self.sessions is not None:
                     tg.create_task(self._drain(self.sessions))
@@ -228,7 +234,7 @@ class Connection:
             self.send_deadline.close()
             if self.receipts is not None:
                 self.receipts.close()
-            await self._close_streams(self.jobs.drain())
+            await self.pump.aclose()
         if stop is not None and stop.error is not None:
             await self._abort(stop.error)
 
@@ -319,43 +325,20 @@ class Connection:
     def _busy(self) -> bool:
         return bool(
             len(self.outbox)
-            or len(self.jobs)
-            or self.current is not None
+            or self.pump.busy
             or self.sending
             or (self.receipts is not None and self.receipts.awaiting)
         )
 
     async def _flush(self) -> None:
-        """Move the core's outputs, in order, to the job queue and the outbox (never waits on room)."""
-        dropped: list[Segment] = []
-        for output in self.core.data_to_send():
-            match output:
-                case Configure(config=config, ignored_fields=ignored_fields):
-                    await self._configure(config, ignored_fields)  # only the reader's outputs hold one
-                case Speak(utterance=u, sentence=s, text=text):
-                    if self.speaking is None or self.speaking.index != u:
-                        self.speaking = self._utterance(u)  # its config: none can come in mid-utterance
-                    self.jobs.put(Segment(self.speaking, s, text))
-                    # A segment is streaming: the next one's engine work starts now, as when it was
-                    # queued before that segment opened (see ``_speak``), however the two raced.
-                    if self.current is not None and (following := self.jobs.peek()) is not None:
-                        following.open()
-                case Drop(utterances=victims):
-                    # Only the victims' segments: a cancel of one context leaves the others queued.
-                    dropped.extend(self.jobs.drain(victims))
-                    if self.current is not None and self.current_utterance in victims:
-                        self.current.cancel()
-                    self.outbox.drop(victims)
-                    if self.framing is not None:
-                        self.framing.cleared()
-                    self.log.info("cancelled utterances %s", list(victims))
-                case Message(msg=msg) if not sends(msg, extensions=self.extensions):
-                    pass
-                case _:
-                    self.outbox.put(output)
-        await self._close_streams(dropped)
+        await self.pump.flush()
 
-    async def _configure(self, config: SessionConfig, ignored_fields: tuple[str, ...] = ()) -> None:
+    def _cleared(self) -> None:
+        if self.framing is not None:
+            self.framing.cleared()
+
+    async def _configure(self, output: Configure) -> None:
+        config, ignored_fields = output.config, output.ignored_fields
         voice_field = "$.speaker" if config.voice is None and config.speaker is not None else "$.voice"
         try:
             config = framed_config(config, self.session.config)
@@ -435,13 +418,6 @@ class Connection:
             index, config, resolved.engine, resolved.voice, resolved.reference, resolved.options, self.cap
         )
 
-    @staticmethod
-    async def _close_streams(jobs: list[Segment]) -> None:
-        """Close engine streams opened ahead for segments that will not be spoken."""
-        for job in jobs:
-            if job.stream is not None:
-                await job.stream.aclose()
-
     def _report(self, err: ProtocolError, utterance: int | None = None) -> None:
         self.log.info("error %s: %s", err.code, err.message)
         self._send(
@@ -458,50 +434,6 @@ class Connection:
     def _send(self, msg: ServerMessage) -> None:
         if sends(msg, extensions=self.extensions):
             self.outbox.put(Message(msg))
-
-    # -- synthesizer --------------------------------------------------------------------------
-
-    async def _synthesize(self) -> None:
-        while True:
-            seg = await self.jobs.get()
-            self.current = task = asyncio.create_task(self._speak(seg))
-            self.current_utterance = seg.utterance.index
-            try:
-                await asyncio.wait([task])
-            finally:
-                task.cancel()  # a no-op once done; stops the segment when the session ends
-                self.current = self.current_utterance = None
-            if not task.cancelled() and (exc := task.exception()) is not None:
-                raise exc
-
-    async def _speak(self, seg: Segment) -> None:
-        u, s = seg.utterance.index, seg.sentence_index
-        self.core.segment_started(u, s)
-        await self._flush()
-        failure: EngineError | None = None
-        synthesis_s = 0.0
-        try:
-            async with contextlib.aclosing(self.meter.timed(seg.open())) as chunks:
-                # Open the next segment's stream now: an engine that starts work on the call
-                # (vllm-omni) gets it submitted while this one streams, and can batch the two.
-                if (following := self.jobs.peek()) is not None:
-                    following.open()
-                t = time.perf_counter()
-                async for chunk in chunks:
-                    synthesis_s += time.perf_counter() - t
-                    self.core.audio(u, s, chunk.samples, chunk.sample_rate, chunk.words)
-                    await self._flush()
-                    await self.outbox.room()
-                    t = time.perf_counter()
-        except EngineError as exc:
-            failure = exc
-            self.log.warning("engine failed on segment %d/%d: %s", u, s, exc)
-        if (cut := seg.truncation()) is not None:
-            self._report(cut, u)
-        error = error_for(failure) if failure is not None else None
-        self.core.segment_done(u, s, synthesis_s=synthesis_s, error=error)
-        await self._flush()
-        await self.outbox.room()
 
     # -- writer -------------------------------------------------------------------------------
 

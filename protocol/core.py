@@ -357,6 +357,23 @@ class Core:
         u.done += 1
         self._settle()
 
+    def report(self, utterance: int, error: ProtocolError) -> None:
+        """A non-fatal error about an utterance in flight (``audio_truncated``): an ``error`` message now.
+
+        Nothing is said of an utterance already cancelled or finished.
+        """
+        u = self._utterances.get(utterance)
+        if u is None:
+            return
+        msg = Error(
+            code=error.code,
+            message=error.message,
+            utterance_index=utterance,
+            field=error.field,
+            context_id=wire_context_id(u.context_id),
+        )
+        self._out.append(Message(msg, utterance))
+
     def data_to_send(self) -> list[Output]:
         """The outputs produced since the last call, in order; the shell acts on each."""
         out, self._out = self._out, []
