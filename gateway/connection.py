@@ -33,6 +33,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from ..protocol.core import Core
 from ..protocol.dialect import sends
+from ..protocol.encoders import default_bitrate
 from ..protocol.errors import CloseCode, ErrorCode, ProtocolError
 from ..protocol.messages import (
     EffectiveConfig,
@@ -363,10 +364,18 @@ class Connection:
         s = self.settings
         granularity, eager = config.segmentation()
         rate = config.output_rate(engine.sample_rate)
-        self.core.accept_config(
-            config,
-            OutputFormat(config.response_format, rate, config.frame_ms, config.frame_header, config.streamed),
+        fmt = OutputFormat(
+            config.response_format,
+            rate,
+            config.frame_ms,
+            config.frame_header,
+            config.streamed,
+            config.bitrate,
         )
+        try:
+            self.core.accept_config(config, fmt.check())
+        except ProtocolError as err:
+            raise self.core.reject_config(err) from None
         effective = EffectiveConfig(
             voice=resolved.voice,
             engine=engine.name,
@@ -380,6 +389,7 @@ class Connection:
             max_buffer_delay_ms=config.max_buffer_delay_ms,
             frame_ms=config.frame_ms,
             frame_header=config.frame_header,
+            bitrate=config.bitrate or default_bitrate(config.response_format, rate),
             framing=config.framing,
         )
         limits = Limits(

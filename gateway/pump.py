@@ -30,7 +30,8 @@ from collections.abc import Awaitable, Callable
 from ..engine.base import EngineError
 from ..protocol.core import Core
 from ..protocol.dialect import sends
-from ..protocol.output import Configure, Drop, Message, Speak
+from ..protocol.errors import ProtocolError
+from ..protocol.output import Configure, Drop, Message, Output, Speak
 from .failures import error_for
 from .jobs import JobQueue, Segment, Utterance
 from .metrics import SessionMeter
@@ -76,6 +77,7 @@ class Pump:
         self._speaking: Utterance | None = None  # the utterance whose segments are being queued
         self._current: asyncio.Task[None] | None = None
         self._current_utterance: int | None = None  # the utterance of the segment being spoken
+        self.failure: ProtocolError | None = None  # the last segment's failure, as reported
 
     @property
     def busy(self) -> bool:
@@ -84,8 +86,12 @@ class Pump:
 
     async def flush(self) -> None:
         """Move the core's outputs, in order, to the job queue and the outbox (never waits on room)."""
+        await self.route(self.core.data_to_send())
+
+    async def route(self, outputs: list[Output]) -> None:
+        """Move ``outputs`` (taken from the core by the caller) as ``flush`` does."""
         dropped: list[Segment] = []
-        for output in self.core.data_to_send():
+        for output in outputs:
             match output:
                 case Configure() if self._configure is not None:
                     await self._configure(output)
@@ -155,6 +161,7 @@ class Pump:
         if (cut := seg.truncation()) is not None:
             self.core.report(u, cut)
         error = error_for(failure) if failure is not None else None
+        self.failure = error or self.failure
         self.core.segment_done(u, s, synthesis_s=synthesis_s, error=error)
         await self.flush()
         await self.outbox.room()

@@ -8,6 +8,8 @@ Formats (``response_format``):
 - ``wav``: a 44-byte RIFF/WAVE header, then ``pcm`` samples. Streamed, the header's size fields
   hold 0xFFFFFFFF (length unknown, the usual streaming convention); as one message per segment
   (``stream_audio: false``) each message is a complete WAV file with exact sizes.
+- ``mp3``, ``opus`` (Ogg), ``aac`` (ADTS), ``flac``: compressed, by ``protocol.encoders``; streamed, one
+  encoder stream per utterance; as one message per segment, each message is a complete file.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-AudioFormat = Literal["pcm", "f32", "mulaw", "wav"]
+AudioFormat = Literal["pcm", "f32", "mulaw", "wav", "mp3", "opus", "aac", "flac"]
 Samples = npt.NDArray[np.float32]
 
-BYTES_PER_SAMPLE: dict[AudioFormat, int] = {"pcm": 2, "f32": 4, "mulaw": 1, "wav": 2}
+#: The formats of fixed-size samples (every other format is compressed: ``protocol.encoders``).
+BYTES_PER_SAMPLE: dict[str, int] = {"pcm": 2, "f32": 4, "mulaw": 1, "wav": 2}
 WAV_HEADER_BYTES = 44
 _UNKNOWN_SIZE = 0xFFFFFFFF
 # u-law constants from ITU-T G.711 / g711.c: bias 0x84 (132) and the clip level in the 14-bit domain.

@@ -473,6 +473,7 @@ class Core:
             frame_header=fmt.frame_header,
             stream_audio=fmt.streamed,
             context_number=context,
+            bitrate=fmt.bitrate,
         )
         ctx = self._contexts.get(context)
         cid = None if ctx is None else ctx.context_id
@@ -485,8 +486,8 @@ class Core:
 
     def _frames(self, u: _Utterance, sentence: int, frames: list[bytes]) -> None:
         seg, packer = u.segments[sentence], u.packer
-        new_samples, seg.counted = packer.samples_sent - seg.counted, packer.samples_sent
-        if frames:
+        if frames:  # audio a codec holds back is counted with the frames it comes out in
+            new_samples, seg.counted = packer.samples_sent - seg.counted, packer.samples_sent
             audio_s = new_samples / packer.sample_rate / len(frames)  # a whole segment when not streamed
             self._out.extend(Audio(frame, u.index, sentence, audio_s) for frame in frames)
 
@@ -529,6 +530,9 @@ class Core:
                 blocked.add(u.context)
                 continue
             u.reported = True
+            if u.segments and (tail := u.packer.finish()):  # a compressed stream's end
+                last = max(u.segments)
+                self._out.extend(Audio(frame, u.index, last, 0.0) for frame in tail)
             self._out.append(Report(u.index))
         for ctx in list(self._contexts.values()):
             if ctx.closing and ctx.number not in blocked:

@@ -51,6 +51,8 @@ SampleRate = Annotated[int, msgspec.Meta(ge=8000, le=48000)]
 Speed = Annotated[float, msgspec.Meta(ge=0.25, le=4.0)]
 FrameMs = Annotated[int, msgspec.Meta(ge=10, le=1000)]
 Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # int64, as vllm-omni
+#: A compressed format's bit rate: from Opus' least useful speech rate to mp3's highest.
+Bitrate = Annotated[int, msgspec.Meta(ge=6000, le=320_000)]
 TaskType = Literal["CustomVoice", "VoiceDesign", "Base"]
 # vllm-omni's ways to feed text; each maps onto a granularity and eager setting (``segmentation``).
 TextInputMode = Literal["buffered", "commitment"]
@@ -130,6 +132,8 @@ class SessionConfig(_Client, SpeechOptions, tag="session.config", frozen=True):
     streaming_mode: StreamingMode | None = None
     frame_ms: FrameMs = 40
     frame_header: bool = False
+    #: The compressed formats' bit rate in bit/s (voxgate's own); None: the encoder's default.
+    bitrate: Bitrate | None = None
     word_timestamps: bool = False
     framing: CarrierName | None = None
     stream_sid: StreamId | None = None
@@ -141,8 +145,12 @@ class SessionConfig(_Client, SpeechOptions, tag="session.config", frozen=True):
 
     @property
     def streamed(self) -> bool:
-        """Whether audio goes out in frames: ``stream_audio``, else all but ``wav`` (one WAV a segment)."""
-        return self.stream_audio if self.stream_audio is not None else self.response_format != "wav"
+        """Whether audio goes out in frames: ``stream_audio``, else only the formats without a file header
+        (``pcm``, ``f32``, ``mulaw``): ``wav`` and the compressed formats send one file a segment, as
+        vllm-omni does (it streams ``pcm`` only)."""
+        if self.stream_audio is not None:
+            return self.stream_audio
+        return self.response_format in ("pcm", "f32", "mulaw")
 
     def segmentation(self) -> tuple[Granularity, bool]:
         """The granularity and eager-first setting this config asks for, explicit fields first.
@@ -319,6 +327,8 @@ class EffectiveConfig(msgspec.Struct, kw_only=True):
     max_buffer_delay_ms: int = DEFAULT_MAX_BUFFER_DELAY_MS
     frame_ms: int = 40
     frame_header: bool = False
+    #: The compressed formats' bit rate in bit/s (None for the others).
+    bitrate: int | None = None
     framing: CarrierName | None = None
 
 

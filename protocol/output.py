@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .audio import AudioFormat
+from .encoders import COMPRESSED_FORMATS, check_rate
+from .errors import ErrorCode, ProtocolError
 from .messages import ServerMessage, SessionConfig
 
 
@@ -32,7 +34,9 @@ class OutputFormat:
         sample_rate: the output rate (the engine's audio is resampled to it).
         frame_ms: audio per ``Audio`` output when streamed.
         frame_header: put the 24-byte frame header in front of each ``Audio`` (``protocol.frames``).
-        streamed: False makes one ``Audio`` of each whole segment (a complete WAV for ``wav``).
+        streamed: False makes one ``Audio`` of each whole segment (a complete WAV for ``wav``, a complete
+            file for the compressed formats).
+        bitrate: the compressed formats' bit rate in bit/s; None: the encoder's default for the rate.
     """
 
     fmt: AudioFormat
@@ -40,6 +44,20 @@ class OutputFormat:
     frame_ms: int = 40
     frame_header: bool = False
     streamed: bool = True
+    bitrate: int | None = None
+
+    def check(self) -> OutputFormat:
+        """This format, once its rate is known to be one its encoder takes.
+
+        Raises:
+            ProtocolError: ``unsupported_rate``, naming the rates the format takes.
+        """
+        if self.fmt in COMPRESSED_FORMATS:
+            try:
+                check_rate(self.fmt, self.sample_rate)
+            except ValueError as exc:
+                raise ProtocolError(ErrorCode.UNSUPPORTED_RATE, str(exc)) from None
+        return self
 
 
 @dataclass(frozen=True, slots=True)

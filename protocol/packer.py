@@ -3,6 +3,12 @@
 One ``AudioPacker`` per utterance: it resamples each segment with a stateful soxr stream, encodes,
 cuts ``frame_ms`` frames (the last frame of a segment may be shorter), numbers them and puts the
 optional frame header in front. Sample positions count from the utterance start at the output rate.
+
+Compressed formats (``protocol.encoders``) are encoded by one encoder stream for the whole utterance when
+streamed: each message holds the bytes the encoder gave for the audio pushed (none while a codec frame
+fills, so a message's size follows the codec, not ``frame_ms``), and ``finish`` ends the stream at the
+utterance's end. Sample positions then count the audio given to the encoder. Not streamed, each
+segment is one complete file.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .audio import BYTES_PER_SAMPLE, AudioFormat, Resampler, Samples, encode, wav_header
+from .encoders import COMPRESSED_FORMATS, StreamEncoder, encode_whole
 from .frames import FrameHeader
 
 
@@ -25,6 +32,7 @@ class AudioPacker:
         stream_audio: False sends one message per segment holding the whole encoded segment.
         context_number: the utterance's context, written into frame headers (0, the default context,
             keeps the 24-byte ``VGA1`` header).
+        bitrate: a compressed format's bit rate (None: its encoder's default).
     """
 
     def __init__(
@@ -37,6 +45,7 @@ class AudioPacker:
         frame_header: bool,
         stream_audio: bool,
         context_number: int = 0,
+        bitrate: int | None = None,
     ) -> None:
         self.utterance_index = utterance_index
         self.context_number = context_number
@@ -53,6 +62,9 @@ class AudioPacker:
         self._pending_len = 0
         self.segment_bytes = 0
         self.segment_samples = 0
+        self.bitrate = bitrate
+        self.compressed = fmt in COMPRESSED_FORMATS
+        self._encoder: StreamEncoder | None = None  # a streamed compressed utterance's, once audio came
 
     def start_segment(self, sentence_index: int) -> int:
         """Begin a segment; returns its ``start_sample``."""
@@ -77,6 +89,13 @@ class AudioPacker:
         self._resampler = None
         return self._frames(final=True)
 
+    def finish(self) -> list[bytes]:
+        """End the utterance: a streamed compressed format's last bytes (the codec's delay), if any."""
+        if self._encoder is None:
+            return []
+        tail, self._encoder = self._encoder.finish(), None
+        return [self._message(tail, 0)] if tail else []
+
     def _drain_resampler(self) -> Samples:
         if self._resampler is None:
             return np.zeros(0, dtype=np.float32)
@@ -91,6 +110,8 @@ class AudioPacker:
         if not self._pending_len:
             return []
         audio = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        if self.compressed:
+            return self._compressed(audio)
         if not self.stream_audio:
             cut = len(audio)
         else:
@@ -109,6 +130,21 @@ class AudioPacker:
             self._message(payload[i * width : (i + step) * width], min(step, cut - i))
             for i in range(0, cut, step)
         ]
+
+    def _compressed(self, audio: Samples) -> list[bytes]:
+        """Every pending sample through the encoder: its bytes so far, or the segment's whole file."""
+        self._pending, self._pending_len = [], 0
+        if not self.stream_audio:
+            whole = encode_whole(audio, self.fmt, self.sample_rate, self.bitrate)  # type: ignore[arg-type]
+            return [self._message(whole, len(audio))]
+        if self._encoder is None:
+            self._encoder = StreamEncoder(self.fmt, self.sample_rate, self.bitrate)  # type: ignore[arg-type]
+        payload = self._encoder.encode(audio)
+        if payload:
+            return [self._message(payload, len(audio))]
+        self.samples_sent += len(audio)  # in the codec, to come out with the next bytes
+        self.segment_samples += len(audio)
+        return []
 
     def _message(self, payload: bytes, samples: int) -> bytes:
         if self.fmt == "wav":

@@ -14,9 +14,7 @@ from .messages import DEFAULT_SAMPLE_RATE, SpeechOptions
 
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for this route
 SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
-#: Formats this gateway can produce; ``aac`` is in OpenAI's list but has no encoder here.
-PRODUCIBLE_FORMATS: frozenset[str] = frozenset({"wav", "pcm", "flac", "mp3", "opus"})
-__all__ = ["DEFAULT_SAMPLE_RATE", "PRODUCIBLE_FORMATS", "SpeechRequest", "decode_speech_request"]
+__all__ = ["DEFAULT_SAMPLE_RATE", "SpeechRequest", "decode_speech_request", "speakable"]
 
 
 class VoiceId(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -51,3 +49,8 @@ def decode_speech_request(body: bytes) -> SpeechRequest:
         msgspec.ValidationError: a field is missing, unknown, of the wrong type or out of range.
     """
     return _decode(body)
+
+
+def speakable(text: str) -> bool:
+    """Whether ``text`` has anything to say: a letter or a digit (``"..."`` or ``"?!"`` has not)."""
+    return any(ch.isalnum() for ch in text)

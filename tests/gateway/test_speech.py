@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import base64
-import io
 import json
 
 import httpx
 import numpy as np
 import pytest
-import soundfile
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
 
 from tests.conftest import serve_engine
+from tests.decoding import decoded
 
 TEXT = "Hello there. How are you today? Fine, thanks."
 
@@ -21,14 +20,14 @@ def post(address: str, **body: object) -> httpx.Response:
     return httpx.post(f"http://{address}/v1/audio/speech", json=body, timeout=30)
 
 
-@pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "flac"])
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "aac", "flac"])
 def test_container_formats_decode_to_the_whole_text(fmt: str) -> None:
     with serve_engine(FakeEngine()) as address:
         response = post(address, input=TEXT, voice="alloy", response_format=fmt)
     assert response.status_code == 200, response.text
     assert response.headers["x-request-id"]
-    data, rate = soundfile.read(io.BytesIO(response.content), dtype="float32")
-    assert rate == 24000
+    data, rate = decoded(response.content)  # FFmpeg: libsndfile cannot read a streamed FLAC (length 0)
+    assert rate == (48000 if fmt == "opus" else 24000)  # an Ogg Opus decoder speaks at 48 kHz
     spoken = (
         len(TEXT.replace(" ", "")) + TEXT.count(" ") - 2
     )  # segment cuts drop the spaces between sentences
@@ -88,7 +87,7 @@ def test_voice_forms_and_aliases() -> None:
     [
         ({"input": ""}, 400, "input", "invalid_message"),
         ({"input": "x" * 4097}, 400, "input", "invalid_message"),
-        ({"input": "hi", "response_format": "aac"}, 400, "response_format", "unsupported_format"),
+        ({"input": "hi", "response_format": "vorbis"}, 400, "response_format", "invalid_message"),
         ({"input": "hi", "response_format": "ogg"}, 400, "response_format", "invalid_message"),
         ({"input": "hi", "speed": 9}, 400, "speed", "invalid_message"),
         ({"input": "hi", "voice": "nobody"}, 400, "voice", "voice_not_found"),

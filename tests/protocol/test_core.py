@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+
+import av
 import numpy as np
 import pytest
 from voxgate.protocol.audio import Samples
@@ -356,4 +359,63 @@ def test_word_timings_of_a_cancelled_utterance_are_dropped() -> None:
     core.cancel()
     core.data_to_send()
     core.audio(0, 0, tone(0.1), RATE, [("Hi.", 0, 800)])
+    assert core.data_to_send() == []
+
+
+def opus_stream(data: bytes) -> tuple[int, float]:
+    """The sample rate and duration a real decoder (FFmpeg, through PyAV) reads from an Ogg Opus stream."""
+    with av.open(io.BytesIO(data), mode="r") as container:
+        frames = list(container.decode(audio=0))
+    return frames[0].sample_rate, sum(f.samples for f in frames) / frames[0].sample_rate
+
+
+def test_a_compressed_utterance_is_one_encoder_stream_ended_before_its_session_done() -> None:
+    core = Core(OutputFormat("opus", RATE))
+    speak_one(core)
+    core.segment_started(0, 0)
+    core.audio(0, 0, tone(0.005), RATE)  # less than one 20 ms Opus frame: only the stream's headers
+    first = core.data_to_send()
+    assert kinds(first) == ["AudioStart", "Audio"] and first[1].data[:4] == b"OggS"  # type: ignore[union-attr]
+    core.audio(0, 0, tone(0.001), RATE)  # still in the codec: nothing to send, counted later
+    assert core.data_to_send() == []
+    core.audio(0, 0, tone(0.244), RATE)
+    core.segment_done(0, 0, synthesis_s=0.1)
+    out = first + core.data_to_send()
+    # The codec's last bytes (its delay) come after the segment's audio.done, before session.done.
+    assert kinds(out)[-3:] == ["Report", "Audio", "Report"]
+    audio = [o for o in out if isinstance(o, Audio)]
+    assert audio[-1].audio_s == 0.0 and sum(a.audio_s for a in audio) == pytest.approx(0.25)
+    rate, seconds = opus_stream(b"".join(a.data for a in audio))
+    assert rate == 48000 and seconds == pytest.approx(0.25, abs=0.001)
+
+
+def test_a_compressed_segment_not_streamed_is_a_whole_file_and_leaves_no_tail() -> None:
+    core = Core(OutputFormat("opus", RATE, streamed=False))
+    speak_one(core)
+    core.segment_started(0, 0)
+    core.audio(0, 0, tone(0.1), RATE)
+    core.segment_done(0, 0, synthesis_s=0.1)
+    out = core.data_to_send()
+    assert kinds(out) == ["AudioStart", "Audio", "Report", "Report"]
+    assert opus_stream(out[1].data)[1] == pytest.approx(0.1, abs=0.001)  # type: ignore[union-attr]
+
+
+def test_an_output_format_is_checked_against_its_encoders_rates() -> None:
+    assert OutputFormat("mp3", 44100).check() == OutputFormat("mp3", 44100)
+    assert OutputFormat("pcm", 44100).check() == OutputFormat("pcm", 44100)
+    with pytest.raises(ProtocolError) as refused:
+        OutputFormat("opus", 44100).check()
+    assert refused.value.code is ErrorCode.UNSUPPORTED_RATE and "48000" in refused.value.message
+
+
+def test_a_reported_error_names_its_utterance_and_none_once_it_is_gone() -> None:
+    core = Core(PCM)
+    speak_one(core)
+    core.report(0, ProtocolError(ErrorCode.AUDIO_TRUNCATED, "cut"))
+    (out,) = core.data_to_send()
+    assert isinstance(out, Message) and isinstance(out.msg, Error)
+    assert (out.msg.code, out.msg.utterance_index, out.msg.fatal) == ("audio_truncated", 0, False)
+    core.cancel()
+    core.data_to_send()
+    core.report(0, ProtocolError(ErrorCode.AUDIO_TRUNCATED, "cut"))
     assert core.data_to_send() == []

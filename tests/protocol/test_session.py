@@ -37,6 +37,7 @@ from voxgate.protocol.session import (
     UtteranceEnded,
     UtteranceStarted,
 )
+from voxgate.protocol.speech import speakable
 
 CONFIG = '{"type": "session.config"}'
 DONE = '{"type": "input.done"}'
@@ -114,7 +115,7 @@ def test_first_message_must_be_config(kind: str) -> None:
     [
         (message("session.config", sample_rate=7000), ErrorCode.INVALID_MESSAGE, "$.sample_rate"),
         (message("session.config", speed=5), ErrorCode.INVALID_MESSAGE, "$.speed"),
-        (message("session.config", response_format="mp3"), ErrorCode.INVALID_MESSAGE, "$.response_format"),
+        (message("session.config", response_format="vorbis"), ErrorCode.INVALID_MESSAGE, "$.response_format"),
         (
             message("session.config", speaker_embedding=[0.0] * 8193),
             ErrorCode.INVALID_MESSAGE,
@@ -658,3 +659,10 @@ def test_word_timestamps_go_to_both_dialects_in_vllm_omnis_alignment_chunk_shape
     }
     assert json.loads(Session(extensions=False).send(chunk)) == expected == json.loads(Session().send(chunk))
     assert sends(chunk, extensions=False) and sends(chunk, extensions=True)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("...", False), ("?! --", False), ("Hi.", True), ("42", True)]
+)
+def test_speakable_text_has_a_letter_or_a_digit(text: str, expected: bool) -> None:
+    assert speakable(text) is expected

@@ -46,8 +46,11 @@ from tests.vllm_omni.server import (  # noqa: E402
     CpuTtsEngineClient,
     install_import_shims,
     omni_output,
+    repository_voxgate,
     write_model_dir,
 )
+
+repository_voxgate()
 
 # Long enough that a Base budget (12 codec frames per text token) is above vllm-omni's floor of 192.
 TEXT = (

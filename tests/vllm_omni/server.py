@@ -133,6 +133,20 @@ ROOT = str(Path(__file__).resolve().parents[2])
 KINDS = ("CustomVoice", "Base", "VoiceDesign")
 
 
+def repository_voxgate() -> None:
+    """Make this repository's voxgate importable in vllm-omni's env, where it is not installed.
+
+    pyproject.toml maps ``voxgate.engine`` to ``engine/`` (and so on); without the install, the same
+    mapping is the package's ``__path__`` reaching the repository root as well.
+    """
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    import voxgate
+
+    if ROOT not in voxgate.__path__:
+        voxgate.__path__.append(ROOT)
+
+
 def write_model_dir(kind: str, directory: Path) -> Path:
     """A Qwen3-TTS-shaped checkpoint folder without weights: config.json and a tiny tokenizer."""
     speakers = SPEAKERS if kind == "CustomVoice" else ()
@@ -586,8 +600,7 @@ class StandInAligner:
         )
 
     async def start(self) -> None:
-        if ROOT not in sys.path:
-            sys.path.insert(0, ROOT)
+        repository_voxgate()
         from voxgate.engine.piper import PiperEngine
 
         self._piper = PiperEngine(threads=1, workers=1)
