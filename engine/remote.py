@@ -549,6 +549,13 @@ class RemoteEngine:
             self._client = None
 
 
+def invalid(settings: RemoteSettings) -> str | None:
+    """Why ``--engine remote`` cannot start with ``settings`` (one line), else None."""
+    if not settings.upstreams:
+        return "needs an upstream speech server: --upstream URL (repeatable) or VOXGATE_UPSTREAMS"
+    return None
+
+
 def create(settings: RemoteSettings) -> RemoteEngine:
     """The engine ``--engine remote`` runs."""
     return RemoteEngine(

@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from ..engine import ENGINES, TTSEngine
@@ -21,7 +21,7 @@ from . import elevenlabs, elevenlabs_rest, speech, voices
 from .auth import AuthMiddleware
 from .catalog import Catalog
 from .headers import SecurityHeadersMiddleware
-from .http import HttpOnly, RequestIdMiddleware, not_found, not_found_error
+from .http import RequestIdMiddleware, WebFiles, http_error
 from .metrics import Metrics, metrics_endpoint
 from .ratelimit import RateLimitMiddleware
 from .sessions import Admission, Sessions
@@ -124,8 +124,6 @@ def create_app(
         *elevenlabs.routes,
         *elevenlabs_rest.routes,
     ]
-    if WEB_DIR.is_dir():
-        routes.append(Mount("/", HttpOnly(StaticFiles(directory=WEB_DIR, html=True)), name="web"))
     middleware = [
         Middleware(SecurityHeadersMiddleware),  # outermost: the auth middleware's refusals get them too
         Middleware(RequestIdMiddleware),
@@ -140,8 +138,15 @@ def create_app(
         Middleware(Admission, sessions=sessions),
     ]
     app = Starlette(
-        routes=routes, lifespan=lifespan, middleware=middleware, exception_handlers={404: not_found_error}
+        routes=routes,
+        lifespan=lifespan,
+        middleware=middleware,
+        exception_handlers={404: http_error, 405: http_error},
     )
     app.state.sessions = sessions  # voxgate serve drains them on SIGTERM
-    app.router.default = not_found  # a WebSocket to an unknown path: 404, not Starlette's close (403)
+    # A path no route serves is the page's (not a Mount at "/", which would take every path, and answer
+    # 405 to a POST anywhere instead of the 404, or of a route's own 405): a file, else the JSON 404, and
+    # a WebSocket's 404, not Starlette's close (403). No slash redirects: "/healthz/" is a 404.
+    app.router.default = WebFiles(StaticFiles(directory=WEB_DIR, html=True) if WEB_DIR.is_dir() else None)
+    app.router.redirect_slashes = False
     return app

@@ -1,12 +1,12 @@
 """The one place that turns the gateway's and the engines' exceptions into ``ProtocolError``.
 
-Both surfaces call it (the WebSocket session and ``POST /v1/audio/speech``), and each renders the
-result from ``protocol.errors.FAILURES``, so the same failure gets the same code on both.
+Every surface calls it (the WebSocket session, ``POST /v1/audio/speech`` and the ElevenLabs routes), and
+each renders the result from ``protocol.errors.FAILURES``, so the same failure gets the same code on all.
 """
 
 from __future__ import annotations
 
-from ..engine.base import EngineError, RequestRefused, UnknownVoice, UnsupportedOption
+from ..engine.base import EngineError, RequestRefused, UnknownVoice, UnsupportedOption, UnsupportedText
 from ..protocol.errors import INTERNAL_ERROR_MESSAGE, ErrorCode, ProtocolError
 from .catalog import VoiceNotServable
 from .http import Rejected
@@ -38,8 +38,11 @@ def error_for(exc: Exception, *, voice_field: str = "$.voice", ref_audio: bool =
             return ProtocolError(ErrorCode.VOICE_REQUIRES_CLONING, str(exc), field=field)
         case UnsupportedOption(field=name):
             return ProtocolError(ErrorCode.UNSUPPORTED_OPTION, str(exc), field=f"$.{name}")
-    # While synthesizing: an upstream's refusal keeps its own status and field; any other EngineError
-    # is an engine_error; anything else is a bug, an internal_error (the details go to the log).
+    # While synthesizing: text the voice cannot read is the client's to fix; an upstream's refusal keeps its
+    # own status and field; any other EngineError is an engine_error; anything else is a bug, an
+    # internal_error (the details go to the log).
+    if isinstance(exc, UnsupportedText):
+        return ProtocolError(ErrorCode.UNSUPPORTED_SCRIPT, str(exc))
     if isinstance(exc, RequestRefused):
         return ProtocolError(ErrorCode.REQUEST_REFUSED, str(exc), field=exc.field, status=exc.status)
     if isinstance(exc, EngineError):

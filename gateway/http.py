@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 import uuid
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..protocol.errors import ProtocolError
@@ -93,16 +95,61 @@ async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
     await response(scope, receive, send)
 
 
-async def not_found_error(request: Request, exc: Exception) -> Response:
-    """The 404 of a route or of the static files (an ``HTTPException``), in OpenAI's error shape."""
-    return api_error(404, f"no route for {request.url.path!r}", code="not_found")
+#: The ``code`` of the router's own refusals (``HTTPException``), in OpenAI's error shape.
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
-class HttpOnly:
-    """Serves HTTP with ``app`` (static files); any other scope reaching it gets ``not_found``."""
+async def http_error(request: Request, exc: Exception) -> Response:
+    """A route's or the static files' 404 or 405 (an ``HTTPException``), in OpenAI's error shape."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 404
+    if status == 405:
+        message = f"method {request.method} is not allowed on {request.url.path!r}"
+    else:
+        message = f"no route for {request.url.path!r}"
+    response = api_error(status, message, code=_HTTP_CODES.get(status, "not_found"))
+    if isinstance(exc, HTTPException) and exc.headers:
+        response.headers.update(exc.headers)
+    if status == 405:
+        # Starlette's 405 names the methods of the first route of the path; routes of one path by method
+        # (GET and POST /v1/audio/voices) each have their own, so Allow names them all.
+        path = request.url.path
+        routes = [r for r in request.app.routes if isinstance(r, Route) and r.path_regex.match(path)]
+        methods = {m for r in routes for m in r.methods or ()}
+        if methods:
+            response.headers["allow"] = ", ".join(sorted(methods))
+    return response
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+
+class WebFiles:
+    """What the router does with a path no route serves: the demo page's files, or a 404.
+
+    GET and HEAD get the file (or the 404). Another method gets the 404 too, unless the file exists: then
+    the static files' 405 (``Allow: GET, HEAD``); both in OpenAI's error shape (``http_error``). A WebSocket,
+    or any request when the page is not installed, gets ``not_found``.
+    """
+
+    def __init__(self, files: ASGIApp | None) -> None:
+        self.files = files
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await (self.app if scope["type"] == "http" else not_found)(scope, receive, send)
+        if scope["type"] != "http" or self.files is None:
+            await not_found(scope, receive, send)
+            return
+        if scope["method"] not in ("GET", "HEAD") and not await self._serves(scope, receive):
+            raise HTTPException(404)
+        await self.files(scope, receive, send)
+
+    async def _serves(self, scope: Scope, receive: Receive) -> bool:
+        """Whether a GET of the path would find a file: a HEAD of it, with the answer thrown away."""
+        assert self.files is not None
+        statuses: list[int] = []
+
+        async def capture(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+
+        try:
+            await self.files({**scope, "method": "HEAD"}, receive, capture)
+        except HTTPException:
+            return False
+        return bool(statuses) and statuses[0] < 400

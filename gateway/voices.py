@@ -231,18 +231,20 @@ async def upload_voice(request: Request) -> JSONResponse:
 
 
 async def list_voices(request: Request) -> JSONResponse:
-    """The built-in voices' names and the caller's uploaded voices."""
+    """The built-in voices' names and the caller's uploaded voices, and the engines that can clone."""
     store: VoiceStore = request.state.voices
     catalog = _catalog(request)
     builtin = await catalog.builtin_voices() if catalog else []
     engines = catalog.cloning_engines() if catalog else []
     uploaded = await run_in_threadpool(store.list, _owner(request))
     # ``voices`` stays a list of names, as vllm-omni's clients expect; the details sit beside it.
+    # ``cloning_engines`` (empty: no engine here can speak an uploaded voice) lets a page say so up front.
     return JSONResponse(
         {
             "voices": list(dict.fromkeys(v.name for v in builtin)),
             "voice_details": _builtin_json(builtin),
             "uploaded_voices": [_voice_json(info, engines) for info in uploaded],
+            "cloning_engines": engines,
         }
     )
 

@@ -66,6 +66,9 @@ class ErrorCode(enum.StrEnum):
     ENGINE_ERROR = "engine_error"
     #: The engine's upstream refused a segment as invalid (its 4xx); ``field`` names what it is about.
     REQUEST_REFUSED = "request_refused"
+    #: A segment's text has letters of a script the voice's language does not use (Chinese to an English
+    #: voice): the segment is not spoken; the message names the voice's language and the letters.
+    UNSUPPORTED_SCRIPT = "unsupported_script"
     CONFIG_TIMEOUT = "config_timeout"
     IDLE_TIMEOUT = "idle_timeout"
     SLOW_CONSUMER = "slow_consumer"
@@ -119,6 +122,8 @@ FAILURES: dict[ErrorCode, Failure] = {
     ErrorCode.ENGINE_ERROR: Failure(CloseCode.INTERNAL_ERROR, 502),
     # The upstream's own 4xx replaces the 400 (``ProtocolError.status``).
     ErrorCode.REQUEST_REFUSED: Failure(_POLICY, 400),
+    # Never fatal (per segment); the field differs by surface (``$.text``, REST's ``input``): none named.
+    ErrorCode.UNSUPPORTED_SCRIPT: Failure(_POLICY, 400),
     ErrorCode.CONFIG_TIMEOUT: Failure(CloseCode.TIMEOUT, 408),
     ErrorCode.IDLE_TIMEOUT: Failure(CloseCode.TIMEOUT, 408),
     ErrorCode.SLOW_CONSUMER: Failure(CloseCode.SLOW_CONSUMER, 408),

@@ -1,16 +1,24 @@
-"""The session state machine: decoded client messages in, events out; server messages in, payloads out.
+"""The session state machine: client messages in, events out; server messages in, payloads out.
 
-No I/O and no clock: the gateway feeds whole WebSocket messages to ``receive_text`` /
-``receive_bytes``, acts on the returned events, and writes what ``send`` returns.
+No I/O and no clock. Its driver is the session core (``protocol.core.Core``), on every surface: the core
+feeds it whole WebSocket messages (``receive_text`` / ``receive_bytes``) or messages already decoded
+(``receive``, the REST route's), and applies the events it returns; the shell writes what ``send``
+returns.
 
-States and the messages that move between them (anything else is an error)::
+States and the messages that move between them (anything else is an error; ``_TRANSITIONS``)::
 
     AWAITING_CONFIG --session.config--> READY
-    READY   --session.config--> READY        READY   --input.text--> SPEAKING
+    READY   --session.config--> READY        READY   --input.text--> SPEAKING (an empty text: READY)
     READY   --input.done-----> READY         SPEAKING --input.text--> SPEAKING
-    READY   --input.cancel---> READY         SPEAKING --input.done / input.cancel--> READY
+    READY   --input.cancel---> READY         SPEAKING --input.done / input.cancel--> READY (*)
     READY   --input.commit---> READY         SPEAKING --input.commit--> SPEAKING
+    READY   --keepalive / context.close--> READY
+    SPEAKING --keepalive / context.close--> SPEAKING (*)
     READY | SPEAKING --session.close--> CLOSED
+
+    (*) once no context has an utterance open: the session is SPEAKING while any context has one
+    (``_settle_state``), so an ``input.done`` of one context, or its ``context.close`` or ``input.cancel``,
+    leaves it SPEAKING while another context still speaks.
 
 ``input.cancel``, ``keepalive`` and ``context.close`` are voxgate's extensions: a session that did not
 opt in refuses them as unknown types, as vllm-omni does, and ignores ``context_id`` (vllm-omni ignores
@@ -19,11 +27,11 @@ unknown fields).
 Contexts. The text side keeps one stream of utterances per context: the default one (no
 ``context_id``) and up to ``max_contexts`` named ones, each with its own segmenter and open utterance.
 ``utterance_index`` is one counter for the whole session, so an index names one utterance whatever its
-context. The session is SPEAKING while any context has an utterance open. A named context opens at the
-first ``input.text`` / ``input.done`` / ``input.commit`` / ``keepalive`` naming it (``ContextStarted``;
-past the cap, ``too_many_contexts``) and closes at ``context.close`` (gracefully, ``ContextEnded``), at
-``input.cancel`` naming it or not (``ContextCancelled`` / ``UtteranceCancelled``), at ``session.close``,
-or when the core finds it idle (``expire``). A closed id may be used again: it opens a new context.
+context. A named context opens at the first ``input.text`` / ``input.done`` / ``input.commit`` /
+``keepalive`` naming it (``ContextStarted``; past the cap, ``too_many_contexts``) and closes at
+``context.close`` (gracefully, ``ContextEnded``), at ``input.cancel`` naming it (``ContextCancelled``)
+or not (``UtteranceCancelled``: every context), at ``session.close``, or when the core finds it idle
+(``expire``). A closed id may be used again: it opens a new context.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .engine import ENGINES
 from .gateway.settings import Settings, options
+from .protocol.messages import DEFAULT_SAMPLE_RATE
 
 if TYPE_CHECKING:
     from .client import ClientSettings
@@ -130,7 +131,9 @@ def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     )
     say.add_argument("--voice", help="voice name (default: the gateway's default voice)")
     say.add_argument(
-        "--sample-rate", type=_ranged(int, 8000, 48000), help="Hz, 8000 to 48000 (default: the engine's)"
+        "--sample-rate",
+        type=_ranged(int, 8000, 48000),
+        help=f"Hz, 8000 to 48000 (default {DEFAULT_SAMPLE_RATE}, whatever the engine)",
     )
     say.add_argument("--speed", type=_ranged(float, 0.25, 4.0), help="0.25 to 4.0 (default 1.0)")
     say.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
@@ -192,7 +195,10 @@ def _serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env(**fields)
     for name in engine_names(settings):
         entry = ENGINES.get(name)
-        problem = f"is not one of {', '.join(ENGINES)}" if entry is None else entry.missing()
+        if entry is None:
+            problem: str | None = f"is not one of {', '.join(ENGINES)}"
+        else:
+            problem = entry.problem(settings.engine_settings(name))
         if problem:
             print(f"voxgate: engine {name!r} {problem}", file=sys.stderr)
             return 2

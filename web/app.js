@@ -121,6 +121,8 @@ const apiKey = () => keyInput.value.trim();
 const voicePanel = new VoicePanel(
   {
     form: $("upload-form"),
+    fieldset: $("upload-fieldset"),
+    note: $("upload-note"),
     file: $("voice-file"),
     record: $("record-btn"),
     recordHelp: $("record-help"),
@@ -144,14 +146,21 @@ voicePanel.addEventListener("voices", (event) => {
     ["Built-in", event.detail.builtin, (v) => [v.name, v.language, v.engine].filter(Boolean).join(" · ")],
     ["Uploaded", event.detail.uploaded, (v) => v.name],
   ];
+  // Uploaded voices that no engine here can speak stay listed (the panel deletes them) but cannot be chosen.
+  const noCloning = Array.isArray(event.detail.cloning) && !event.detail.cloning.length;
   for (const [label, voices, text] of groups) {
     if (!voices.length) continue;
     const group = document.createElement("optgroup");
     group.label = label;
-    for (const v of voices) group.append(new Option(text(v), v.name));
+    for (const v of voices) {
+      const off = noCloning && label === "Uploaded";
+      const option = new Option(off ? `${text(v)} (needs an engine that clones)` : text(v), v.name);
+      option.disabled = off;
+      group.append(option);
+    }
     select.append(group);
   }
-  select.value = [...select.options].some((o) => o.value === chosen) ? chosen : "";
+  select.value = [...select.options].some((o) => o.value === chosen && !o.disabled) ? chosen : "";
 });
 
 async function refreshVoices() {

@@ -1,7 +1,10 @@
 // The voice panel: list voices (GET /v1/audio/voices), upload one (POST, multipart) from a file or
 // the microphone, delete uploaded ones (DELETE /v1/audio/voices/{name}).
 //
-// Events (EventTarget): "voices" detail = {builtin: [{name, engine, language}], uploaded: [...]}.
+// Events (EventTarget): "voices" detail = {builtin: [{name, engine, language}], uploaded: [...],
+// cloning: [engines that clone] or null when the server does not say, engines: [every engine]}. With no
+// engine that clones, uploading is turned off, with a note saying why, before anyone picks a voice that
+// could not be spoken.
 
 import { apiFetch } from "./api.js";
 import { Recorder, recordingUnavailable } from "./recorder.js";
@@ -11,13 +14,25 @@ export const VOICES_PATH = "/v1/audio/voices";
 /** Built-in voices as objects, whether the server lists names or {name, engine, language} objects. */
 export function normaliseVoices(body) {
   const builtin = (body.voices || []).map((v) => (typeof v === "string" ? { name: v } : v));
-  return { builtin, uploaded: body.uploaded_voices || [] };
+  const cloning = Array.isArray(body.cloning_engines) ? body.cloning_engines : null;
+  const engines = [...new Set((body.voice_details || []).flatMap((v) => v.engines || []))];
+  return { builtin, uploaded: body.uploaded_voices || [], cloning, engines };
+}
+
+/** The note to show when no engine of the gateway can clone, else "" (also when the server does not say). */
+export function cloningNote(voices) {
+  if (!voices.cloning || voices.cloning.length) return "";
+  const { engines } = voices;
+  const who = engines.length
+    ? `This gateway's engine${engines.length > 1 ? "s" : ""} (${engines.join(", ")})`
+    : "This gateway";
+  return `${who} cannot clone voices, so an uploaded voice could not be spoken here: uploading is off.`;
 }
 
 export class VoicePanel extends EventTarget {
   /**
-   * @param {object} ui  {form, file, record, recordHelp, preview, name, consent, consentText, refText,
-   *                      submit, list, empty}
+   * @param {object} ui  {form, fieldset, note, file, record, recordHelp, preview, name, consent, consentText,
+   *                      refText, submit, list, empty}
    * @param {object} hooks  {key(): string, status(text), error(err)}
    */
   constructor(ui, hooks) {
@@ -26,7 +41,7 @@ export class VoicePanel extends EventTarget {
     this.hooks = hooks;
     this.recorder = new Recorder();
     this.recording = null; // WAV Blob from the microphone
-    this.voices = { builtin: [], uploaded: [] };
+    this.voices = { builtin: [], uploaded: [], cloning: null, engines: [] };
     ui.form.addEventListener("submit", (event) => {
       event.preventDefault();
       this.upload();
@@ -46,6 +61,10 @@ export class VoicePanel extends EventTarget {
   async refresh() {
     const body = await apiFetch(VOICES_PATH, this.hooks.key());
     this.voices = normaliseVoices(body);
+    const note = cloningNote(this.voices);
+    this.ui.fieldset.disabled = Boolean(note);
+    this.ui.note.textContent = note;
+    this.ui.note.hidden = !note;
     this._renderList();
     this.dispatchEvent(new CustomEvent("voices", { detail: this.voices }));
     return this.voices;

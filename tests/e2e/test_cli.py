@@ -247,6 +247,16 @@ def test_serve_with_an_engine_whose_extra_is_not_installed_says_which_in_one_lin
     ]
 
 
+def test_serve_remote_without_an_upstream_says_so_in_one_line() -> None:
+    done = voxgate("serve", "--engine", "piper,remote", "--port", "1")
+    assert done.returncode == 2
+    assert done.stderr.decode().strip().splitlines() == [
+        "voxgate: engine 'remote' needs an upstream speech server: --upstream URL (repeatable) or "
+        "VOXGATE_UPSTREAMS"
+    ]
+    assert ENGINES["remote"].problem(ENGINES["remote"].settings(upstreams=("http://u:8091",))) is None
+
+
 def test_an_engine_entry_names_the_extra_of_a_missing_module() -> None:
     entry = dataclasses.replace(ENGINES["piper"], requires=("piper", "no_such_module_here"))
     assert entry.missing() == "needs no_such_module_here: pip install 'voxgate[piper]'"

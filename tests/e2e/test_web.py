@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
+from voxgate.engine.fake import FakeEngine
 
 from tests.conftest import TIMEOUT_S, serve_engine
 
@@ -234,11 +235,42 @@ def test_stop_cancels_mid_paragraph(page: Page, piper_gateway: str) -> None:
     assert "cancelled" in page.inner_text("#status")
 
 
-def test_upload_list_and_delete_a_voice(page: Page, piper_gateway: str, tmp_path: Path) -> None:
-    probe = httpx.post(f"http://{piper_gateway}/v1/audio/voices", data={})
-    if probe.status_code in (404, 405):
-        pytest.skip(f"POST /v1/audio/voices is not implemented yet ({probe.status_code})")
+@pytest.fixture(scope="module")
+def cloning_gateway() -> Iterator[str]:
+    """A gateway whose engine clones (the fake one, which speaks uploaded voices as a tone): Piper cannot."""
+    with serve_engine(FakeEngine(clones=True)) as address:
+        yield address
+
+
+def test_upload_is_off_with_a_note_on_an_engine_that_cannot_clone(
+    page: Page, piper_gateway: str, tmp_path: Path
+) -> None:
+    voices = f"http://{piper_gateway}/v1/audio/voices"
+    assert httpx.get(voices).json()["cloning_engines"] == []
+    with write_wav(tmp_path / "kept.wav", 2.0).open("rb") as f:  # stored (a shared folder may have it)
+        files = {"audio_sample": ("kept.wav", f, "audio/wav")}
+        assert httpx.post(voices, files=files, data={"name": "kept", "consent": "yes"}).status_code == 200
+    try:
+        open_page(page, piper_gateway)
+        option = page.locator("#voice optgroup[label=Uploaded] option")
+        assert option.inner_text() == "kept (needs an engine that clones)" and option.is_disabled()
+    finally:
+        httpx.delete(f"{voices}/kept")
+    note = page.locator("#upload-note")
+    note.wait_for(state="visible", timeout=WAIT_MS)
+    assert note.inner_text() == (
+        "This gateway's engine (piper) cannot clone voices, so an uploaded voice could not be spoken here: "
+        "uploading is off."
+    )
+    assert page.eval_on_selector("#upload-fieldset", "el => el.disabled")
+    assert all(page.is_disabled(f"#{c}") for c in ("voice-file", "record-btn", "voice-name", "upload-btn"))
+    assert page.is_enabled("#speak-btn")  # speaking with the built-in voice is untouched
+
+
+def test_upload_list_and_delete_a_voice(page: Page, cloning_gateway: str, tmp_path: Path) -> None:
+    piper_gateway = cloning_gateway  # the panel is off where no engine clones (the test above)
     open_page(page, piper_gateway)
+    assert page.is_hidden("#upload-note") and page.is_enabled("#upload-btn")
     name = "web test voice"
 
     short = write_wav(tmp_path / "short.wav", 0.5)

@@ -8,6 +8,7 @@ import pytest
 from voxgate.engine.piper import PiperSettings
 from voxgate.engine.remote import RemoteSettings
 from voxgate.gateway.settings import Settings, options
+from voxgate.protocol.messages import SessionConfig
 
 from voxgate.cli import build_parser
 from voxgate.client import ClientError, http_url, output_problem, ws_url
@@ -100,6 +101,16 @@ def test_say_defaults_read_stdin_and_leave_the_rest_to_the_gateway() -> None:
     args = parse("say", "--output", "-")
     assert (args.text, args.output, args.quiet) == ("-", "-", False)
     assert (args.url, args.api_key, args.voice, args.sample_rate, args.speed) == (None,) * 5
+
+
+def test_say_help_states_the_sample_rate_a_session_really_gets(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse("say", "--help")
+    assert exc.value.code == 0
+    help = " ".join(capsys.readouterr().out.split())
+    assert "8000 to 48000 (default 24000, whatever the engine)" in help
+    # A config without sample_rate gets 24 kHz, not the engine's native rate (Piper's 22050).
+    assert SessionConfig().output_rate(native=22050) == 24000
 
 
 @pytest.mark.parametrize("output", ["out.wav", "OUT.WAV", "out.flac", "out.ogg", "out.pcm", "out.raw", "-"])

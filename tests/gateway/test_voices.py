@@ -206,6 +206,7 @@ def test_list_details_replace_delete(tmp_path: Path) -> None:
         assert post(client, "ann", audio=None, embedding="[1, 2, 3]").status_code == 200
         listing = client.get(URL).json()
         assert listing["voices"] == ["joe", "amy"]
+        assert listing["cloning_engines"] == ["vllm-omni"]  # what a page needs to offer uploads or not
         assert [v["name"] for v in listing["uploaded_voices"]] == ["ann", "zed"]
         assert all(
             v["engines"] == ["vllm-omni"] and set(v) == INFO_FIELDS for v in listing["uploaded_voices"]
@@ -241,7 +242,7 @@ def test_list_details_replace_delete(tmp_path: Path) -> None:
 def test_no_catalog_means_no_builtin_voices_or_engines(client: httpx.Client) -> None:
     assert post(client, "plain").status_code == 200
     listing = client.get(URL).json()
-    assert listing["voices"] == []
+    assert listing["voices"] == [] and listing["cloning_engines"] == []
     assert next(v for v in listing["uploaded_voices"] if v["name"] == "plain")["engines"] == []
 
 
