@@ -1,9 +1,9 @@
 """Measure one running TTS WebSocket endpoint: time to first audio, real-time factor, Whisper transcript.
 
-The client half of ``bench/gpu_smoke.sh`` (see ``docs/gpu.md``). It speaks two protocols that share their
-message names: voxgate's with the ``voxgate.v1`` subprotocol (``session.ready`` answers the config) and
-vllm-omni's own ``/v1/audio/speech/stream`` (no ready message; ``stream_audio`` must be set for raw PCM
-frames).
+The client half of ``bench/gpu_smoke.sh`` (see ``docs/gpu.md``), on ``bench/_client.py``. It speaks two
+protocols that share their message names: voxgate's with the ``voxgate.v1`` subprotocol (``session.ready``
+answers the config) and vllm-omni's own ``/v1/audio/speech/stream`` (no ready message; ``stream_audio``
+must be set for raw PCM frames).
 
     python bench/gpu_smoke.py --label in-process --url ws://127.0.0.1:8000/v1/audio/speech/stream
 
@@ -16,11 +16,11 @@ Whisper's word error rate exceeds ``--max-wer``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import re
 import statistics
 import sys
-import time
 import wave
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,9 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import soxr
+from _client import SessionRefused, open_session, speak
 from websockets.exceptions import WebSocketException
-from websockets.sync.client import connect
-from websockets.typing import Subprotocol
 
 TEXT = (
     "The gateway turns a stream of words into speech while the model is still writing its answer. "
@@ -63,48 +62,38 @@ class Run:
     transcript: str = ""
 
 
-def speak(
+def utterance(
     url: str, protocol: str, text: str, config: dict[str, Any]
 ) -> tuple[float, float, npt.NDArray[np.float32], int]:
     """One utterance: returns (seconds to first audio, seconds to session.done, samples, sample rate)."""
-    message: dict[str, Any] = {"type": "session.config", "response_format": "pcm", **config}
+    return asyncio.run(_utterance(url, protocol, text, config))
+
+
+async def _utterance(
+    url: str, protocol: str, text: str, config: dict[str, Any]
+) -> tuple[float, float, npt.NDArray[np.float32], int]:
+    message: dict[str, Any] = {"response_format": "pcm", **config}
     if protocol == "vllm-omni":
         message["stream_audio"] = True
     pcm: list[bytes] = []
-    rate = DEFAULT_RATE
-    first: float | None = None
-    end = 0.0
     # voxgate answers the config with session.ready only to clients that offer voxgate.v1.
-    protocols = [Subprotocol("voxgate.v1")] if protocol == "voxgate" else None
-    with connect(url, subprotocols=protocols, max_size=None, open_timeout=TIMEOUT_S) as ws:
-        ws.send(json.dumps(message))
-        if protocol == "voxgate":
-            ready = json.loads(ws.recv(timeout=TIMEOUT_S))
-            if ready.get("type") != "session.ready":
-                raise SmokeError(f"expected session.ready, got {ready}")
-        start = time.perf_counter()
-        ws.send(json.dumps({"type": "input.text", "text": text}))
-        ws.send(json.dumps({"type": "input.done"}))
-        while True:
-            data = ws.recv(timeout=TIMEOUT_S)
-            if isinstance(data, bytes):
-                first = first if first is not None else time.perf_counter()
-                pcm.append(data)
-                continue
-            msg = json.loads(data)
-            kind = msg.get("type")
-            if kind == "error" or (kind == "audio.done" and msg.get("error")):
-                raise SmokeError(f"server error: {msg}")
-            if kind == "audio.start" and msg.get("sample_rate"):
-                rate = int(msg["sample_rate"])
-            if kind == "session.done":
-                end = time.perf_counter()
-                break
-        ws.send(json.dumps({"type": "session.close"}))
-    if first is None or not pcm:
+    ws, _ = await open_session(url, message, extensions=protocol == "voxgate", timeout_s=TIMEOUT_S)
+    async with ws:
+        turn = await speak(ws, [text], timeout_s=TIMEOUT_S, hook=lambda _, __, d: _keep(pcm, d))
+        await ws.send(json.dumps({"type": "session.close"}))
+    failed = turn.errors + [m for m in turn.of("audio.done") if m.get("error")]
+    if failed:
+        raise SmokeError(f"server error: {failed[0]}")
+    if turn.t_done is None or turn.t_first_audio is None or not pcm:
         raise SmokeError("no audio came back")
+    rate = next((int(m["sample_rate"]) for m in turn.of("audio.start") if m.get("sample_rate")), DEFAULT_RATE)
     samples = np.frombuffer(b"".join(pcm), dtype="<i2").astype(np.float32) / 32768.0
-    return first - start, end - start, samples, rate
+    return turn.t_first_audio - turn.sent[0], turn.t_done - turn.sent[0], samples, rate
+
+
+def _keep(pcm: list[bytes], data: bytes | dict[str, Any]) -> None:
+    if isinstance(data, bytes):
+        pcm.append(data)
 
 
 def _words(text: str) -> str:
@@ -162,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     transcribe = Transcriber(args.whisper)
     runs: list[Run] = []
     try:
-        speak(args.url, args.protocol, "Warming up.", config)
+        utterance(args.url, args.protocol, "Warming up.", config)
         for i in range(1, args.runs + 1):
-            ttfa_s, wall_s, samples, rate = speak(args.url, args.protocol, args.text, config)
+            ttfa_s, wall_s, samples, rate = utterance(args.url, args.protocol, args.text, config)
             audio_s = len(samples) / rate
             transcript = transcribe(samples, rate)
             wer = round(word_error_rate(args.text, transcript), 3)
@@ -188,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.out is not None and i == args.runs:
                 args.out.mkdir(parents=True, exist_ok=True)
                 save_wav(args.out / f"{args.label}.wav", samples, rate)
-    except (SmokeError, WebSocketException, OSError, TimeoutError) as exc:
+    except (SmokeError, SessionRefused, WebSocketException, OSError, TimeoutError) as exc:
         print(f"{args.label}: FAILED: {exc}", file=sys.stderr)
         return 1
     ttfa = statistics.median(r.ttfa_ms for r in runs)

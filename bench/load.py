@@ -1,63 +1,43 @@
 """Load benchmark: N sessions stream text at an LLM's pace and play their audio in real time.
 
-Starts ``voxgate serve`` itself (or uses ``--url`` and ``--server-pid``), and for each level of
-``--sessions`` runs that many WebSocket sessions at once from several client processes
-(``bench/_load_client.py``: asyncio inside each). Every session streams a paragraph one token at a time at
-``--tokens-per-s``, sends ``input.done``, plays the audio behind a ``--jitter-ms`` buffer (simulated, from
-the frames' arrival times), waits until the last word is played, and starts the next turn, until
-``--duration-s`` has passed. See ``docs/performance.md`` for the figures and how to read them.
-
     .venv/bin/python bench/load.py --engine fake --sessions 1,100,1000,2000 --json out.json --png out.png
     .venv/bin/python bench/load.py --engine piper --sessions 4,8,12,16,20
 
-Per level it reports time to first audio (first ``input.text`` sent -> first audio byte received)
-p50/p95/p99, underruns (count and seconds of silence), the server's CPU (``/proc/<pid>/stat``) and memory
-(RSS with every session connected and configured but idle, and its peak while they stream, each less the
-RSS before the sessions connected, per session), and the client processes' own CPU, send lag and event
-loop lag, which show whether the client kept up. Exits non-zero when a level could not be measured.
+Per level of ``--sessions``: a fresh ``voxgate serve`` (``bench/_serve.py``; or ``--url``), the sessions
+from ``--client-procs`` worker processes (``bench/_client.py``), TTFA p50/p95/p99, underruns, server and
+client CPU, memory per session. What each figure means: docs/performance.md ("The load benchmark").
+Exits non-zero when a level could not be measured.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
 import multiprocessing
 import os
-import resource
-import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _procstat  # noqa: E402
-from _load_client import Plan, split, worker  # noqa: E402
-from _serve import free_port, serve_command, stop  # noqa: E402
-from _text import PARAGRAPH  # noqa: E402
+import _stats
+from _client import PATH, Plan, raise_nofile, say, split, worker
+from _serve import BenchError, gateway
+from _stats import percentiles
+from _text import PARAGRAPH
 
 # Seconds of audio per 250 ms chunk of the fake engine's tone (engine/fake.py), to turn an RTF into
 # its ``fake_delay_s``.
 FAKE_CHUNK_S = 0.25
-# File descriptors wanted on each side: one socket per session, plus headroom.
-NOFILE = 65536
-STARTUP_TIMEOUT_S = 120.0  # Piper loads and warms its model in the lifespan
 # How often the server's RSS is sampled while the sessions stream (its peak is reported).
 RSS_SAMPLE_S = 0.25
-
-
-class BenchError(Exception):
-    """The benchmark could not measure what it claims to measure."""
+# The settings every session of a level shares, as ``Plan`` names them.
+SHARED = "text tokens_per_s jitter_ms ramp_s sample_rate frame_ms compression pause_s timeout_s".split()
 
 
 @dataclass
@@ -66,32 +46,12 @@ class Server:
     pid: int | None
 
 
-def raise_nofile(wanted: int = NOFILE) -> int:
-    """Raise this process's open-file limit towards ``wanted`` (children inherit it); returns it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if soft < limit:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
-    return max(soft, limit)
-
-
-def uptime() -> str:
-    """``uptime``'s line, or the load averages where the command is missing."""
-    if shutil.which("uptime"):
-        return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
-    return _procstat.uptime_line()
-
-
-def server_env(args: argparse.Namespace, voices_dir: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "VOXGATE_MAX_SESSIONS": "0",  # the cap is the point of the measurement, not a limit on it
-            "VOXGATE_IDLE_TIMEOUT_S": "3600",
-            "VOXGATE_VOICES_DIR": voices_dir,
-            "VOXGATE_LOG_LEVEL": "warning",
-        }
-    )
+def server_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {
+        "VOXGATE_MAX_SESSIONS": "0",  # the cap is the point of the measurement, not a limit on it
+        "VOXGATE_IDLE_TIMEOUT_S": "3600",
+        "VOXGATE_LOG_LEVEL": "warning",
+    }
     if args.engine == "fake":
         env["VOXGATE_FAKE_DELAY_S"] = repr(args.fake_rtf * FAKE_CHUNK_S)
     for item in args.server_env:
@@ -101,84 +61,32 @@ def server_env(args: argparse.Namespace, voices_dir: str) -> dict[str, str]:
 
 
 @contextmanager
-def started_server(args: argparse.Namespace, log: Path) -> Iterator[Server]:
-    """``voxgate serve`` in a subprocess on a free loopback port, ready; stopped on exit."""
-    port = free_port()
-    command = serve_command("--engine", args.engine, "--host", "127.0.0.1", "--port", str(port))
-    with tempfile.TemporaryDirectory(prefix="voxgate-load-") as voices, log.open("ab") as out:
-        proc = subprocess.Popen(
-            command, env=server_env(args, voices), stdout=out, stderr=subprocess.STDOUT, cwd=voices
-        )
-        try:
-            wait_ready(f"http://127.0.0.1:{port}", proc)
-            print(f"server pid {proc.pid} on port {port}", file=sys.stderr, flush=True)
-            yield Server(f"ws://127.0.0.1:{port}", proc.pid)
-        finally:
-            stop(proc)  # a drain: the sessions are over by now
-
-
-def wait_ready(base: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise BenchError(f"the server exited with {proc.returncode} during startup")
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise BenchError(f"the server was not ready within {STARTUP_TIMEOUT_S:g} s")
+def _server(args: argparse.Namespace, log: Path) -> Iterator[Server]:
+    """``--url``, or ``voxgate serve`` on a free loopback port (``bench/_serve.py``), stopped on exit."""
+    if args.url:
+        yield Server(args.url.rstrip("/"), args.server_pid)
+        return
+    with gateway("--engine", args.engine, env=server_env(args), log=log) as server:
+        print(f"server pid {server.pid} on port {server.port}", file=sys.stderr, flush=True)
+        yield Server(server.url(scheme="ws"), server.pid)
 
 
 def warm_up(url: str, args: argparse.Namespace) -> None:
     """One short session, so that lazy imports and first-use caches are not counted as per-session cost."""
-    from websockets.sync.client import connect
-
-    config = {"type": "session.config", "response_format": args.format, "sample_rate": args.sample_rate}
-    with connect(f"{url}/v1/audio/speech/stream", open_timeout=30) as ws:
-        ws.send(json.dumps(config))
-        ws.send(json.dumps({"type": "input.text", "text": "Warming up. One two three."}))
-        ws.send(json.dumps({"type": "input.done"}))
-        while True:
-            message = ws.recv(timeout=STARTUP_TIMEOUT_S)
-            if isinstance(message, str) and json.loads(message)["type"] in ("session.done", "error"):
-                break
-
-
-def percentiles(values: Sequence[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p95": None, "p99": None, "max": None}
-    p50, p95, p99 = np.percentile(np.asarray(values, dtype=np.float64), [50, 95, 99])
-    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "max": float(max(values))}
+    config = {"response_format": args.format, "sample_rate": args.sample_rate}
+    asyncio.run(say(f"{url}{PATH}", "Warming up. One two three.", config))
 
 
 def run_level(n: int, args: argparse.Namespace, server: Server) -> dict[str, Any]:
     """Run ``n`` sessions against ``server``; returns the level's figures."""
     ctx = multiprocessing.get_context("spawn")
-    rss_before = _procstat.rss_kib(server.pid) if server.pid else 0
+    rss_before = _stats.rss_kib(server.pid) if server.pid else 0
     workers = []
+    shared = {k: getattr(args, k) for k in SHARED}
     for first, count in split(n, args.client_procs):
-        plan = Plan(
-            url=f"{server.url}/v1/audio/speech/stream",
-            sessions=count,
-            first_index=first,
-            total_sessions=n,
-            text=args.text,
-            tokens_per_s=args.tokens_per_s,
-            jitter_ms=args.jitter_ms,
-            duration_s=args.duration_s,
-            ramp_s=args.ramp_s,
-            sample_rate=args.sample_rate,
-            frame_ms=args.frame_ms,
-            response_format=args.format,
-            compression=args.compression,
-            pause_s=args.pause_s,
-            timeout_s=args.timeout_s,
-        )
+        plan = Plan(f"{server.url}{PATH}", count, first, n, response_format=args.format, **shared)
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=worker, args=(asdict(plan), child, NOFILE), daemon=True)
+        proc = ctx.Process(target=worker, args=(asdict(plan), child), daemon=True)
         proc.start()
         workers.append((proc, parent))
     connected = 0
@@ -190,12 +98,12 @@ def run_level(n: int, args: argparse.Namespace, server: Server) -> dict[str, Any
         connected += count
     connect_s = time.monotonic() - t_connect
     time.sleep(1.0)  # let the server settle after the handshakes before its RSS is read
-    rss_idle = _procstat.rss_kib(server.pid) if server.pid else 0
+    rss_idle = _stats.rss_kib(server.pid) if server.pid else 0
 
     pids = [p.pid for p, _ in workers if p.pid is not None]
     start = time.monotonic() + 0.2
     end = start + args.duration_s
-    load_before = uptime()
+    load_before = _stats.uptime_line()
     for _, pipe in workers:
         pipe.send((start, end))
     cpu0 = _cpu(server.pid, pids)
@@ -213,13 +121,13 @@ def run_level(n: int, args: argparse.Namespace, server: Server) -> dict[str, Any
             elif k not in reports and not proc.is_alive() and not pipe.poll(0):
                 raise BenchError(f"a client process died (exit code {proc.exitcode})")
         if server.pid:
-            rss_peak = max(rss_peak, _procstat.rss_kib(server.pid))
+            rss_peak = max(rss_peak, _stats.rss_kib(server.pid))
         time.sleep(RSS_SAMPLE_S)
     wall = time.monotonic() - t0
     cpu1 = _cpu(server.pid, pids)
     for proc, _ in workers:
         proc.join(10)
-    load_after = uptime()
+    load_after = _stats.uptime_line()
     return summarize(
         n,
         list(reports.values()),
@@ -235,8 +143,8 @@ def run_level(n: int, args: argparse.Namespace, server: Server) -> dict[str, Any
 
 def _cpu(server_pid: int | None, client_pids: Sequence[int]) -> tuple[float, float, float]:
     """(server, clients, whole machine) CPU seconds so far."""
-    server = _procstat.cpu_s(server_pid) if server_pid else 0.0
-    return server, sum(_procstat.cpu_s(p) for p in client_pids), _procstat.machine_busy_s()
+    server = _stats.cpu_s(server_pid) if server_pid else 0.0
+    return server, sum(_stats.cpu_s(p) for p in client_pids), _stats.machine_busy_s()
 
 
 def summarize(
@@ -406,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     nofile = raise_nofile()
     load_at_start = os.getloadavg()[0]
     log = args.server_log or Path(tempfile.gettempdir()) / f"voxgate-load-{os.getpid()}.log"
-    print(f"voxgate load bench: {args.engine}, {uptime()}", file=sys.stderr)
+    print(f"voxgate load bench: {args.engine}, {_stats.uptime_line()}", file=sys.stderr)
     levels: list[dict[str, Any]] = []
     try:
         for n in levels_wanted:
@@ -430,9 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "python": sys.version.split()[0],
         "levels": levels,
     }
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}", file=sys.stderr)
+    _stats.write_json(result, args.json)
     if args.png and levels:
         title = (
             f"engine {args.engine}, {args.tokens_per_s:g} tokens/s, {args.jitter_ms:g} ms jitter buffer, "
@@ -445,15 +351,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench failed: no turn completed at {bad} sessions (server log: {log})", file=sys.stderr)
         return 1
     return 0
-
-
-@contextmanager
-def _server(args: argparse.Namespace, log: Path) -> Iterator[Server]:
-    if args.url:
-        yield Server(args.url.rstrip("/"), args.server_pid)
-    else:
-        with started_server(args, log) as server:
-            yield server
 
 
 if __name__ == "__main__":

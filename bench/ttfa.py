@@ -1,9 +1,10 @@
 """Time-to-first-audio benchmark of the gateway with the embedded Piper engine.
 
-Runs a real gateway (uvicorn in a background thread, loopback, free port) and streams a short paragraph
-into it the way an LLM would: tokens of 2-5 characters, one every ``--token-delay-ms``. For every run it
-also times the Piper engine directly, in this process, on the same first segment, interleaved with the
-gateway runs so that machine noise lands on both sides alike. See ``bench/README.md`` for each figure.
+Starts ``voxgate serve --engine piper`` as production runs it (``bench/_serve.py``: a subprocess on a free
+loopback port) and streams a short paragraph into it the way an LLM would: tokens of 2-5 characters, one
+every ``--token-delay-ms``. For every run it also times a Piper engine directly, in this process, with the
+gateway's settings, on the same first segment, interleaved with the gateway runs so that machine noise
+lands on both sides alike. Then a concurrency sweep. See ``docs/performance.md`` for each figure.
 
     .venv/bin/python bench/ttfa.py [--runs N] [--json out.json]
 
@@ -14,38 +15,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
-import contextlib
-import json
 import math
 import os
-import socket
 import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import msgspec
-import numpy as np
-import uvicorn
+from _client import PATH, Turn, open_session, speak
+from _serve import BenchError, Server, gateway
+from _stats import CpuWindow, percentiles, write_json
 from _text import PARAGRAPH, tokenize
-from starlette.applications import Starlette
 from voxgate.engine import piper
 from voxgate.engine.base import SynthesisRequest
 from voxgate.engine.piper import PiperSettings
-from voxgate.gateway.app import create_app
 from voxgate.gateway.settings import Settings
-from voxgate.protocol.audio import BYTES_PER_SAMPLE
 from voxgate.protocol.messages import DEFAULT_MAX_BUFFER_DELAY_MS
 from voxgate.protocol.segmenter import Segmenter
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
-from websockets.sync.client import ClientConnection, connect
-from websockets.typing import Subprotocol
 
-PATH = "/v1/audio/speech/stream"
 VOICE = "joe"
 # A fast hosted LLM streams ~50 tokens/s; slower token rates only make gaps less likely.
 TOKEN_DELAY_MS = 20.0
@@ -61,68 +51,28 @@ OVERHEAD_TARGET_MS = 5.0
 BUSY_OTHER_CORES = 0.05
 
 
-class BenchError(Exception):
-    """The benchmark could not measure what it claims to measure."""
-
-
-# -- the gateway under test --------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def serve(app: Starlette) -> Iterator[str]:
-    """Run ``app`` on uvicorn in a daemon thread on a free loopback port; yields ``host:port``."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn")
-    thread.start()
-    deadline = time.monotonic() + TIMEOUT_S  # the lifespan loads and warms up the Piper model
-    while not server.started:
-        if not thread.is_alive():
-            raise BenchError("uvicorn exited during startup (see its log above)")
-        if time.monotonic() > deadline:
-            raise BenchError(f"uvicorn did not start within {TIMEOUT_S:g} s")
-        time.sleep(0.01)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(TIMEOUT_S)
-        sock.close()
-
-
-# -- the text stream ---------------------------------------------------------------------------------
-
-
 def first_segment(
     tokens: Sequence[str], delay_s: float = 0.0, budget_s: float = DEFAULT_MAX_BUFFER_DELAY_MS / 1000.0
-) -> tuple[int, str]:
-    """Which token completes the first segment, and its text, as the server's default segmenter cuts it.
+) -> tuple[int, str, int | None]:
+    """Which token completes the first segment, its text, and the token that started the cut's clock.
 
     The gateway uses ``Segmenter("sentence", eager_first=True)`` for a config that leaves both at their
     defaults, and cuts the first segment early (``Segmenter.cut_early``) once ``budget_s`` has passed
-    since its first text; token ``i`` is sent at ``i * delay_s``. The result is checked against the
-    first ``audio.start`` of every run.
+    since its first text; token ``i`` is sent at ``i * delay_s``. The third element is None when a token
+    completes the segment, else the token whose arrival started that budget: the segment is complete
+    ``budget_s`` after it was sent. The text is checked against the first ``audio.start`` of every run.
     """
     segmenter = Segmenter("sentence", eager_first=True)
-    first_t: float | None = None
+    first: int | None = None
     for i, token in enumerate(tokens):
-        t = i * delay_s
-        if first_t is not None and delay_s and t >= first_t + budget_s and (out := segmenter.cut_early()):
-            return i - 1, out[0]  # the deadline passed before this token was sent
+        late = first is not None and delay_s and i * delay_s >= first * delay_s + budget_s
+        if late and (out := segmenter.cut_early()):
+            return i - 1, out[0], first  # the deadline passed before this token was sent
         if out := segmenter.push(token):
-            return i, out[0]
-        if first_t is None and segmenter.eager_pending:
-            first_t = t
+            return i, out[0], None
+        if first is None and segmenter.eager_pending:
+            first = i
     raise BenchError("the paragraph never completes a segment before input.done")
-
-
-def expected_first_segments(tokens: Sequence[str], delay_s: float) -> set[str]:
-    """The first segments the server may cut: its deadline may fall just before or just after a token."""
-    budget_s = DEFAULT_MAX_BUFFER_DELAY_MS / 1000.0
-    return {first_segment(tokens, delay_s, budget_s + shift)[1] for shift in (-delay_s / 2, delay_s / 2)}
 
 
 @dataclass(frozen=True)
@@ -133,461 +83,278 @@ class Stream:
     delay_s: float
     seed: int | None = None
 
-
-# -- one session ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class Frame:
-    t: float  # client perf_counter when received
-    audio_s: float
+    def expected_first_segments(self) -> set[str]:
+        """The first segments the server may cut: its deadline may fall just before or after a token."""
+        budget_s = DEFAULT_MAX_BUFFER_DELAY_MS / 1000.0
+        shifts = (-self.delay_s / 2, self.delay_s / 2)
+        return {first_segment(self.tokens, self.delay_s, budget_s + shift)[1] for shift in shifts}
 
 
 @dataclass
 class Run:
-    """Client-side timings (perf_counter seconds) and server metrics of one utterance."""
+    """One utterance's figures (ms): the client's, and the server's own from its messages."""
 
-    t_first_text: float = 0.0
-    t_segment_complete: float = 0.0
-    t_session_done: float = 0.0
-    frames: list[Frame] = field(default_factory=list)
-    first_sentence_text: str = ""
-    server_text_to_first_audio_ms: float | None = None
-    server_first_segment_synthesis_ms: float = 0.0
-    server_first_text_to_first_audio_ms: float | None = None
-    synthesis_ms: float = 0.0
-    audio_ms: float = 0.0
-    segments: int = 0
-
-    @property
-    def ttfa_ms(self) -> float:
-        return (self.frames[0].t - self.t_first_text) * 1000.0
-
-    @property
-    def segment_ttfa_ms(self) -> float:
-        return (self.frames[0].t - self.t_segment_complete) * 1000.0
-
-    @property
-    def wall_ms(self) -> float:
-        return (self.t_session_done - self.t_first_text) * 1000.0
-
-    def gaps_ms(self) -> list[float]:
-        """Underruns of a player that starts at the first frame's arrival and plays continuously.
-
-        Checked at every frame, not only at segment starts; a segment's frames arrive in one burst (Piper
-        makes a segment's audio in one piece), so in practice an underrun is a late segment start.
-        """
-        gaps: list[float] = []
-        play_end = self.frames[0].t
-        for frame in self.frames:
-            if frame.t > play_end:
-                if frame is not self.frames[0]:
-                    gaps.append((frame.t - play_end) * 1000.0)
-                play_end = frame.t
-            play_end += frame.audio_s
-        return gaps
+    ttfa_ms: float  # first input.text sent -> first audio frame received
+    segment_ttfa_ms: float  # the token completing the first segment sent -> first frame
+    wall_ms: float  # first input.text sent -> session.done
+    server_ttfa_ms: float  # session.done.first_text_to_first_audio_ms
+    server_segment_ms: float  # first audio.done.text_to_first_audio_ms
+    server_first_synthesis_ms: float  # first audio.done.synthesis_ms
+    synthesis_ms: float
+    audio_ms: float
+    segments: int
+    gaps_ms: list[float]
 
 
-def _as_dict(message: str | bytes) -> dict[str, Any]:
-    if isinstance(message, bytes):
-        raise BenchError(f"expected a JSON message, got {len(message)} bytes of audio")
-    data = json.loads(message)
-    if not isinstance(data, dict):
-        raise BenchError(f"expected a JSON object, got {message[:200]!r}")
-    return data
-
-
-def _check(data: dict[str, Any], kind: str) -> dict[str, Any]:
-    if data.get("type") != kind:
-        raise BenchError(f"expected {kind}, got {json.dumps(data)[:300]}")
-    return data
-
-
-def _send_tokens(
-    ws: ClientConnection, tokens: Sequence[str], complete_at: int, delay_s: float, run: Run
-) -> None:
-    next_t = time.perf_counter()
-    for i, token in enumerate(tokens):
-        pause = next_t - time.perf_counter()
-        if pause > 0:
-            time.sleep(pause)
-        now = time.perf_counter()
-        if i == 0:
-            run.t_first_text = now
-        if i == complete_at:
-            run.t_segment_complete = now
-        ws.send(json.dumps({"type": "input.text", "text": token}))
-        next_t += delay_s  # a fixed cadence, not sleep-after-send, so send cost does not slow the stream
-    ws.send(json.dumps({"type": "input.done"}))
-
-
-def speak(address: str, stream: Stream, start: threading.Barrier | None = None) -> Run:
-    """Stream the tokens through one new session and record when everything arrives."""
-    tokens, delay_s = stream.tokens, stream.delay_s
-    complete_at, _ = first_segment(tokens, delay_s)
-    run = Run()
-    width = BYTES_PER_SAMPLE["pcm"]
-    # voxgate.v1: session.ready and the timings this benchmark reads.
-    with connect(
-        f"ws://{address}{PATH}",
-        subprotocols=[Subprotocol("voxgate.v1")],
-        max_size=None,
-        open_timeout=TIMEOUT_S,
-    ) as ws:
-        config: dict[str, object] = {"type": "session.config", "voice": VOICE, "response_format": "pcm"}
-        if stream.seed is not None:
-            config["seed"] = stream.seed
-        ws.send(json.dumps(config))
-        _check(_as_dict(ws.recv(timeout=TIMEOUT_S)), "session.ready")
-        if start is not None:
-            start.wait(TIMEOUT_S)
-        failure: list[BaseException] = []
-
-        def sender() -> None:
-            try:
-                _send_tokens(ws, tokens, complete_at, delay_s, run)
-            except BaseException as exc:  # the thread boundary: hand the failure to the receiving side
-                failure.append(exc)
-
-        thread = threading.Thread(target=sender, name="bench-sender", daemon=True)
-        thread.start()
-        rate = 0  # set by the first audio.start
-        deadline = time.monotonic() + TIMEOUT_S
-        try:
-            while True:
-                message = ws.recv(timeout=max(0.01, deadline - time.monotonic()))
-                now = time.perf_counter()
-                if isinstance(message, bytes):
-                    if not rate:
-                        raise BenchError("audio arrived before any audio.start")
-                    run.frames.append(Frame(now, len(message) / width / rate))
-                    continue
-                data = _as_dict(message)
-                match data.get("type"):
-                    case "audio.start":
-                        rate = data["sample_rate"]
-                        if not run.first_sentence_text:
-                            run.first_sentence_text = data["sentence_text"]
-                    case "audio.done":
-                        if data.get("error"):
-                            raise BenchError(f"the engine failed on segment {data['sentence_index']}")
-                        if data["sentence_index"] == 0:
-                            run.server_text_to_first_audio_ms = data["text_to_first_audio_ms"]
-                            run.server_first_segment_synthesis_ms = data["synthesis_ms"]
-                    case "session.done":
-                        run.t_session_done = now
-                        run.server_first_text_to_first_audio_ms = data["first_text_to_first_audio_ms"]
-                        run.synthesis_ms, run.audio_ms = data["synthesis_ms"], data["audio_ms"]
-                        run.segments = data["total_sentences"]
-                        break
-                    case "error":
-                        raise BenchError(f"server error: {data.get('code')}: {data.get('message')}")
-        except TimeoutError:
-            raise BenchError(f"no session.done within {TIMEOUT_S:g} s") from None
-        except ConnectionClosed as exc:
-            raise BenchError(f"the gateway closed the session early: {exc}") from None
-        finally:
-            thread.join(TIMEOUT_S)
-        if failure:
-            raise BenchError(f"sending tokens failed: {failure[0]!r}") from failure[0]
-    _validate(run, tokens, delay_s)
-    return run
-
-
-def _validate(run: Run, tokens: Sequence[str], delay_s: float) -> None:
-    expected = expected_first_segments(tokens, delay_s)
-    if run.first_sentence_text not in expected:
+def _run(turn: Turn, stream: Stream) -> Run:
+    """The turn's figures, once everything the bench relies on is checked."""
+    if turn.errors:
+        raise BenchError(f"server error: {turn.errors[0].get('code')}: {turn.errors[0].get('message')}")
+    done = turn.of("session.done")
+    if not done or turn.t_done is None or turn.t_first_audio is None:
+        raise BenchError("the gateway closed the session early" if turn.closed else "no audio received")
+    starts, dones, end = turn.of("audio.start"), turn.of("audio.done"), done[0]
+    if failed := [d for d in dones if d.get("error")]:
+        raise BenchError(f"the engine failed on segment {failed[0]['sentence_index']}")
+    first_text = starts[0]["sentence_text"] if starts else ""
+    if first_text not in (expected := stream.expected_first_segments()):
+        raise BenchError(f"server's first segment {first_text!r} is none of {sorted(expected)!r}")
+    if abs(turn.audio_s * 1000.0 - end["audio_ms"]) > 1.0:
         raise BenchError(
-            f"server's first segment {run.first_sentence_text!r} is none of {sorted(expected)!r}"
+            f"received {turn.audio_s * 1000:.1f} ms of audio, session.done says {end['audio_ms']}"
         )
-    if not run.frames or run.audio_ms <= 0:
-        raise BenchError("no audio received")
-    received_ms = sum(f.audio_s for f in run.frames) * 1000.0
-    if abs(received_ms - run.audio_ms) > 1.0:
-        raise BenchError(f"received {received_ms:.1f} ms of audio, session.done says {run.audio_ms} ms")
-    if run.server_first_text_to_first_audio_ms is None:
-        raise BenchError("session.done reports no first_text_to_first_audio_ms")
-    if run.server_text_to_first_audio_ms is None:
-        raise BenchError("the first audio.done reports no text_to_first_audio_ms")
-    if run.frames[0].t < run.t_segment_complete:
+    first = next(d for d in dones if d["sentence_index"] == 0)
+    if end.get("first_text_to_first_audio_ms") is None or first.get("text_to_first_audio_ms") is None:
+        raise BenchError("session.done or the first audio.done reports no time to first audio")
+    complete_at, _, clock = first_segment(stream.tokens, stream.delay_s)
+    budget_s = DEFAULT_MAX_BUFFER_DELAY_MS / 1000.0
+    t_complete = turn.sent[complete_at] if clock is None else turn.sent[clock] + budget_s
+    if turn.t_first_audio < t_complete:
         raise BenchError("audio arrived before the first segment was complete")
+    return Run(
+        ttfa_ms=turn.ttfa_ms or 0.0,
+        segment_ttfa_ms=(turn.t_first_audio - t_complete) * 1000.0,
+        wall_ms=(turn.t_done - turn.sent[0]) * 1000.0,
+        server_ttfa_ms=end["first_text_to_first_audio_ms"],
+        server_segment_ms=first["text_to_first_audio_ms"],
+        server_first_synthesis_ms=first["synthesis_ms"],
+        synthesis_ms=end["synthesis_ms"],
+        audio_ms=end["audio_ms"],
+        segments=end["total_sentences"],
+        gaps_ms=[u * 1000.0 for u in turn.player.underruns],
+    )
 
 
-def speak_together(address: str, stream: Stream, sessions: int) -> list[Run]:
-    """Run ``sessions`` sessions at once; their first ``input.text`` leaves at the same moment."""
-    barrier = threading.Barrier(sessions)
-    with concurrent.futures.ThreadPoolExecutor(sessions, thread_name_prefix="bench-session") as pool:
-        futures = [pool.submit(speak, address, stream, barrier) for _ in range(sessions)]
-        return [f.result(timeout=TIMEOUT_S * 2) for f in futures]  # re-raises a session's failure
+async def session(server: Server, stream: Stream, start: asyncio.Barrier | None = None) -> Run:
+    """One new session streams the tokens; with ``start``, its first text waits for the others'."""
+    config: dict[str, object] = {"voice": VOICE, "response_format": "pcm"}
+    if stream.seed is not None:
+        config["seed"] = stream.seed
+    ws, _ = await open_session(server.url(PATH, "ws"), config, timeout_s=TIMEOUT_S)
+    async with ws:
+        if start is not None:
+            await start.wait()
+        turn = await speak(ws, stream.tokens, stream.delay_s, timeout_s=TIMEOUT_S)
+    return _run(turn, stream)
 
 
-# -- the engine alone ----------------------------------------------------------------------------------
+async def together(server: Server, stream: Stream, sessions: int) -> list[Run]:
+    """``sessions`` sessions at once; their first ``input.text`` leaves at the same moment."""
+    barrier = asyncio.Barrier(sessions)
+    return list(await asyncio.gather(*(session(server, stream, barrier) for _ in range(sessions))))
 
 
-class DirectEngine:
-    """A second Piper engine in this process, configured as the gateway's, timed without the gateway."""
-
-    def __init__(self, settings: Settings, seed: int | None) -> None:
-        self._seed = seed
-        self._runner = asyncio.Runner()
-        self._engine = piper.create(settings.of(PiperSettings))
-        self._runner.run(self._engine.start())
-
-    def first_chunk_ms(self, text: str) -> float:
-        return self._runner.run(self._time(text))
-
-    async def _time(self, text: str) -> float:
-        t0 = time.perf_counter()
-        first: float | None = None
-        # Drained to the end, so the worker is idle again before the next gateway run starts.
-        async for _ in self._engine.synthesize(SynthesisRequest(text=text, voice=VOICE, seed=self._seed)):
-            if first is None:
-                first = time.perf_counter() - t0
-        if first is None:
-            raise BenchError(f"the engine produced no audio for {text!r}")
-        return first * 1000.0
-
-    def close(self) -> None:
-        self._runner.run(self._engine.aclose())
-        self._runner.close()
+async def direct_first_chunk_ms(engine: piper.PiperEngine, text: str, seed: int | None) -> float:
+    """The engine alone, in this process: first segment -> first chunk, drained so its workers are idle."""
+    t0 = time.perf_counter()
+    first: float | None = None
+    async for _ in engine.synthesize(SynthesisRequest(text=text, voice=VOICE, seed=seed)):
+        first = first or time.perf_counter() - t0
+    if first is None:
+        raise BenchError(f"the engine produced no audio for {text!r}")
+    return first * 1000.0
 
 
-class OtherCpu:
-    """CPU time that processes other than this one used since creation, from ``/proc/stat`` (Linux)."""
-
-    def __init__(self) -> None:
-        self._t0, self._own0, self._busy0 = time.perf_counter(), time.process_time(), _busy_cpu_s()
-
-    def cores(self) -> float | None:
-        """Average number of cores the rest of the machine kept busy; None where it cannot be read."""
-        busy = _busy_cpu_s()
-        if busy is None or self._busy0 is None:
-            return None
-        own = time.process_time() - self._own0
-        return max(0.0, (busy - self._busy0 - own) / (time.perf_counter() - self._t0))
-
-
-def _busy_cpu_s() -> float | None:
-    try:
-        fields = Path("/proc/stat").read_text(encoding="ascii").splitlines()[0].split()
-    except OSError:
-        return None
-    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-
-
-# -- statistics and report -----------------------------------------------------------------------------
-
-
-def summary(values: Sequence[float]) -> dict[str, float]:
-    a = np.asarray(values, dtype=np.float64)
-    return {
-        "n": int(a.size),
-        "p50": float(np.percentile(a, 50)),
-        "p90": float(np.percentile(a, 90)),
-        "max": float(a.max()),
-        "min": float(a.min()),
-    }
+# -- report --------------------------------------------------------------------------------------------
 
 
 def _row(name: str, values: Sequence[float], unit: str = "ms") -> str:
-    s = summary(values)
+    s = percentiles(values, (50, 90))
     digits = 3 if unit == "x" else 1
-    cells = "".join(f"{s[k]:>10.{digits}f}" for k in ("p50", "p90", "max"))
-    return f"  {name:<46}{cells}  {unit}"
+    return (
+        f"  {name:<46}" + "".join(f"{s[k] or 0.0:>10.{digits}f}" for k in ("p50", "p90", "max")) + f"  {unit}"
+    )
 
 
-def report(
-    runs: list[Run], direct_ms: list[float], sweep: dict[int, list[Run]], meta: dict[str, Any]
-) -> dict[str, Any]:
+ROWS = (  # (figure, label, unit)
+    ("ttfa_ms", "time to first audio (first text -> frame)", "ms"),
+    ("ttfa_server_ms", "  same, server first_text_to_first_audio_ms", "ms"),
+    ("segment_to_first_frame_client_ms", "first segment complete -> first frame (client)", "ms"),
+    ("segment_to_first_frame_server_ms", "  same, server text_to_first_audio_ms", "ms"),
+    ("engine_direct_first_chunk_ms", "engine direct, first segment -> first chunk", "ms"),
+    ("gateway_overhead_ms", "gateway overhead (client - direct)", "ms"),
+    ("gateway_overhead_server_side_ms", "  server side (server - direct)", "ms"),
+    ("transport_and_client_ms", "  transport + client (client - server)", "ms"),
+    ("gateway_overhead_same_run_ms", "same run: client - engine time inside gateway", "ms"),
+    ("rtf_synthesis", "RTF synthesis_ms / audio_ms", "x"),
+    ("rtf_wall", "RTF wall (first text -> session.done) / audio", "x"),
+    ("gap_count", "inter-segment gaps per utterance", "count"),
+    ("gap_max_ms", "largest gap per utterance", "ms"),
+)
+
+
+def report(runs: list[Run], direct: list[float], sweep: dict[int, list[Run]], meta: dict[str, Any]) -> Any:
     """Print the tables; return everything as a JSON-able dict."""
-    seg_client = [r.segment_ttfa_ms for r in runs]
-    seg_server = [float(r.server_text_to_first_audio_ms or 0.0) for r in runs]
-    overhead = [c - d for c, d in zip(seg_client, direct_ms, strict=True)]
-    overhead_server = [s - d for s, d in zip(seg_server, direct_ms, strict=True)]
-    gaps = [r.gaps_ms() for r in runs]
+    client = [r.segment_ttfa_ms for r in runs]
+    server = [r.server_segment_ms for r in runs]
     figures: dict[str, list[float]] = {
         "ttfa_ms": [r.ttfa_ms for r in runs],
-        "ttfa_server_ms": [float(r.server_first_text_to_first_audio_ms or 0.0) for r in runs],
-        "segment_to_first_frame_client_ms": seg_client,
-        "segment_to_first_frame_server_ms": seg_server,
-        "engine_direct_first_chunk_ms": direct_ms,
-        "gateway_overhead_ms": overhead,
-        "gateway_overhead_server_side_ms": overhead_server,
-        "transport_and_client_ms": [c - s for c, s in zip(seg_client, seg_server, strict=True)],
-        "gateway_overhead_same_run_ms": [
-            r.segment_ttfa_ms - r.server_first_segment_synthesis_ms for r in runs
-        ],
+        "ttfa_server_ms": [r.server_ttfa_ms for r in runs],
+        "segment_to_first_frame_client_ms": client,
+        "segment_to_first_frame_server_ms": server,
+        "engine_direct_first_chunk_ms": direct,
+        "gateway_overhead_ms": [c - d for c, d in zip(client, direct, strict=True)],
+        "gateway_overhead_server_side_ms": [s - d for s, d in zip(server, direct, strict=True)],
+        "transport_and_client_ms": [c - s for c, s in zip(client, server, strict=True)],
+        "gateway_overhead_same_run_ms": [r.segment_ttfa_ms - r.server_first_synthesis_ms for r in runs],
         "rtf_synthesis": [r.synthesis_ms / r.audio_ms for r in runs],
         "rtf_wall": [r.wall_ms / r.audio_ms for r in runs],
-        "gap_count": [float(len(g)) for g in gaps],
-        "gap_max_ms": [max(g, default=0.0) for g in gaps],
+        "gap_count": [float(len(r.gaps_ms)) for r in runs],
+        "gap_max_ms": [max(r.gaps_ms, default=0.0) for r in runs],
     }
-    header = f"  {'':<46}{'p50':>10}{'p90':>10}{'max':>10}"
-    print()
+    summary = {k: percentiles(v, (50, 90)) for k, v in figures.items()}
     print(
-        f"voxgate TTFA bench: {meta['runs']} runs, {meta['tokens']} tokens every"
-        f" {meta['token_delay_ms']:g} ms, {meta['segments']} segments,"
-        f" {runs[0].audio_ms / 1000:.1f} s of audio"
+        f"\nvoxgate TTFA bench: {meta['runs']} runs, {meta['tokens']} tokens every {meta['token_delay_ms']:g}"
+        f" ms, {meta['segments']} segments, {runs[0].audio_ms / 1000:.1f} s of audio"
     )
     print(f"first segment: {meta['first_segment']!r} (complete at token {meta['first_segment_token']})")
-    print(header)
-    print(_row("time to first audio (first text -> frame)", figures["ttfa_ms"]))
-    print(_row("  same, server first_text_to_first_audio_ms", figures["ttfa_server_ms"]))
-    print(_row("first segment complete -> first frame (client)", seg_client))
-    print(_row("  same, server text_to_first_audio_ms", seg_server))
-    print(_row("engine direct, first segment -> first chunk", direct_ms))
-    print(_row("gateway overhead (client - direct)", overhead))
-    print(_row("  server side (server - direct)", overhead_server))
-    print(_row("  transport + client (client - server)", figures["transport_and_client_ms"]))
-    print(_row("same run: client - engine time inside gateway", figures["gateway_overhead_same_run_ms"]))
-    print(_row("RTF synthesis_ms / audio_ms", figures["rtf_synthesis"], "x"))
-    print(_row("RTF wall (first text -> session.done) / audio", figures["rtf_wall"], "x"))
-    print(_row("inter-segment gaps per utterance", figures["gap_count"], "count"))
-    print(_row("largest gap per utterance", figures["gap_max_ms"]))
-    p50_overhead = summary(overhead)["p50"]
-    verdict = "within" if p50_overhead < OVERHEAD_TARGET_MS else "ABOVE"
+    print(f"  {'':<46}{'p50':>10}{'p90':>10}{'max':>10}")
+    for key, label, unit in ROWS:
+        print(_row(label, figures[key], unit))
+    paired = summary["gateway_overhead_ms"]["p50"] or 0.0
+    same_run = summary["gateway_overhead_same_run_ms"]["p50"] or 0.0
     # Load from other processes only ever adds time, to either side of a pair: the minimums are the
     # least disturbed estimate, the p50s a second opinion, when the paired figures scatter.
-    of_p50s = summary(seg_client)["p50"] - summary(direct_ms)["p50"]
-    of_mins = min(seg_client) - min(direct_ms)
-    print(f"  gateway overhead p50 {p50_overhead:.2f} ms: {verdict} the {OVERHEAD_TARGET_MS:g} ms target")
-    same_run = summary(figures["gateway_overhead_same_run_ms"])["p50"]
+    of_p50s = (summary["segment_to_first_frame_client_ms"]["p50"] or 0.0) - (
+        summary["engine_direct_first_chunk_ms"]["p50"] or 0.0
+    )
+    of_mins = min(client) - min(direct)
+    verdict = "within" if paired < OVERHEAD_TARGET_MS else "ABOVE"
+    print(f"  gateway overhead p50 {paired:.2f} ms: {verdict} the {OVERHEAD_TARGET_MS:g} ms target")
     print(
         f"  (cross-checks: difference of p50s {of_p50s:.2f} ms, difference of minimums {of_mins:.2f} ms,"
         f" same run {same_run:.2f} ms)"
     )
-    others = meta["other_processes_cores"]
-    if others is not None and others > BUSY_OTHER_CORES:
-        print(f"  warning: other processes used {others:.2f} of a core on average during these runs, so")
-        print("  p90/max and the paired overhead partly measure them; trust the same-run figure more")
-    print()
-    print(f"  concurrency sweep (sessions at once){'':<10}{'p50':>10}{'p90':>10}{'max':>10}")
+    if meta["other_processes_cores"] > BUSY_OTHER_CORES:
+        print(f"  warning: other processes used {meta['other_processes_cores']:.2f} of a core on average")
+        print("  during these runs, so p90/max and the paired overhead partly measure them; trust the")
+        print("  same-run figure more")
+    print(f"\n  concurrency sweep (sessions at once){'':<10}{'p50':>10}{'p90':>10}{'max':>10}")
     sweep_out: dict[str, Any] = {}
     for level, level_runs in sweep.items():
-        ttfa = [r.ttfa_ms for r in level_runs]
-        level_gaps = [r.gaps_ms() for r in level_runs]
-        print(_row(f"{level} session{'s' if level > 1 else ''}: TTFA (n={len(ttfa)})", ttfa))
+        name = f"{level} session{'s' if level > 1 else ''}"
+        ttfa, segment = [r.ttfa_ms for r in level_runs], [r.segment_ttfa_ms for r in level_runs]
+        gaps = [g for r in level_runs for g in r.gaps_ms]
+        rtf = percentiles([r.synthesis_ms / r.audio_ms for r in level_runs], (50,))
+        print(_row(f"{name}: TTFA (n={len(ttfa)})", ttfa))
+        print(_row(f"{name}: first segment -> first frame", segment))
         print(
-            _row(
-                f"{level} session{'s' if level > 1 else ''}: first segment -> first frame",
-                [r.segment_ttfa_ms for r in level_runs],
-            )
-        )
-        gap_total = sum(len(g) for g in level_gaps)
-        gap_max = max((max(g, default=0.0) for g in level_gaps), default=0.0)
-        rtf = summary([r.synthesis_ms / r.audio_ms for r in level_runs])["p50"]
-        print(
-            f"  {'':<4}gaps: {gap_total} in {len(level_runs)} utterances, max {gap_max:.1f} ms; "
-            f"RTF synthesis p50 {rtf:.3f}"
+            f"      gaps: {len(gaps)} in {len(level_runs)} utterances, max {max(gaps, default=0.0):.1f} ms;"
+            f" RTF synthesis p50 {rtf['p50']:.3f}"
         )
         sweep_out[str(level)] = {
-            "ttfa_ms": summary(ttfa),
-            "segment_to_first_frame_client_ms": summary([r.segment_ttfa_ms for r in level_runs]),
-            "rtf_synthesis": summary([r.synthesis_ms / r.audio_ms for r in level_runs]),
-            "gap_count_total": gap_total,
-            "gap_max_ms": gap_max,
+            "ttfa_ms": percentiles(ttfa, (50, 90)),
+            "segment_to_first_frame_client_ms": percentiles(segment, (50, 90)),
+            "rtf_synthesis": rtf,
+            "gap_count_total": len(gaps),
+            "gap_max_ms": max(gaps, default=0.0),
             "raw_ttfa_ms": ttfa,
         }
-    print()
+    overhead = {
+        "paired_p50_ms": paired,
+        "paired_p90_ms": summary["gateway_overhead_ms"]["p90"],
+        "difference_of_p50s_ms": of_p50s,
+        "difference_of_minimums_ms": of_mins,
+        "same_run_p50_ms": same_run,
+        "target_ms": OVERHEAD_TARGET_MS,
+        "within_target": paired < OVERHEAD_TARGET_MS,
+    }
     return {
         "meta": meta,
-        "summary": {k: summary(v) for k, v in figures.items()},
-        "gateway_overhead": {
-            "paired_p50_ms": p50_overhead,
-            "paired_p90_ms": summary(overhead)["p90"],
-            "difference_of_p50s_ms": of_p50s,
-            "difference_of_minimums_ms": of_mins,
-            "same_run_p50_ms": same_run,
-            "target_ms": OVERHEAD_TARGET_MS,
-            "within_target": p50_overhead < OVERHEAD_TARGET_MS,
-        },
+        "summary": summary,
+        "gateway_overhead": overhead,
         "raw": figures,
-        "runs": [_run_json(r) for r in runs],
+        "runs": [asdict(r) for r in runs],
         "concurrency": sweep_out,
     }
-
-
-def _run_json(run: Run) -> dict[str, Any]:
-    out = {k: v for k, v in asdict(run).items() if k != "frames"}
-    out.update(
-        frames=len(run.frames),
-        ttfa_ms=run.ttfa_ms,
-        segment_ttfa_ms=run.segment_ttfa_ms,
-        gaps_ms=run.gaps_ms(),
-    )
-    return out
 
 
 # -- main ----------------------------------------------------------------------------------------------
 
 
-def bench(args: argparse.Namespace) -> dict[str, Any]:
-    tokens = tokenize(PARAGRAPH)
-    complete_at, first_text = first_segment(tokens, args.token_delay_ms / 1000.0)
-    stream = Stream(tokens, args.token_delay_ms / 1000.0, args.seed)
-    settings = Settings(engine="piper")
-    started = time.perf_counter()
-    load_before = os.getloadavg()
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    stream = Stream(tokenize(PARAGRAPH), args.token_delay_ms / 1000.0, args.seed)
+    complete_at, first_text, _ = first_segment(stream.tokens, stream.delay_s)
+    settings = Settings(engine="piper").of(PiperSettings)
+    started, load_before = time.perf_counter(), os.getloadavg()
     print(
-        f"starting gateway and a direct Piper engine (threads={settings.of(PiperSettings).piper_threads}, "
-        f"workers={settings.of(PiperSettings).piper_workers}) ...",
+        f"starting voxgate serve --engine piper and a direct Piper engine (threads={settings.piper_threads},"
+        f" workers={settings.piper_workers}) ...",
         file=sys.stderr,
     )
-    direct = DirectEngine(settings, args.seed)
+    engine = piper.create(settings)
+    await engine.start()
     try:
-        with serve(create_app(settings)) as address:
-            speak(address, stream)  # warm-up: first-use allocations on both sides
-            direct.first_chunk_ms(first_text)
+        with gateway("--engine", "piper") as server:
+            await session(server, stream)  # warm-up: first-use allocations on both sides
+            await direct_first_chunk_ms(engine, first_text, args.seed)
             runs: list[Run] = []
-            direct_ms: list[float] = []
-            others = OtherCpu()
+            direct: list[float] = []
+            window = CpuWindow(lambda: time.process_time() + server.cpu_s())  # this process and the server
             for i in range(args.runs):
                 # Alternate which goes first, so slow drift in machine load does not favour one side.
                 if i % 2:
-                    runs.append(speak(address, stream))
-                    direct_ms.append(direct.first_chunk_ms(first_text))
-                else:
-                    direct_ms.append(direct.first_chunk_ms(first_text))
-                    runs.append(speak(address, stream))
+                    runs.append(await session(server, stream))
+                direct.append(await direct_first_chunk_ms(engine, first_text, args.seed))
+                if not i % 2:
+                    runs.append(await session(server, stream))
                 print(
                     f"  run {i + 1}/{args.runs}: TTFA {runs[-1].ttfa_ms:.1f} ms, segment -> frame "
-                    f"{runs[-1].segment_ttfa_ms:.1f} ms, direct {direct_ms[-1]:.1f} ms",
+                    f"{runs[-1].segment_ttfa_ms:.1f} ms, direct {direct[-1]:.1f} ms",
                     file=sys.stderr,
                 )
-            other_cores = others.cores()
+            _, busy, ours = window.cores()
+            other = max(0.0, busy - ours)
             sweep: dict[int, list[Run]] = {}
             for level in args.levels:
                 sweep[level] = []
                 for _ in range(math.ceil(args.sweep_samples / level)):
-                    sweep[level].extend(speak_together(address, stream, level))
+                    sweep[level].extend(await together(server, stream, level))
                 print(f"  sweep {level}: {len(sweep[level])} sessions done", file=sys.stderr)
     finally:
-        direct.close()
+        await engine.aclose()
     meta = {
         "runs": args.runs,
-        "tokens": len(tokens),
+        "tokens": len(stream.tokens),
         "token_delay_ms": args.token_delay_ms,
         "seed": args.seed,
         "first_segment": first_text,
         "first_segment_token": complete_at,
         "segments": runs[0].segments,
         "paragraph": PARAGRAPH,
-        "settings": msgspec.to_builtins(settings.of(PiperSettings)),
+        "settings": msgspec.to_builtins(settings),
         "elapsed_s": round(time.perf_counter() - started, 1),
         "cpus": os.cpu_count(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
-        "other_processes_cores": other_cores,
+        "other_processes_cores": other,
     }
-    out = report(runs, direct_ms, sweep, meta)
-    load = ", ".join(f"{x:.2f}" for x in meta["load_average_before"])
+    out: dict[str, Any] = report(runs, direct, sweep, meta)
+    load = ", ".join(f"{x:.2f}" for x in load_before)
     print(
-        f"elapsed {meta['elapsed_s']} s on {meta['cpus']} CPUs; load average before the bench: {load}", end=""
+        f"\nelapsed {meta['elapsed_s']} s on {meta['cpus']} CPUs; load average before the bench: {load};"
+        f" other processes during the runs: {other:.2f} of a core"
     )
-    if other_cores is not None:
-        print(f"; other processes during the runs: {other_cores:.2f} of a core", end="")
-    print()
     return out
 
 
@@ -601,36 +368,19 @@ def _levels(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=20, help="measured single-session runs (default 20)")
-    parser.add_argument("--json", type=Path, help="also write every figure and raw sample to this file")
+    parser.add_argument("--json", help="also write every figure and raw sample to this file")
     parser.add_argument("--token-delay-ms", type=float, default=TOKEN_DELAY_MS, help="pause between tokens")
-    parser.add_argument(
-        "--seed",
-        type=int,
-        help="synthesis seed: Piper then runs noise-free, so every run speaks identical audio",
-    )
-    parser.add_argument(
-        "--levels", type=_levels, default=list(SWEEP_LEVELS), help="concurrency sweep levels (default 1,2,4)"
-    )
-    parser.add_argument(
-        "--sweep-samples",
-        type=int,
-        default=SWEEP_SAMPLES,
-        help="sessions measured per sweep level (default 12)",
-    )
+    parser.add_argument("--seed", type=int, help="synthesis seed: Piper runs noise-free, every run the same")
+    parser.add_argument("--levels", type=_levels, default=list(SWEEP_LEVELS), help="sweep levels (1,2,4)")
+    parser.add_argument("--sweep-samples", type=int, default=SWEEP_SAMPLES, help="sessions per sweep level")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.sweep_samples < 1:
         parser.error("--runs and --sweep-samples must be at least 1")
     try:
-        out = bench(args)
-    except BenchError as exc:
-        print(f"bench failed: {exc}", file=sys.stderr)
-        return 1
-    except (ConnectionClosed, InvalidHandshake, OSError) as exc:  # the gateway is unreachable or went away
+        write_json(asyncio.run(bench(args)), args.json)
+    except (BenchError, ConnectionClosed, InvalidHandshake, OSError, TimeoutError) as exc:
         print(f"bench failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    if args.json is not None:
-        args.json.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
     return 0
 
 

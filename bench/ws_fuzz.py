@@ -1,31 +1,12 @@
-"""WebSocket fuzz: hostile messages, with a fixed seed, against a real gateway.
+"""WebSocket fuzz: seeded hostile messages against a real gateway; crashes, tracebacks and hangs must be 0.
 
     .venv/bin/python bench/ws_fuzz.py                       # 20,000 messages, seed 1, own server
     .venv/bin/python bench/ws_fuzz.py --seed 7 --messages 50000 --json fuzz.json
     .venv/bin/python bench/ws_fuzz.py --url ws://127.0.0.1:8000/v1/audio/speech/stream
 
-Without ``--url`` it starts ``voxgate serve --engine fake`` as a subprocess on a free loopback port
-(``max_config_bytes`` 64 KiB, so uvicorn's frame limit is 1 MiB + 64 KiB and oversize messages are cheap;
-``send_timeout_s`` 2 s, so stalled readers are closed soon), with its log in a file that is searched
-for tracebacks at the end.
-
-Each connection draws a scenario from its own generator (``seed`` and the connection's number), so a run
-is the same whatever the scheduling: most connections configure a session (with or without the
-``voxgate.v1`` extensions, with or without compression) and then send hostile messages, each of which
-must be answered with an ``error`` (or, for the few past uvicorn's frame limit, a close 1009) within
-``--timeout``; valid messages (text, ``input.done``, commits, cancels, new configs) are mixed in. Others
-send a hostile message first (a fatal error and a close), disconnect abruptly mid-synthesis, read
-slowly, or stop reading altogether (closed with 4001 ``slow_consumer``).
-
-Hostile messages: malformed JSON, JSON of the wrong shape, wrong types and out-of-range values, unknown
-types, deep nesting (up to 5,000 levels), oversize (past ``max_message_bytes`` and past uvicorn's frame
-limit), binary frames, invalid UTF-8 in text frames, NaN/huge numbers, control characters.
-
-Reported, and all must be 0: ``crashes`` (the server exited), ``tracebacks`` (in the server log),
-``hangs`` (no answer or close within the timeout), ``errors_without_code`` (an ``error`` without
-``code`` on a ``voxgate.v1`` connection), ``internal_errors`` (code ``internal_error`` or close 1011),
-``unexpected_closes`` (a close the scenario did not provoke). Prints a JSON summary; exit status 1 when
-any of them is not 0.
+The server, the scenarios, the hostile messages and what is counted: docs/performance.md ("ws_fuzz.py").
+Prints a JSON summary; exit status 1 when crashes, tracebacks, hangs, errors_without_code, internal_errors
+or unexpected_closes is not 0.
 """
 
 from __future__ import annotations
@@ -36,27 +17,25 @@ import contextlib
 import json
 import os
 import random
-import re
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _serve import free_port, serve_command, stop
+from _client import PATH
+from _serve import Server, gateway
+from _stats import write_json
 from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
 from voxgate.protocol.errors import FAILURES, ErrorCode
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.typing import Subprotocol
 
-PATH = "/v1/audio/speech/stream"
 MAX_CONFIG_BYTES = 64 * 1024  # of the server this script starts
 MAX_MESSAGE_BYTES = 128 * 1024  # the default
 WS_MAX_SIZE = MAX_CONFIG_BYTES + 1024 * 1024  # uvicorn's frame limit as voxgate serve sets it
 SEND_TIMEOUT_S = 2.0
-START_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -107,70 +86,56 @@ def _random_json(rng: random.Random, depth: int = 0) -> Any:
     return {rng.choice(["type", "text", "voice", "a", ""]): _random_json(rng, depth + 1) for _ in range(3)}
 
 
+KINDS = (
+    "malformed_json not_an_object wrong_type unknown_type out_of_range deep_nesting oversize binary"
+    " invalid_utf8 numbers controls random_json"
+).split()
+_GOOD = json.dumps({"type": "input.text", "text": "hello"})
+_CONFIG = "session.config"
+# What each kind picks one of: JSON values (sent dumped), and texts or bytes (sent as they are).
+_DUMPED: dict[str, tuple[Any, ...]] = {
+    "not_an_object": ([], [1, 2], "input.text", 42, None, True),
+    "wrong_type": (
+        {"type": "input.text", "text": 123},
+        {"type": "input.text", "text": ["a"]},
+        {"type": 5},
+        {"type": None},
+        {"type": "input.commit", "commit_id": {"a": 1}},
+        {"type": _CONFIG, "sample_rate": "fast"},
+        {"type": _CONFIG, "speed": [1]},
+    ),
+    "unknown_type": tuple({"type": t} for t in ("input.txt", "session.start", "", "INPUT.TEXT", "x" * 300)),
+    "out_of_range": (
+        {"type": _CONFIG, "sample_rate": 1},
+        {"type": _CONFIG, "speed": 100},
+        {"type": _CONFIG, "frame_ms": 0},
+        {"type": _CONFIG, "response_format": "mp9"},
+        {"type": _CONFIG, "voice": "../../etc/passwd"},
+    ),
+}
+_RAW: dict[str, tuple[str | bytes, ...]] = {
+    "malformed_json": ("{", "}", "nul", '{"type": input.text}', "\x00", "'a'"),
+    "invalid_utf8": (b"\xff\xfe", b'{"type": "input.text", "text": "\xc3\x28"}', b"\xed\xa0\x80"),
+    "numbers": (
+        '{"type": "session.config", "speed": NaN}',
+        '{"type": "session.config", "speed": 1e400}',
+        '{"type": "session.config", "sample_rate": 1' + "0" * 400 + "}",
+        '{"type": "input.text", "text": "a", "type": "input.done"}',
+    ),
+}
+
+
 def hostile(rng: random.Random) -> tuple[str, str | bytes, bool]:
     """A hostile message: (kind, data, sent as text?)."""
-    kind = rng.choice(
-        [
-            "malformed_json",
-            "not_an_object",
-            "wrong_type",
-            "unknown_type",
-            "out_of_range",
-            "deep_nesting",
-            "oversize",
-            "binary",
-            "invalid_utf8",
-            "numbers",
-            "controls",
-            "random_json",
-        ]
-    )
+    kind = rng.choice(KINDS)
+    data: str | bytes
     match kind:
         case "malformed_json":
-            good = json.dumps({"type": "input.text", "text": "hello"})
-            data: str | bytes = rng.choice(
-                [
-                    good[: rng.randint(0, len(good) - 1)],
-                    "{",
-                    "}",
-                    "nul",
-                    '{"type": input.text}',
-                    "\x00",
-                    "'a'",
-                ]
-            )
-        case "not_an_object":
-            data = json.dumps(rng.choice([[], [1, 2], "input.text", 42, None, True]))
-        case "wrong_type":
-            data = json.dumps(
-                rng.choice(
-                    [
-                        {"type": "input.text", "text": 123},
-                        {"type": "input.text", "text": ["a"]},
-                        {"type": 5},
-                        {"type": None},
-                        {"type": "input.commit", "commit_id": {"a": 1}},
-                        {"type": "session.config", "sample_rate": "fast"},
-                        {"type": "session.config", "speed": [1]},
-                    ]
-                )
-            )
-        case "unknown_type":
-            data = json.dumps(
-                {"type": rng.choice(["input.txt", "session.start", "", "INPUT.TEXT", "x" * 300])}
-            )
-        case "out_of_range":
-            data = json.dumps(
-                rng.choice(
-                    [
-                        {"type": "session.config", "sample_rate": 1},
-                        {"type": "session.config", "speed": 100},
-                        {"type": "session.config", "frame_ms": 0},
-                        {"type": "session.config", "response_format": "mp9"},
-                        {"type": "session.config", "voice": "../../etc/passwd"},
-                    ]
-                )
-            )
+            data = rng.choice([_GOOD[: rng.randint(0, len(_GOOD) - 1)], *_RAW[kind]])
+        case "invalid_utf8" | "numbers":
+            data = rng.choice(_RAW[kind])
+        case "not_an_object" | "wrong_type" | "unknown_type" | "out_of_range":
+            data = json.dumps(rng.choice(_DUMPED[kind]))
         case "deep_nesting":
             data = _nested(rng)
         case "oversize":
@@ -179,19 +144,8 @@ def hostile(rng: random.Random) -> tuple[str, str | bytes, bool]:
             kind = "oversize_frame" if size > WS_MAX_SIZE else kind
         case "binary":
             data = rng.randbytes(rng.randint(0, 2048))
-        case "invalid_utf8":
-            data = rng.choice([b"\xff\xfe", b'{"type": "input.text", "text": "\xc3\x28"}', b"\xed\xa0\x80"])
-        case "numbers":
-            data = rng.choice(
-                [
-                    '{"type": "session.config", "speed": NaN}',
-                    '{"type": "session.config", "speed": 1e400}',
-                    '{"type": "session.config", "sample_rate": 1' + "0" * 400 + "}",
-                    '{"type": "input.text", "text": "a", "type": "input.done"}',
-                ]
-            )
         case "controls":
-            data = json.dumps({"type": "session.config", "voice": "\u202eevil\u0000\u200b"})
+            data = json.dumps({"type": _CONFIG, "voice": "\u202eevil\u0000\u200b"})
         case _:
             data = json.dumps(_random_json(rng))
     return kind, data, not isinstance(data, bytes) or kind == "invalid_utf8"
@@ -369,42 +323,6 @@ async def configured(
                 expected.add(int(FAILURES[ErrorCode(code)].close_code))
 
 
-# -- the server ---------------------------------------------------------------------------------------
-
-
-def start_server(port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    command = serve_command(
-        "--engine",
-        "fake",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--send-timeout-s",
-        str(SEND_TIMEOUT_S),
-        "--log-level",
-        "info",
-    )
-    env = {**os.environ, "VOXGATE_MAX_CONFIG_BYTES": str(MAX_CONFIG_BYTES)}
-    return subprocess.Popen(command, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env=env)
-
-
-async def wait_ready(port: int, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"ws_fuzz: the server exited with {process.returncode} before it was ready")
-        with contextlib.suppress(OSError):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            status = await reader.readline()
-            writer.close()
-            if b" 200 " in status:
-                return
-        await asyncio.sleep(0.3)
-    raise SystemExit("ws_fuzz: the server was not ready in time")
-
-
 async def fuzz(args: argparse.Namespace, report: Report) -> None:
     budget = [args.messages]
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -427,62 +345,33 @@ async def fuzz(args: argparse.Namespace, report: Report) -> None:
     await asyncio.gather(*workers, return_exceptions=True)
 
 
-_TOP_TRACEBACK = re.compile(r"^(?:Traceback \(most recent call last\)|\s*\+ Exception Group Traceback)")
-_EXCEPTION_LINE = re.compile(r"^[\s|]*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\w*): (.*)")
-
-
-def count_tracebacks(log_path: Path) -> dict[str, int]:
-    """Tracebacks in the server log (an exception group counts once), by their innermost exception."""
-    found: dict[str, int] = {}
-    lines = log_path.read_text(errors="replace").splitlines()
-    for i, line in enumerate(lines):
-        if not _TOP_TRACEBACK.match(line):
-            continue
-        kind = "?"
-        for later in lines[i + 1 : i + 200]:
-            m = _EXCEPTION_LINE.match(later)
-            if m and "ExceptionGroup" not in m[1]:
-                kind = f"{m[1]}: {m[2][:100]}"
-                break
-        bump(found, kind)
-    return found
-
-
-def write_json(path: Path, data: object) -> None:
-    path.write_text(json.dumps(data, indent=1))
-
-
 async def main_async(args: argparse.Namespace) -> int:
     report = Report()
-    process: subprocess.Popen[bytes] | None = None
-    log_path = Path(args.log or f"/tmp/ws_fuzz-{os.getpid()}.log")
-    if args.url is None:
-        port = free_port()
-        process = start_server(port, log_path)
-        await wait_ready(port, process)
-        args.url = f"ws://127.0.0.1:{port}{PATH}"
     started = time.monotonic()
-    try:
+    log_path = Path(args.log or f"/tmp/ws_fuzz-{os.getpid()}.log")
+    server: Server | None = None
+    async with contextlib.AsyncExitStack() as stack:
+        if args.url is None:
+            flags = ["--engine", "fake", "--send-timeout-s", str(SEND_TIMEOUT_S), "--log-level", "info"]
+            env = {"VOXGATE_MAX_CONFIG_BYTES": str(MAX_CONFIG_BYTES)}
+            server = stack.enter_context(gateway(*flags, env=env, log=log_path))
+            args.url = server.url(PATH, "ws")
         await fuzz(args, report)
         await asyncio.sleep(1.0)  # let the server log what the last connections did
-        if process is not None and process.poll() is not None:
+        if server is not None and server.proc.poll() is not None:
             report.crashes += 1
-    finally:
-        if process is not None:
-            stop(process)
-    if process is not None:
-        report.traceback_kinds = count_tracebacks(log_path)
+    if server is not None:
+        report.traceback_kinds = server.tracebacks()
         report.tracebacks = sum(report.traceback_kinds.values())
     summary = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "seed": args.seed,
         "elapsed_s": round(time.monotonic() - started, 1),
-        "server_log": str(log_path) if process is not None else None,
+        "server_log": str(log_path) if server is not None else None,
         "load_avg": os.getloadavg(),
         **asdict(report),
     }
-    if args.json:
-        write_json(Path(args.json), summary)
+    write_json(summary, args.json)
     print(json.dumps(summary, indent=1))
     bad = report.crashes + report.tracebacks + report.hangs + report.errors_without_code
     bad += report.internal_errors + report.unexpected_closes
