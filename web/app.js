@@ -4,8 +4,9 @@
 
 import { ApiError, apiFetch, loadKey, saveKey } from "./api.js";
 import { TextFeed, tokenize } from "./feed.js";
-import { decodePayload } from "./frames.js";
+import { HEADER_BYTES, decodePayload } from "./frames.js";
 import { Meter } from "./meter.js";
+import { OggOpusDecoder, canDecodeOpus, opusInputRate } from "./opus.js";
 import { Player } from "./player.js";
 import { renderSession } from "./session-view.js";
 import { SpeechStream } from "./stream.js";
@@ -22,6 +23,11 @@ const stats = {
   framesReceived: 0, // frames of the current utterance that were played
   framesDropped: 0, // frames of cancelled or other utterances (since page load)
   bytesReceived: 0,
+  payloadBytes: 0, // audio bytes of the current utterance, without the frame headers
+  audioSecondsReceived: 0, // audio those bytes hold
+  bitrateKbps: null, // payloadBytes per audio second, kbit/s
+  pcmKbps: null, // 16-bit mono PCM at the session's rate, for comparison
+  decoder: null, // the Opus decoder's counters (opus.js), for an Opus utterance
   samplesPlayed: 0, // of the current utterance, at the AudioContext's rate (counted by the worklet)
   secondsPlayed: 0,
   bufferedMs: 0,
@@ -173,12 +179,19 @@ async function refreshVoices() {
 
 // ---- the session ------------------------------------------------------------------------------
 
+const OPUS_NATIVE_RATE = 24000; // the gateway's default rate: an engine's own rate may not be an Opus one
+
 function sessionConfig() {
-  const config = { response_format: $("format").value, stream_audio: true, frame_header: true };
+  const format = $("format").value;
+  // Opus is one Ogg stream per utterance, decoded in the page as it arrives (opus.js).
+  const config = { response_format: format, stream_audio: true, frame_header: true };
   if ($("voice").value) config.voice = $("voice").value;
   const rate = $("sample-rate").value;
   if (rate === "device") config.sample_rate = Math.min(MAX_RATE, Math.max(MIN_RATE, player.sampleRate));
   else config.sample_rate = rate === "native" ? "native" : Number(rate);
+  if (format === "opus") {
+    config.sample_rate = config.sample_rate === "native" ? OPUS_NATIVE_RATE : opusInputRate(config.sample_rate);
+  }
   const speed = Number($("speed").value);
   if (Number.isFinite(speed) && speed !== 1) config.speed = speed;
   return config;
@@ -225,10 +238,14 @@ async function speak() {
     return;
   }
   if (stats.state !== "idle") stop();
+  if (current && current.opus) current.opus.close();
   const mine = ++attempt;
   setState("connecting");
   let ready;
   try {
+    if ($("format").value === "opus" && !canDecodeOpus()) {
+      throw new Error("This browser has no WebCodecs AudioDecoder to decode Opus: choose another format.");
+    }
     await player.start();
     stats.contextRate = player.sampleRate;
     updateDeviceRateLabel();
@@ -250,12 +267,17 @@ async function speak() {
     playedAtStart: player.played,
     segments: [],
     over: false,
+    opus: null,
   };
+  if (u.format === "opus") u.opus = opusDecoder(u);
   current = u;
   Object.assign(stats, {
     utterance: u.index, framesReceived: 0, bytesReceived: 0, samplesPlayed: 0, secondsPlayed: 0,
     ttfaMs: null, serverTtfaMs: null, firstSoundMs: null, peak: 0, segments: u.segments,
+    payloadBytes: 0, audioSecondsReceived: 0, bitrateKbps: null, pcmKbps: null,
+    decoder: u.opus ? u.opus.stats : null,
   });
+  showBandwidth(u);
   $("ttfa-sound").textContent = "";
   $("ttfa").textContent = "…";
   $("ttfa-detail").textContent = "";
@@ -282,6 +304,7 @@ function stop() {
   stats.stoppedAt = { secondsPlayed: stats.secondsPlayed, bufferedMs: stats.bufferedMs };
   player.flush(); // silence at once; frames still in flight are dropped by utterance_index
   if (u) {
+    if (u.opus) u.opus.close(); // and so is what the decoder still holds
     u.feed.stop();
     u.over = true;
     u.cancelled = true;
@@ -298,6 +321,7 @@ function stop() {
 function finish(u) {
   u.feed.stop();
   u.over = true;
+  if (u.opus) u.opus.close();
   player.end();
   if (u === current) setState("idle");
 }
@@ -322,8 +346,63 @@ function onFrame({ header, buffer }) {
     seg.firstAudioMs = now;
     timeline.render(u.segments);
   }
-  const samples = decodePayload(buffer, u.format, header.frameIndex);
-  if (samples.length) player.push(samples, u.rate);
+  stats.payloadBytes += header.payloadBytes;
+  if (u.opus) {
+    try {
+      u.opus.push(new Uint8Array(buffer, HEADER_BYTES)); // decoded samples reach the player as they come
+    } catch (err) {
+      opusFailed(u, err);
+      return;
+    }
+    stats.audioSecondsReceived = u.opus.receivedSeconds;
+  } else {
+    const samples = decodePayload(buffer, u.format, header.frameIndex);
+    stats.audioSecondsReceived += samples.length / u.rate;
+    if (samples.length) player.push(samples, u.rate);
+  }
+  showBandwidth(u);
+}
+
+function opusDecoder(u) {
+  return new OggOpusDecoder({
+    output: (samples, rate) => {
+      if (u === current && !u.cancelled) player.push(samples, rate);
+    },
+    error: (err) => opusFailed(u, err),
+  });
+}
+
+function opusFailed(u, err) {
+  const message = err instanceof Error ? err.message : String(err);
+  if (u.opus) u.opus.stats.error = message;
+  if (u === current && !u.cancelled) showError(new Error(`Opus decoding failed: ${message}`));
+}
+
+const FORMAT_NAMES = { pcm: "PCM", f32: "f32", mulaw: "µ-law", wav: "WAV", opus: "Opus" };
+
+/** Bytes per audio second of the utterance so far, against 16-bit mono PCM at the same rate. */
+function showBandwidth(u) {
+  const box = $("bandwidth");
+  if (!stats.audioSecondsReceived || !u.rate) {
+    stats.bitrateKbps = stats.pcmKbps = null;
+    $("stat-bitrate").textContent = "–";
+    box.textContent = "";
+    return;
+  }
+  const kbps = (8 * stats.payloadBytes) / stats.audioSecondsReceived / 1000;
+  const pcm = (16 * u.rate) / 1000;
+  const kbit = (v) => (v < 10 ? v.toFixed(1) : v.toFixed(0));
+  stats.bitrateKbps = kbps;
+  stats.pcmKbps = pcm;
+  $("stat-bitrate").textContent = `${kbit(kbps)} kbit/s`;
+  const name = FORMAT_NAMES[u.format] || u.format;
+  if (u.format === "pcm") {
+    box.textContent = `${name} ${kbit(kbps)} kbit/s (16-bit at ${u.rate} Hz)`;
+  } else {
+    const less = kbps <= pcm;
+    const ratio = less ? pcm / kbps : kbps / pcm;
+    box.textContent = `${name} ${kbit(kbps)} kbit/s — ${ratio.toFixed(1)}× ${less ? "less" : "more"} than PCM (${kbit(pcm)} kbit/s)`;
+  }
 }
 
 function onMessage(msg) {
@@ -375,7 +454,13 @@ function onMessage(msg) {
         `${msg.total_sentences} segments, ${(msg.audio_ms / 1000).toFixed(2)} s of audio`;
       u.over = true;
       u.ended = true;
-      player.end(); // play out the rest; "drained" ends the utterance
+      if (u.opus) {
+        // The EOS page came just before session.done: let the decoder give its last samples first.
+        const end = () => u === current && !u.cancelled && player.end();
+        u.opus.flush().then(end, end);
+      } else {
+        player.end(); // play out the rest; "drained" ends the utterance
+      }
       break;
     case "audio.cancelled":
       stats.cancelled += 1;
@@ -467,12 +552,22 @@ player.addEventListener("drained", () => {
 
 function updateDeviceRateLabel() {
   const option = $("sample-rate").querySelector('option[value="device"]');
-  if (!player.sampleRate) return;
-  option.textContent = `Device (${player.sampleRate})`;
-  $("sample-rate-help").textContent =
-    `The audio device runs at ${player.sampleRate} Hz; other rates are resampled in the page.`;
+  const device = player.sampleRate
+    ? `The audio device runs at ${player.sampleRate} Hz`
+    : "Device rate: the audio device's own rate";
+  if (player.sampleRate) option.textContent = `Device (${player.sampleRate})`;
+  $("sample-rate-help").textContent = $("format").value === "opus"
+    ? `${device}. Opus encodes at 8, 12, 16, 24 or 48 kHz: other rates ask for the next one up ` +
+      `(engine native: ${OPUS_NATIVE_RATE} Hz), and it decodes at 48 kHz, resampled in the page.`
+    : `${device}; other rates are resampled in the page.`;
 }
 
+$("format").addEventListener("change", updateDeviceRateLabel);
+if (!canDecodeOpus()) {
+  const option = $("format").querySelector('option[value="opus"]');
+  option.disabled = true;
+  option.textContent += " (needs WebCodecs)";
+}
 $("speak-btn").addEventListener("click", speak);
 $("stop-btn").addEventListener("click", stop);
 $("text").addEventListener("keydown", (event) => {

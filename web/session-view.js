@@ -3,12 +3,15 @@
 export function renderSession(list, placeholder, ready, playbackRate) {
   const { config, limits } = ready;
   const resampled = config.sample_rate !== playbackRate ? ` (played at ${playbackRate} Hz)` : "";
+  const opus = config.response_format === "opus" && config.sample_rate !== 48000; // Opus decodes at 48 kHz
+  const decoded = opus ? ", decoded at 48000 Hz" : "";
   const rows = [
     ["Session", ready.session_id, "mono"],
     ["Engine", config.engine],
     ["Voice", config.voice],
     ["Format", config.response_format],
-    ["Sample rate", `${config.sample_rate} Hz${resampled}`],
+    ...(config.bitrate ? [["Bit rate", `${config.bitrate / 1000} kbit/s`]] : []),
+    ["Sample rate", `${config.sample_rate} Hz${decoded}${resampled}`],
     ["Speed", `${config.speed}`],
     ["Frames", `${config.frame_ms} ms${config.frame_header ? ", with header" : ""}`],
     ["Segments", `${config.split_granularity}${config.eager_first_segment ? ", eager first" : ""}`],

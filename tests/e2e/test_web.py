@@ -1,11 +1,13 @@
 """The browser demo page (web/) in a real headless Chromium against a real gateway with Piper.
 
 The page's counters on ``window.voxgate`` are the probe: frames received, samples the AudioWorklet
-actually played (counted inside the worklet), cancellations, the last error shown.
+actually played (counted inside the worklet), cancellations, the last error shown, the bit rate received
+and, for Opus, the WebCodecs decoder's counters (``window.voxgate.decoder``, from web/opus.js).
 """
 
 from __future__ import annotations
 
+import base64
 import re
 import time
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 import soundfile
 from voxgate.engine.fake import FakeEngine
+from voxgate.protocol.encoders import StreamEncoder
 
 from tests.conftest import TIMEOUT_S, serve_engine
 
@@ -207,10 +210,101 @@ def test_other_formats_and_rates_play_in_full(page: Page, piper_gateway: str, fm
     assert state["secondsPlayed"] == pytest.approx(audio_s, abs=0.05)
     assert 0.5 < state["peak"] < 1.0  # speech normalised to 0.9, not noise from a wrong decoding
     assert f"played at {state['contextRate']} Hz" in page.inner_text("#session-info")
+    assert state["decoder"] is None
+    # Uncompressed formats cost what their samples do: 16-bit PCM is rate * 16 bit/s to the byte.
+    bits_per_sample = {"wav": 16, "mulaw": 8, "pcm": 16}[fmt]
+    assert state["pcmKbps"] == expected_rate * 16 / 1000
+    assert state["bitrateKbps"] == pytest.approx(expected_rate * bits_per_sample / 1000, rel=0.01)
+    if fmt == "pcm":
+        assert page.inner_text("#bandwidth") == "PCM 384 kbit/s (16-bit at 24000 Hz)"
 
 
-def test_stop_cancels_mid_paragraph(page: Page, piper_gateway: str) -> None:
+# The encoder's rates (protocol/encoders.py): the page asks for the next one up from the device's.
+OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+
+
+@pytest.mark.parametrize("rate", ["24000", "device"])
+def test_opus_is_decoded_live_by_webcodecs(page: Page, piper_gateway: str, rate: str) -> None:
+    """Ogg Opus pages are parsed in the page, decoded by AudioDecoder and played through the worklet."""
     open_page(page, piper_gateway)
+    page.fill("#text", "Hello there. Opus is decoded in the page as it arrives.")
+    page.check("input[name=mode][value=whole]")
+    page.select_option("#format", "opus")
+    page.select_option("#sample-rate", rate)
+    page.click("#speak-btn")
+    page.wait_for_function(
+        "() => window.voxgate.sessionsDone >= 1 && window.voxgate.state === 'idle'", timeout=WAIT_MS
+    )
+    state = voxgate(page)
+    assert state["errors"] == []
+    config = state["ready"]["config"]
+    expected_rate = 24000 if rate == "24000" else min(r for r in OPUS_RATES if r >= state["contextRate"])
+    assert (config["response_format"], config["sample_rate"]) == ("opus", expected_rate)
+    assert re.search(r"Bit rate\s+32 kbit/s", page.inner_text("#session-info"))
+
+    decoder = state["decoder"]
+    assert decoder["error"] is None
+    assert decoder["streams"] == 1 and decoder["description"] is False
+    assert decoder["inputRate"] == expected_rate and decoder["preSkip"] > 0
+    assert decoder["packets"] > 50 and decoder["frames"] == decoder["packets"]  # one AudioData per packet
+    # Pre-skip and the EOS granule's end trimming leave exactly the utterance's samples, at 48 kHz.
+    audio_s = sum(s["durationMs"] for s in state["segments"]) / 1000
+    assert decoder["samples"] / 48000 == pytest.approx(audio_s, abs=0.002)
+    assert state["audioSecondsReceived"] == pytest.approx(audio_s, abs=0.002)
+    # Every decoded sample reached the worklet and was played.
+    assert state["secondsPlayed"] == pytest.approx(audio_s, abs=0.05)
+    assert 0.5 < state["peak"] < 1.05  # speech normalised to 0.9 (a lossy codec may overshoot it a little)
+
+    pcm_kbps = expected_rate * 16 / 1000
+    assert state["pcmKbps"] == pcm_kbps
+    assert 0 < state["bitrateKbps"] < pcm_kbps / 8
+    shown = re.fullmatch(
+        r"Opus (\d+) kbit/s — ([\d.]+)× less than PCM \((\d+) kbit/s\)", page.inner_text("#bandwidth")
+    )
+    assert shown, page.inner_text("#bandwidth")
+    assert int(shown[3]) == pcm_kbps and float(shown[2]) > 8
+    assert int(shown[1]) == round(state["bitrateKbps"])
+    assert page.inner_text("#stat-bitrate") == f"{shown[1]} kbit/s"
+
+
+CHAINED_OPUS_JS = """async ([b64, step]) => {
+  const { OggOpusDecoder } = await import("./opus.js");
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  const out = { samples: 0, rates: [], errors: [] };
+  const decoder = new OggOpusDecoder({
+    output: (samples, rate) => { out.samples += samples.length; out.rates.push(rate); },
+    error: (err) => out.errors.push(String(err)),
+  });
+  for (let i = 0; i < bytes.length; i += step) decoder.push(bytes.subarray(i, i + step));
+  await decoder.flush();
+  return { ...out, rates: [...new Set(out.rates)], stats: decoder.stats };
+}"""
+
+
+def test_ogg_opus_decoder_reads_chained_streams_in_any_pieces(page: Page, piper_gateway: str) -> None:
+    """web/opus.js on its own: two Ogg Opus streams back to back (a new BOS resets the decoder), fed in
+    pieces that cut pages anywhere, come out trimmed to exactly their input's length at 48 kHz."""
+    rate = 24000
+    streams = b""
+    for serial, seconds in ((1, 0.5), (2, 0.3)):
+        t = np.arange(int(seconds * rate)) / rate
+        encoder = StreamEncoder("opus", rate, serial=serial)
+        streams += encoder.encode((0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)) + encoder.finish()
+    open_page(page, piper_gateway)
+    for step in (333, len(streams)):
+        result = page.evaluate(CHAINED_OPUS_JS, [base64.b64encode(streams).decode(), step])
+        assert result["errors"] == [] and result["rates"] == [48000]
+        stats = result["stats"]
+        assert (stats["streams"], stats["error"], stats["inputRate"]) == (2, None, rate)
+        # 20 ms packets of the input and the pre-skip (312 samples at 48 kHz) before it, one AudioData each.
+        assert stats["frames"] == stats["packets"] == 26 + 16
+        assert result["samples"] == stats["samples"] == stats["receivedSamples"] == (0.5 + 0.3) * 48000
+
+
+@pytest.mark.parametrize("fmt", ["f32", "opus"])
+def test_stop_cancels_mid_paragraph(page: Page, piper_gateway: str, fmt: str) -> None:
+    open_page(page, piper_gateway)
+    page.select_option("#format", fmt)
     page.fill("#text", LONG_PARAGRAPH)
     set_token_rate(page, 30)
     page.focus("#text")
@@ -233,6 +327,9 @@ def test_stop_cancels_mid_paragraph(page: Page, piper_gateway: str) -> None:
     assert at_stop["bufferedMs"] > 500
     assert after["secondsPlayed"] - at_stop["secondsPlayed"] < 0.3
     assert "cancelled" in page.inner_text("#status")
+    assert after["errors"] == []
+    if fmt == "opus":  # decoded before Stop; what the closed decoder still held was dropped (samplesPlayed)
+        assert after["decoder"]["frames"] > 0 and after["decoder"]["error"] is None
 
 
 @pytest.fixture(scope="module")
