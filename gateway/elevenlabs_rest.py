@@ -2,26 +2,23 @@
 ``/stream/with-timestamps``), and ``GET /v1/voices``.
 
 Each request is one voxgate session behind a pipe, as each WebSocket context is (``gateway.elevenlabs``):
-its text is one utterance, and each of its segments comes out whole with its alignment.
+its text is one utterance, and each of its segments comes out whole with its alignment, in any of
+ElevenLabs' formats (``mp3_*`` and ``opus_48000_*`` one complete file per segment, sent as it is made).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
 import logging
 from collections.abc import AsyncIterator
 
 import msgspec
-import numpy as np
-import soundfile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..protocol.audio import BYTES_PER_SAMPLE, decode
 from ..protocol.elevenlabs import (
     Alignment,
     Inbound,
@@ -32,6 +29,7 @@ from ..protocol.elevenlabs import (
     parse_params,
     seconds_alignment,
 )
+from ..protocol.encoders import MEDIA_TYPES as COMPRESSED_MEDIA_TYPES
 from ..protocol.errors import ErrorCode, ProtocolError, field_path
 from ..protocol.messages import Error
 from .catalog import Catalog
@@ -45,6 +43,8 @@ MAX_BODY_BYTES = 1024 * 1024
 #: Segments the REST producer may run ahead of a slow reader.
 AHEAD_SEGMENTS = 4
 _encode = msgspec.json.Encoder().encode
+#: The ``Content-Type`` of each format's body (a compressed format's: one complete file per segment).
+MEDIA_TYPES = {"pcm": "audio/pcm", "mulaw": "audio/basic", **COMPRESSED_MEDIA_TYPES}
 
 
 class _Body(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,7 +68,7 @@ async def _speak(request: Request, timestamps: bool) -> Response:
     voice_id = request.path_params["voice_id"]
     state = request.state
     try:
-        params = parse_params(request.query_params, mp3=not timestamps)
+        params = parse_params(request.query_params)
         body = msgspec.json.decode(await read_body(request, MAX_BODY_BYTES), type=_Body)
         if not body.text.strip():
             raise ProtocolError(ErrorCode.EMPTY_INPUT, "text has nothing to speak", field="text")
@@ -92,10 +92,11 @@ async def _speak(request: Request, timestamps: bool) -> Response:
 
     async def sink(data: str | bytes) -> None:
         if isinstance(data, bytes):
-            audio, alignment = codec.segment(data)
-            await queue.put((audio, alignment, len(data) / BYTES_PER_SAMPLE[fmt] / rate * 1000.0))
+            codec.hold(data)  # its audio.done comes next, with its length
         elif (error := codec.observe(data)) is not None:
             await queue.put(_failure(error))
+        elif (segment := codec.take_segment()) is not None:
+            await queue.put(segment)
 
     pipe = Pipe(sink)
     try:
@@ -115,29 +116,11 @@ async def _speak(request: Request, timestamps: bool) -> Response:
         return _refused(head)
     headers = {"x-sample-rate": str(rate)}
     if not timestamps:
-        if params.mp3:
-            return StreamingResponse(_whole_mp3(head, queue, producer, rate), media_type="audio/mpeg")
-        media = "audio/basic" if fmt == "mulaw" else "audio/pcm"
+        media = MEDIA_TYPES[fmt]
         return StreamingResponse(_audio(head, queue, producer), media_type=media, headers=headers)
     return StreamingResponse(
         _timestamps(head, queue, producer), media_type="application/json", headers=headers
     )
-
-
-async def _whole_mp3(
-    head: _Item, queue: asyncio.Queue[_Item], producer: asyncio.Task[None], rate: int
-) -> AsyncIterator[bytes]:
-    """The whole answer as one mp3, encoded once all of it is there (its header describes the whole)."""
-    pieces = [piece async for piece in _audio(head, queue, producer)]
-    yield await asyncio.to_thread(_mp3, b"".join(pieces), rate)
-
-
-def _mp3(data: bytes, rate: int) -> bytes:
-    out = io.BytesIO()
-    soundfile.write(
-        out, np.clip(decode(data, "f32"), -1.0, 1.0), rate, format="MP3", subtype="MPEG_LAYER_III"
-    )
-    return out.getvalue()
 
 
 def _failure(error: Error) -> ProtocolError:

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .audio import BYTES_PER_SAMPLE, AudioFormat
+from .audio import AudioFormat
 from .errors import FAILURES, CloseCode, ErrorCode, ProtocolError, field_path
 from .messages import (
+    AudioDone,
     AudioStart,
     ClientMessage,
     ContextClose,
@@ -52,24 +53,24 @@ from .messages import (
     WordTimestamps,
 )
 
-#: ElevenLabs' ``output_format`` values voxgate produces: our format and rate for each.
-OUTPUT_FORMATS: dict[str, tuple[AudioFormat, int]] = {
-    **{f"pcm_{rate}": ("pcm", rate) for rate in (8000, 16000, 22050, 24000, 32000, 44100, 48000)},
-    "ulaw_8000": ("mulaw", 8000),
-}
-#: ElevenLabs' mp3 formats, by rate (the bitrate is the encoder's choice). Only the REST routes make them,
-#: each segment encoded whole; the WebSockets refuse them.
-MP3_FORMATS: dict[str, int] = {
-    f"mp3_{rate}_{kbps}": rate
-    for rate, kbps in (
-        (22050, 32),
-        (24000, 48),
-        (44100, 32),
-        (44100, 64),
-        (44100, 96),
-        (44100, 128),
-        (44100, 192),
-    )
+#: ElevenLabs' ``output_format`` values voxgate produces: our format, rate and bit rate (None: not compressed)
+#: for each. Every one works on every route; the compressed ones come as one complete file per segment.
+OUTPUT_FORMATS: dict[str, tuple[AudioFormat, int, int | None]] = {
+    **{f"pcm_{rate}": ("pcm", rate, None) for rate in (8000, 16000, 22050, 24000, 32000, 44100, 48000)},
+    "ulaw_8000": ("mulaw", 8000, None),
+    **{
+        f"mp3_{rate}_{kbps}": ("mp3", rate, kbps * 1000)
+        for rate, kbps in (
+            (22050, 32),
+            (24000, 48),
+            (44100, 32),
+            (44100, 64),
+            (44100, 96),
+            (44100, 128),
+            (44100, 192),
+        )
+    },
+    **{f"opus_48000_{kbps}": ("opus", 48000, kbps * 1000) for kbps in (32, 64, 96, 128, 192)},
 }
 #: ElevenLabs' default when ``output_format`` is left out.
 DEFAULT_OUTPUT_FORMAT = "mp3_44100_128"
@@ -151,24 +152,25 @@ class Params:
 
     @property
     def audio(self) -> tuple[AudioFormat, int]:
-        """Our format and rate (``f32`` for mp3, which the REST route encodes)."""
-        return OUTPUT_FORMATS.get(self.output_format) or ("f32", MP3_FORMATS[self.output_format])
+        """Our format and rate."""
+        fmt, rate, _ = OUTPUT_FORMATS[self.output_format]
+        return fmt, rate
 
     @property
-    def mp3(self) -> bool:
-        """An mp3 format: the shell encodes each segment's ``f32`` audio."""
-        return self.output_format in MP3_FORMATS
+    def bitrate(self) -> int | None:
+        """A compressed format's bit rate in bit/s."""
+        return OUTPUT_FORMATS[self.output_format][2]
 
 
-def parse_params(query: Mapping[str, str], *, mp3: bool = False) -> Params:
-    """Read a request's query parameters; ``mp3``: the route can encode mp3 (REST).
+def parse_params(query: Mapping[str, str]) -> Params:
+    """Read a request's query parameters.
 
     Raises:
         ProtocolError: an ``output_format`` we cannot make (``unsupported_format``), or a
             malformed ``inactivity_timeout`` / ``seed`` (``invalid_message``).
     """
     fmt = query.get("output_format", DEFAULT_OUTPUT_FORMAT)
-    formats = sorted(OUTPUT_FORMATS) + (sorted(MP3_FORMATS) if mp3 else [])
+    formats = sorted(OUTPUT_FORMATS)
     if fmt not in formats:
         message = f"output_format {fmt!r} is not available here; use one of {formats}"
         raise ProtocolError(ErrorCode.UNSUPPORTED_FORMAT, message, field="output_format")
@@ -219,6 +221,7 @@ def session_config(
         "response_format": fmt,
         "sample_rate": rate,
         "stream_audio": not whole_segments,
+        "bitrate": params.bitrate,
         "model": params.model_id,
         "seed": params.seed,
         "word_timestamps": words,
@@ -313,6 +316,8 @@ class Stream:
         self._start_ms = 0.0  # where that segment starts on its utterance's clock
         self._text = ""  # that segment's text
         self._format, self._rate = params.audio
+        self._held: bytes | None = None  # a segment's audio, until its audio.done says how long it is
+        self._ready: tuple[bytes, Alignment, float] | None = None  # a segment with its alignment
 
     def start(self) -> list[ClientMessage]:
         """The session's ``session.config``, sent as the socket opens (the first message may add a speed)."""
@@ -361,10 +366,15 @@ class Stream:
         return out
 
     def render(self, data: str | bytes) -> list[bytes]:
-        """The client messages for one message of the session (binary: a whole segment's audio)."""
+        """The client messages for one message of the session (binary: a whole segment's audio, sent with
+        its alignment once its ``audio.done`` tells its length, whatever its format)."""
         if isinstance(data, bytes):
-            return [self.audio_message(*self.segment(data))]
-        match self._take(data):
+            self.hold(data)
+            return []
+        msg = self._take(data)
+        if (segment := self.take_segment()) is not None:
+            return [self.audio_message(segment[0], segment[1])]
+        match msg:
             case ContextClosed(context_id=context):
                 self._open.discard(context)
                 return [self._shape({"isFinal": True}, context)]
@@ -372,6 +382,15 @@ class Stream:
                 named = None if isinstance(context, msgspec.UnsetType) else context
                 return [self._shape(ws_error(code, message), named)]
         return []
+
+    def hold(self, data: bytes) -> None:
+        """A whole segment's audio (one binary message of the session); its ``audio.done`` follows."""
+        self._held = data
+
+    def take_segment(self) -> tuple[bytes, Alignment, float] | None:
+        """The segment completed by the last message taken: its audio, alignment and length in ms."""
+        segment, self._ready = self._ready, None
+        return segment
 
     def observe(self, text: str) -> Error | None:
         """Take one JSON message of the session (noting each segment's text); hands back its errors."""
@@ -392,14 +411,16 @@ class Stream:
                 )
             case WordTimestamps(timestamps=timed):
                 self._timed += timed
+            case AudioDone(duration_ms=duration_ms) if self._held is not None:
+                data, self._held = self._held, None
+                self._ready = (data, self._alignment(duration_ms), duration_ms)
         return msg
 
-    def segment(self, data: bytes) -> tuple[bytes, Alignment]:
-        """A segment's audio and its alignment (the audio follows the ``audio.start`` seen last)."""
-        duration_ms = len(data) / BYTES_PER_SAMPLE[self._format] / self._rate * 1000.0
+    def _alignment(self, duration_ms: float) -> Alignment:
+        """The alignment of the segment of the ``audio.start`` seen last, ``duration_ms`` long."""
         if self._timed:
-            return data, word_alignment(self._timed, self._start_ms, duration_ms)
-        return data, spread_alignment(self._text + " ", duration_ms)
+            return word_alignment(self._timed, self._start_ms, duration_ms)
+        return spread_alignment(self._text + " ", duration_ms)
 
     def audio_message(self, data: bytes, alignment: Alignment) -> bytes:
         """One audio message: base64 audio with its alignment (also as ``normalizedAlignment``), for the

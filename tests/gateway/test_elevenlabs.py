@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import io
 import json
 import shutil
 import signal
@@ -17,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-import soundfile
 from elevenlabs.client import ElevenLabs
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
@@ -28,6 +26,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from tests.conftest import TIMEOUT_S, serve, serve_engine
+from tests.decoding import decoded
 from tests.gateway.test_drain import _await_draining, voxgate_serve
 
 MAX_CONTEXTS = Settings.from_env({}).max_contexts
@@ -134,8 +133,8 @@ def test_multi_stream_input_caps_the_contexts(address: str) -> None:
     ("path", "query", "error", "close_code"),
     [
         ("nobody/stream-input", "output_format=pcm_16000", "voice_not_found", 1008),
-        ("tone/stream-input", "output_format=mp3_44100_128", "invalid_output_format", 1008),
-        ("tone/multi-stream-input", "", "invalid_output_format", 1008),
+        ("tone/stream-input", "output_format=mp3_48000_320", "invalid_output_format", 1008),
+        ("tone/multi-stream-input", "output_format=opus_24000_32", "invalid_output_format", 1008),
         ("tone/stream-input", "output_format=pcm_16000&inactivity_timeout=0", "invalid_message", 1007),
     ],
 )
@@ -210,24 +209,65 @@ def test_rest_convert_and_timestamps(address: str) -> None:
     assert chunks[1]["alignment"]["character_start_times_seconds"][0] == pytest.approx(first_s, abs=0.001)
 
 
-def test_rest_answers_in_mp3_by_default(address: str) -> None:
+def test_rest_answers_in_mp3_by_default_a_segment_at_a_time(address: str) -> None:
     url = f"http://{address}/v1/text-to-speech/tone"
-    answer = httpx.post(url, json={"text": "One. Two three."}, headers={"xi-api-key": KEY})
-    assert answer.status_code == 200 and answer.headers["content-type"] == "audio/mpeg"
-    audio, rate = soundfile.read(io.BytesIO(answer.content))
+    with httpx.stream(
+        "POST", f"{url}/stream", json={"text": "One. Two three."}, headers={"xi-api-key": KEY}
+    ) as answer:
+        assert answer.status_code == 200 and answer.headers["content-type"] == "audio/mpeg"
+        pieces = [piece for piece in answer.iter_raw() if piece]
+    # One complete mp3 per segment, sent as it is made: the first decodes on its own.
+    first, first_rate = decoded(pieces[0])
+    assert first_rate == 44100 and len(first) / first_rate == pytest.approx(
+        len("One.") * SECONDS_PER_CHAR, abs=0.08
+    )
+    audio, rate = decoded(b"".join(pieces))
     assert rate == 44100
-    # One mp3 of the whole answer (encoded at the end), give or take the encoder's padding.
-    assert len(audio) / rate == pytest.approx(len("One.Two three.") * SECONDS_PER_CHAR, abs=0.1)
-    # With timestamps the audio comes a sentence at a time, so only in the formats that stream.
-    timed = httpx.post(f"{url}/stream/with-timestamps", json={"text": "One."}, headers={"xi-api-key": KEY})
-    assert timed.status_code == 400 and timed.json()["detail"]["status"] == "invalid_output_format"
+    # Give or take each segment's encoder padding (two segments).
+    assert len(audio) / rate == pytest.approx(len("One.Two three.") * SECONDS_PER_CHAR, abs=0.15)
+
+
+@pytest.mark.parametrize(("fmt", "rate"), [("mp3_22050_32", 22050), ("opus_48000_64", 48000)])
+def test_rest_timestamps_in_compressed_formats_decode_segment_by_segment(
+    address: str, fmt: str, rate: int
+) -> None:
+    url = f"http://{address}/v1/text-to-speech/tone/with-timestamps?output_format={fmt}"
+    answer = httpx.post(url, json={"text": "One. Two three."}, headers={"xi-api-key": KEY})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    audio, got_rate = decoded(base64.b64decode(body["audio_base64"]))
+    assert got_rate == rate
+    assert len(audio) / rate == pytest.approx(len("One.Two three.") * SECONDS_PER_CHAR, abs=0.15)
+    # The alignment covers the audio's length as the segments' audio.done stated it.
+    ends = body["alignment"]["character_end_times_seconds"]
+    assert ends[-1] == pytest.approx(len("One.Two three.") * SECONDS_PER_CHAR, abs=0.02)
+
+
+@pytest.mark.parametrize(
+    ("query", "rate"), [("", 44100), ("output_format=opus_48000_32", 48000)], ids=["default-mp3", "opus"]
+)
+def test_websocket_streams_compressed_segments_with_alignments(address: str, query: str, rate: int) -> None:
+    with _ws(address, "tone/stream-input", query) as ws:
+        _send(ws, text=" ")
+        _send(ws, text="One. Two three. ")
+        _send(ws, text="")
+        got, code = _until_closed(ws)
+    assert code == 1000
+    audio = [m for m in got if m.get("audio")]
+    assert len(audio) == 2 and got[-1] == {"isFinal": True}
+    # Each message's audio is a complete file of its segment, decodable on its own.
+    for message, text in zip(audio, ["One.", "Two three."], strict=True):
+        samples, got_rate = decoded(base64.b64decode(message["audio"]))
+        assert got_rate == rate
+        assert len(samples) / rate == pytest.approx(len(text) * SECONDS_PER_CHAR, abs=0.08)
+        assert message["alignment"]["chars"][: len(text)] == list(text)
 
 
 @pytest.mark.parametrize(
     ("path", "body", "status", "error"),
     [
         ("nobody?output_format=pcm_16000", {"text": "Hi."}, 400, "voice_not_found"),
-        ("tone?output_format=opus_48000_64", {"text": "Hi."}, 400, "invalid_output_format"),
+        ("tone?output_format=opus_24000_32", {"text": "Hi."}, 400, "invalid_output_format"),
         ("tone?output_format=pcm_16000", {"text": "  "}, 400, "empty_input"),
         ("tone?output_format=pcm_16000", {"words": "Hi."}, 400, "invalid_message"),
         (

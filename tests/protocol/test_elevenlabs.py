@@ -27,6 +27,7 @@ from voxgate.protocol.elevenlabs import (
 )
 from voxgate.protocol.errors import ErrorCode, ProtocolError
 from voxgate.protocol.messages import (
+    AudioDone,
     AudioStart,
     ContextClose,
     ContextClosed,
@@ -69,14 +70,15 @@ def test_decode_inbound_refuses_bad_json_and_bad_fields() -> None:
     assert bad_field.value.code is ErrorCode.INVALID_MESSAGE and bad_field.value.field == "$.text"
 
 
-def test_mp3_is_for_the_routes_that_encode_it() -> None:
-    params = parse_params({}, mp3=True)  # ElevenLabs' default, mp3_44100_128
-    assert params.mp3 and params.audio == ("f32", 44100)
-    assert parse_params({"output_format": "mp3_22050_32"}, mp3=True).audio == ("f32", 22050)
-    assert not parse_params({"output_format": "pcm_16000"}, mp3=True).mp3
-    with pytest.raises(ProtocolError) as refused:
-        parse_params({"output_format": "mp3_44100_128"})
-    assert "mp3" not in refused.value.message.split("use one of")[1]
+def test_compressed_formats_are_offered_on_every_route_with_their_bit_rate() -> None:
+    params = parse_params({})  # ElevenLabs' default, mp3_44100_128
+    assert (params.audio, params.bitrate) == (("mp3", 44100), 128_000)
+    assert parse_params({"output_format": "mp3_22050_32"}).audio == ("mp3", 22050)
+    opus = parse_params({"output_format": "opus_48000_64"})
+    assert (opus.audio, opus.bitrate) == (("opus", 48000), 64_000)
+    assert parse_params({"output_format": "pcm_16000"}).bitrate is None
+    config = session_config("joe", opus)
+    assert (config.response_format, config.sample_rate, config.bitrate) == ("opus", 48000, 64_000)
 
 
 def test_parse_params_maps_formats_and_ignores_what_it_cannot_honour() -> None:
@@ -99,8 +101,8 @@ def test_parse_params_maps_formats_and_ignores_what_it_cannot_honour() -> None:
 @pytest.mark.parametrize(
     ("query", "code", "field"),
     [
-        ({}, ErrorCode.UNSUPPORTED_FORMAT, "output_format"),  # ElevenLabs' default is mp3
-        ({"output_format": "opus_48000_64"}, ErrorCode.UNSUPPORTED_FORMAT, "output_format"),
+        ({"output_format": "mp3_48000_320"}, ErrorCode.UNSUPPORTED_FORMAT, "output_format"),
+        ({"output_format": "opus_24000_32"}, ErrorCode.UNSUPPORTED_FORMAT, "output_format"),
         (
             {"output_format": "pcm_16000", "inactivity_timeout": "181"},
             ErrorCode.INVALID_MESSAGE,
@@ -211,7 +213,8 @@ def test_render_routes_each_segment_and_each_end_to_its_context() -> None:
     start = AudioStart(sentence_text="Hi.", format="pcm", sample_rate=16000, context_id="c1")
     assert codec.render(_server(start)) == []
     audio = bytes(2 * 1600)  # 100 ms
-    (message,) = codec.render(audio)
+    assert codec.render(audio) == []  # held until its audio.done tells its length
+    (message,) = codec.render(_server(AudioDone(duration_ms=100.0, context_id="c1")))
     got = _json(message)
     assert base64.b64decode(str(got["audio"])) == audio
     alignment = {
@@ -228,14 +231,37 @@ def test_render_routes_each_segment_and_each_end_to_its_context() -> None:
     }
     other = AudioStart(sentence_text="Yo.", format="pcm", sample_rate=16000, context_id="c2")
     codec.render(_server(other))
-    assert _json(codec.render(audio)[0])["contextId"] == "c2"
+    assert _json(_segment(codec, audio, "c2"))["contextId"] == "c2"
     closed = codec.render(_server(ContextClosed(context_id="c1", context_number=1)))
     assert [_json(m) for m in closed] == [{"isFinal": True, "contextId": "c1"}]
     # The fixed context (text that named none) and the default context have no id.
     codec.render(_server(AudioStart(sentence_text="A.", sample_rate=16000, context_id=F)))
-    assert _json(codec.render(audio)[0])["contextId"] is None
+    assert _json(_segment(codec, audio, F))["contextId"] is None
     codec.render(_server(AudioStart(sentence_text="B.", sample_rate=16000)))
-    assert _json(codec.render(audio)[0])["contextId"] is None
+    assert _json(_segment(codec, audio))["contextId"] is None
+
+
+def test_compressed_segments_are_sent_whole_with_the_length_their_audio_done_states() -> None:
+    codec = Stream("joe", Params("mp3_44100_128"), multi=False)
+    codec.render(_server(AudioStart(sentence_text="Hi.", format="mp3", sample_rate=44100)))
+    mp3 = b"\xff\xfb" + bytes(415)  # its length says nothing of its duration
+    assert codec.render(mp3) == []
+    (message,) = codec.render(_server(AudioDone(total_bytes=len(mp3), duration_ms=300.0)))
+    got = _json(message)
+    assert base64.b64decode(str(got["audio"])) == mp3
+    alignment = got["alignment"]
+    assert isinstance(alignment, dict) and alignment["chars"] == ["H", "i", ".", " "]
+    assert alignment["charStartTimesMs"] == [0, 75, 150, 225]
+    # An audio.done with no audio held before it (an empty segment) sends nothing.
+    assert codec.render(_server(AudioDone(duration_ms=0.0))) == []
+
+
+def _segment(codec: Stream, audio: bytes, context: object = msgspec.UNSET) -> bytes:
+    """The one message of a segment: its audio, then its audio.done."""
+    assert codec.render(audio) == []
+    duration_ms = len(audio) / 2 / 16000 * 1000
+    (message,) = codec.render(_server(AudioDone(duration_ms=duration_ms, context_id=context)))  # type: ignore[arg-type]
+    return message
 
 
 def test_render_reports_errors_and_skips_what_has_no_counterpart() -> None:
@@ -315,8 +341,14 @@ def test_a_context_with_word_timings_aligns_with_them() -> None:
         ]
     )
     assert ctx.render(_encode(timed).decode()) == []
-    _, alignment = ctx.segment(bytes(2 * 3200))  # 200 ms
+    ctx.hold(bytes(2 * 3200))
+    assert ctx.observe(_encode(AudioDone(duration_ms=200.0)).decode()) is None
+    (_, alignment, duration_ms) = ctx.take_segment() or ((), None, 0.0)
+    assert alignment is not None and duration_ms == 200.0
     assert alignment.charStartTimesMs[:4] == [0, 33, 67, 100]
+    assert ctx.take_segment() is None  # taken once
     # The next segment has no words (an engine that timed none): its characters are spread.
     ctx.render(_encode(AudioStart(sentence_text="Ok.", sample_rate=16000, start_sample=19200)).decode())
-    assert ctx.segment(bytes(2 * 1600))[1] == spread_alignment("Ok. ", 100.0)
+    ctx.hold(bytes(2 * 1600))
+    ctx.observe(_encode(AudioDone(duration_ms=100.0)).decode())
+    assert ctx.take_segment() == (bytes(2 * 1600), spread_alignment("Ok. ", 100.0), 100.0)
