@@ -33,6 +33,7 @@ class Outbox:
         self._items: collections.deque[Output] = collections.deque()
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
+        self._idle = asyncio.Event()  # the writer waits in ``get`` with nothing queued
 
     def __len__(self) -> int:
         return len(self._items)
@@ -40,6 +41,7 @@ class Outbox:
     def put(self, item: Output) -> None:
         """Queue an output now, in order; the producer of audio then awaits ``room``."""
         self._items.append(item)
+        self._idle.clear()
         if isinstance(item, Audio):
             self.audio_s += item.audio_s
         self._ready.set()
@@ -50,9 +52,15 @@ class Outbox:
             self._space.clear()
             await self._space.wait()
 
+    async def drained(self) -> None:
+        """Wait until the writer has written everything queued and asks for more (it calls ``get`` only
+        once it has written what it took before)."""
+        await self._idle.wait()
+
     async def get(self) -> Output:
         """Wait for and take the next output."""
         while not self._items:
+            self._idle.set()
             self._ready.clear()
             await self._ready.wait()
         item = self._items.popleft()

@@ -1,0 +1,135 @@
+"""The engine pump on its own, with a writer of the test's: what it hands out first while a listener waits."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
+from voxgate.gateway.jobs import Utterance
+from voxgate.gateway.metrics import Metrics
+from voxgate.gateway.outbox import Outbox
+from voxgate.gateway.pump import FIRST_SLICE_S, Pump
+from voxgate.protocol.core import Core
+from voxgate.protocol.messages import InputDone, InputText, SessionConfig, SessionDone
+from voxgate.protocol.output import Audio, Message, OutputFormat
+
+from tests.conftest import TIMEOUT_S
+from tests.decoding import decoded
+
+RATE = 24000
+TEXT = "Hello there, this sentence is long enough."  # one segment, one chunk of 2.5 s
+
+
+class _Recording(Core):
+    """A core that notes how many samples of engine audio it was given, call by call."""
+
+    given: list[int]
+
+    def audio(
+        self,
+        utterance: int,
+        sentence: int,
+        samples: np.typing.NDArray[np.float32],
+        sample_rate: int,
+        words: Sequence[tuple[str, int, int]] = (),
+    ) -> None:
+        self.given.append(len(samples))
+        super().audio(utterance, sentence, samples, sample_rate, words)
+
+
+async def _speak(fmt: str) -> tuple[list[int], list[bytes], list[int]]:
+    """Speak TEXT with one long engine chunk; returns the samples the core had been given when the writer
+    took the first audio, every audio payload, and every engine slice."""
+    engine = FakeEngine(sample_rate=RATE, chunk_s=60.0)
+    core = _Recording(OutputFormat(fmt, RATE))  # type: ignore[arg-type]
+    core.given = []
+    config = SessionConfig(response_format=fmt, sample_rate=RATE)  # type: ignore[arg-type]
+    core.receive_message(config, 0.0)
+    core.accept_config(config, OutputFormat(fmt, RATE).check())  # type: ignore[arg-type]
+    core.data_to_send()
+    core.receive_message(InputText(text=TEXT), 0.0)
+    core.receive_message(InputDone(), 0.0)
+    outbox = Outbox(max_audio_s=30.0)
+    pump = Pump(
+        core,
+        outbox,
+        Metrics().session("test"),
+        lambda index: Utterance(index, config, engine, "tone", None, {}),
+        logging.getLogger("test"),
+    )
+    await pump.route(core.data_to_send())
+    runner = asyncio.create_task(pump.run())
+    given_at_first: list[int] | None = None
+    payloads: list[bytes] = []
+    try:
+        while True:
+            output = core.sending(await outbox.get(), time.perf_counter())  # as a writer does
+            match output:
+                case Audio(data=data):
+                    if given_at_first is None:
+                        given_at_first = list(core.given)
+                    payloads.append(data)
+                case Message(msg=SessionDone()):
+                    break
+    finally:
+        runner.cancel()
+        await asyncio.wait([runner])
+    assert given_at_first is not None
+    return given_at_first, payloads, core.given
+
+
+@pytest.mark.parametrize("fmt", ["opus", "mp3", "pcm"])
+def test_the_first_slice_is_written_before_the_rest_of_a_long_chunk_is_encoded(fmt: str) -> None:
+    given_at_first, payloads, given = asyncio.run(_speak(fmt))
+    head = round(FIRST_SLICE_S * RATE)
+    expected = round(len(TEXT) * SECONDS_PER_CHAR * RATE)
+    # The writer had the first slice's bytes while the core had been given only that slice.
+    assert given_at_first == [head]
+    assert given == [head, expected - head]
+    audio = b"".join(payloads)
+    if fmt == "pcm":
+        assert len(audio) == 2 * expected
+    else:  # one stream: the slices join seamlessly, give or take the codec's padding
+        samples, rate = decoded(audio)
+        assert len(samples) / rate == pytest.approx(expected / RATE, abs=0.06)  # Opus decodes at 48 kHz
+
+
+def test_a_chunk_is_not_sliced_while_audio_waits_for_the_writer() -> None:
+    async def scenario() -> list[int]:
+        engine = FakeEngine(sample_rate=RATE, chunk_s=60.0)
+        core = _Recording(OutputFormat("pcm", RATE))
+        core.given = []
+        config = SessionConfig()
+        core.receive_message(config, 0.0)
+        core.accept_config(config, OutputFormat("pcm", RATE))
+        core.data_to_send()
+        # Two sentences, two segments; no writer reads, so the first one's audio is still queued.
+        core.receive_message(InputText(text=f"{TEXT} {TEXT}"), 0.0)
+        core.receive_message(InputDone(), 0.0)
+        outbox = Outbox(max_audio_s=30.0)
+        pump = Pump(
+            core,
+            outbox,
+            Metrics().session("test"),
+            lambda index: Utterance(index, config, engine, "tone", None, {}),
+            logging.getLogger("test"),
+        )
+        await pump.route(core.data_to_send())
+        runner = asyncio.create_task(pump.run())
+        async with asyncio.timeout(TIMEOUT_S):
+            while len(core.given) < 3:  # noqa: ASYNC110 - the pump has no event for a core call
+                await asyncio.sleep(0.01)
+        runner.cancel()
+        await asyncio.wait([runner])
+        return core.given
+
+    head = round(FIRST_SLICE_S * RATE)
+    expected = round(len(TEXT) * SECONDS_PER_CHAR * RATE)
+    # The first segment waits FIRST_SLICE_S for a writer that never comes, then goes on whole; the second
+    # segment's chunk finds audio queued and goes to the core in one piece.
+    assert asyncio.run(scenario()) == [head, expected - head, expected]
