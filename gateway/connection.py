@@ -1,9 +1,14 @@
-"""One WebSocket session: a reader, a synthesizer and a writer around a ``Session`` and a ``Core``.
+"""One WebSocket session: a reader, a synthesizer and a writer around a ``Core`` and the socket's codec.
 
 The text side (``protocol.session``) and the speech core (``protocol.core``) decide everything; this
-shell feeds them messages, engine audio and the time, and moves their outputs to the socket.
+shell feeds them messages, engine audio and the time, and moves their outputs to the socket. The codec
+(``protocol.codec``) is the surface: vllm-omni's protocol or voxgate.v1 (``protocol.dialect.SessionCodec``,
+the default), a phone carrier's framing around it (``protocol.telephony.Telephony``, adopted when a
+``session.config`` names ``framing``), or ElevenLabs' (``protocol.elevenlabs_socket``); the shell is the
+same for all.
 
-- The reader only decodes messages and queues work, so a cancel is handled while audio streams. It
+- The reader only decodes messages (``Codec.decode``) and queues work, so a cancel is handled while
+  audio streams. It
   waits on the socket no longer than the core's next deadline (``Core.next_deadline``), and calls
   ``Core.tick`` when it passes: the eager first segment is cut by time, with no polling.
 - The synthesizer is the engine pump (``gateway.pump``, the same on every surface): it takes segments
@@ -11,8 +16,8 @@ shell feeds them messages, engine audio and the time, and moves their outputs to
   the audio cap, deadlines, cancel and backpressure. Segments of several contexts (``context_id``) take
   their turns in the order they were cut, so their frames interleave on the socket; a cancel of one
   context stops only its segments.
-- The writer drains the outbox (the bounded backpressure queue) into the socket, rendering each
-  output in the session's dialect.
+- The writer drains the outbox (the bounded backpressure queue) into the socket, each output as the
+  codec encodes it (``Codec.encode``).
 
 Ending: ``_Stop`` raised by any of the three ends the task group, which cancels the others (and
 so closes the engine iterator in flight); a fatal ``ProtocolError`` is then reported and closed.
@@ -25,21 +30,22 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from starlette.websockets import WebSocketDisconnect
 
+from ..protocol.codec import Codec, Inbound, Payload
 from ..protocol.core import Core
-from ..protocol.dialect import sends
+from ..protocol.dialect import SessionCodec, sends
 from ..protocol.encoders import default_bitrate
-from ..protocol.errors import CloseCode, ErrorCode, ProtocolError
+from ..protocol.errors import INTERNAL_ERROR_MESSAGE, ErrorCode, ProtocolError
 from ..protocol.messages import (
     EffectiveConfig,
     Error,
-    InputCancel,
     Limits,
+    PlaybackPosition,
     ServerMessage,
     ServerWarning,
     SessionReady,
@@ -47,8 +53,8 @@ from ..protocol.messages import (
 )
 from ..protocol.output import Audio, Configure, Finish, Message, OutputFormat
 from ..protocol.session import Session, State
-from ..protocol.telephony import Framing, framed_config
 from .catalog import Catalog, Resolved
+from .deadline import Deadline as Deadline  # re-exported: its tests import it from here
 from .failures import REFUSALS, error_for
 from .jobs import AudioCap, Utterance
 from .metrics import Metrics, SessionMeter
@@ -59,80 +65,6 @@ from .sessions import Sessions, shutdown_error
 from .settings import Settings
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-class Deadline:
-    """``asyncio.timeout`` for one task's repeated waits, with its timer armed lazily.
-
-    ``asyncio.timeout`` puts a timer in the loop's heap on every wait and cancels it after: a reader and a
-    writer paying that on every message and every frame spent 8-12% of the server's CPU at 200 sessions.
-    Here one timer handle at most is pending per ``Deadline``, and it is kept while the deadlines only move
-    later, as they do when every send or message pushes them on: when it fires early it re-arms itself
-    for the current deadline, and a wait that completes costs two attribute writes. When the deadline of a
-    wait in progress passes, the task is cancelled and ``within`` raises ``TimeoutError``; a cancel that
-    came from elsewhere at the same time still propagates (the counting of ``asyncio.timeout``).
-    """
-
-    __slots__ = ("_at", "_cancelling", "_deadline", "_fired", "_handle", "_task")
-
-    def __init__(self) -> None:
-        self._deadline: float | None = None  # loop.time() of the wait in progress; None: no wait
-        self._handle: asyncio.TimerHandle | None = None
-        self._at = 0.0  # when ``_handle`` fires
-        self._task: asyncio.Task[Any] | None = None
-        self._fired = False
-        self._cancelling = 0
-
-    async def within(self, awaitable: Awaitable[T], timeout_s: float) -> T:
-        """``await awaitable``, or ``TimeoutError`` once ``timeout_s`` passed (from the current task)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        self._deadline = deadline
-        if self._handle is None or self._at > deadline:
-            if self._handle is not None:
-                self._handle.cancel()
-            self._task = asyncio.current_task()
-            self._at = deadline
-            self._handle = loop.call_at(deadline, self._fire)
-        try:
-            return await awaitable
-        except asyncio.CancelledError:
-            if self._expired():
-                raise TimeoutError from None
-            raise
-        finally:
-            self._deadline = None
-            self._expired()
-
-    def close(self) -> None:
-        """Drop the pending timer (the task is ending)."""
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def _expired(self) -> bool:
-        """Whether this wait was cancelled by its deadline, and nothing else cancelled it too."""
-        if not self._fired:
-            return False
-        self._fired = False
-        assert self._task is not None
-        return self._task.uncancel() <= self._cancelling
-
-    def _fire(self) -> None:
-        self._handle = None
-        deadline, task = self._deadline, self._task
-        if deadline is None or task is None or task.done():
-            return  # no wait in progress: the next one arms a timer again
-        loop = asyncio.get_running_loop()
-        if loop.time() < deadline:  # the deadline moved on since this timer was armed
-            self._at = deadline
-            self._handle = loop.call_at(deadline, self._fire)
-            return
-        self._fired = True
-        self._cancelling = task.cancelling()
-        task.cancel()
 
 
 # The least time a fatal error and the close get to go out before the connection is dropped.
@@ -157,8 +89,7 @@ class _SessionLog(logging.LoggerAdapter[logging.Logger]):
 
 
 class Socket(Protocol):
-    """What a ``Connection`` uses of its socket: a Starlette ``WebSocket``, or a ``Pipe`` of a codec
-    (``gateway/elevenlabs.py``) that runs a session for a socket of another shape."""
+    """What a ``Connection`` uses of its socket (a Starlette ``WebSocket``)."""
 
     async def receive(self) -> Mapping[str, Any]: ...
     async def send_text(self, data: str) -> None: ...
@@ -168,7 +99,7 @@ class Socket(Protocol):
 
 @dataclass
 class Connection:
-    """Drives one accepted WebSocket (or a codec's ``Socket``) until it ends."""
+    """Drives one accepted WebSocket until it ends, speaking its wire through ``codec``."""
 
     ws: Socket
     catalog: Catalog
@@ -178,6 +109,7 @@ class Connection:
     meter: SessionMeter = field(default_factory=lambda: Metrics().session("voxgate.v1"))
     sessions: Sessions | None = None  # the process's sessions: their drain ends this one
     receipts: ReadReceipts | None = None  # the socket's read receipts (gateway.receipts), if it has them
+    codec: Codec | None = None  # the socket's wire (protocol.codec); None: the session's own dialect
     session: Session = field(init=False)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
@@ -210,7 +142,8 @@ class Connection:
         self.receive_deadline = Deadline()  # the reader's config, idle and tick timeouts
         self.send_deadline = Deadline()  # the writer's send timeout (a client that stopped reading)
         self.last_activity = time.monotonic()
-        self.framing: Framing | None = None  # a phone carrier's messages (protocol.telephony)
+        self.wire: Codec = self.codec or SessionCodec(extensions=self.extensions)  # adopt() may wrap it
+        self.held_s = 0.0  # audio the codec took and holds back (counted when it goes out)
         self.cap = AudioCap(s.max_segment_audio_base_s, s.max_segment_audio_per_char_s)  # a segment's audio
         if self.receipts is not None:
             self.receipts.watch(s.send_timeout_s)
@@ -253,35 +186,45 @@ class Connection:
     # -- reader -------------------------------------------------------------------------------
 
     async def _read(self) -> None:
+        await self._apply(self.wire.opening())
         while True:
             message = await self._receive()
             if message["type"] == "websocket.disconnect":
                 raise _Stop()
             self.last_activity = time.monotonic()
+            text, data = message.get("text"), message.get("bytes")
+            payload = text if isinstance(text, str) else data if isinstance(data, bytes) else b""
             try:
-                text, data = message.get("text"), message.get("bytes")
-                now = time.perf_counter()
-                if isinstance(text, str):
-                    self._receive_text(text, now)
-                else:
-                    self.core.receive_bytes(data if isinstance(data, bytes) else b"", now)
-                await self._flush()
+                items = self.wire.decode(payload)
             except ProtocolError as err:
-                if err.fatal:
-                    raise _Stop(err) from None
-                self._report(err)
+                self._refused(err)
+                items = []
+            await self._apply(items)
             if self.session.state is State.CLOSED:
                 return
 
-    def _receive_text(self, text: str, now: float) -> None:
-        replies = self.framing.receive(text) if self.framing is not None else None
-        if replies is None:
-            self.core.receive_text(text, now)
-        for reply in replies or ():
-            if isinstance(reply, InputCancel):
-                self.core.receive_message(reply, now)  # the carrier's clear
-            else:
-                self._send(reply)
+    async def _apply(self, items: Iterable[Inbound]) -> None:
+        """Feed a codec's items to the core one at a time, each one's outputs routed before the next."""
+        for item in items:
+            try:
+                now = time.perf_counter()
+                match item:
+                    case str():
+                        self.core.receive_text(item, now)
+                    case bytes():
+                        self.core.receive_bytes(item, now)
+                    case PlaybackPosition():
+                        self._send(item)  # the codec's own answer (a carrier's mark echoed)
+                    case _:
+                        self.core.receive_message(item, now)
+                await self._flush()
+            except ProtocolError as err:
+                self._refused(err)
+
+    def _refused(self, err: ProtocolError) -> None:
+        if err.fatal:
+            raise _Stop(err) from None
+        self._report(err)
 
     async def _receive(self) -> dict[str, object]:
         s = self.settings
@@ -335,14 +278,13 @@ class Connection:
         await self.pump.flush()
 
     def _cleared(self) -> None:
-        if self.framing is not None:
-            self.framing.cleared()
+        self.wire.dropped()
 
     async def _configure(self, output: Configure) -> None:
         config, ignored_fields = output.config, output.ignored_fields
         voice_field = "$.speaker" if config.voice is None and config.speaker is not None else "$.voice"
         try:
-            config = framed_config(config, self.session.config)
+            config = self.wire.check(config, self.session.config)
         except ProtocolError as err:
             raise self.core.reject_config(err) from None
         try:
@@ -358,22 +300,14 @@ class Connection:
             error = error_for(exc, voice_field=voice_field, ref_audio=config.ref_audio is not None)
             raise self.core.reject_config(error) from None
         self.resolved = resolved
-        self.framing = self.framing or Framing.of(config)
+        self.wire = self.wire.adopt(config)
         engine = resolved.engine
         self.meter.configured(engine.name)
         s = self.settings
         granularity, eager = config.segmentation()
         rate = config.output_rate(engine.sample_rate)
-        fmt = OutputFormat(
-            config.response_format,
-            rate,
-            config.frame_ms,
-            config.frame_header,
-            config.streamed,
-            config.bitrate,
-        )
         try:
-            self.core.accept_config(config, fmt.check())
+            self.core.accept_config(config, OutputFormat.of(config, rate).check())
         except ProtocolError as err:
             raise self.core.reject_config(err) from None
         effective = EffectiveConfig(
@@ -454,17 +388,18 @@ class Connection:
             match output:
                 case Finish():
                     with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-                        await self.ws.close(CloseCode.NORMAL)
+                        await self.ws.close(*self.wire.close(None))
                     raise _Stop()
-                case Audio(data=data, audio_s=audio_s):
-                    await self._send_now(data if self.framing is None else self.framing.media(data), audio_s)
-                case Message(msg=msg, streamed=streamed):
-                    for cue in self.framing.cues(msg) if self.framing is not None else ():
-                        await self._send_now(cue)  # a carrier's mark or clear (protocol.telephony)
-                    await self._send_now(self.session.send(msg, streamed=streamed))
+                case Audio() | Message():
+                    audio_s = self.held_s + (output.audio_s if isinstance(output, Audio) else 0.0)
+                    payloads = self.wire.encode(output)
+                    self.held_s = 0.0 if payloads else audio_s
+                    for payload in payloads:
+                        await self._send_now(payload, audio_s)
+                        audio_s = 0.0
             self.last_activity = time.monotonic()
 
-    async def _send_now(self, payload: str | bytes, audio_s: float = 0.0) -> None:
+    async def _send_now(self, payload: Payload, audio_s: float = 0.0) -> None:
         # A send blocks only while the client does not read; past the send timeout it is closed. A send
         # that did not block is followed by read receipts (``_watch_reader``).
         self.sending = True
@@ -494,14 +429,26 @@ class Connection:
         socket waits."""
         self.log.info("closing with %d: %s %s", err.close_code, err.code, err.message)
         self.meter.error(err.code)
-        message = self.session.send(Error(code=err.code, message=err.message, fatal=True, field=err.field))
-        patience_s = max(CLOSE_TIMEOUT_S, self.settings.send_timeout_s)
+        await self._last_words(err, max(CLOSE_TIMEOUT_S, self.settings.send_timeout_s))
+
+    async def fail(self) -> None:
+        """After an unexpected failure of ``run`` (the caller logs it): report an internal error, close."""
+        err = ProtocolError(ErrorCode.INTERNAL_ERROR, INTERNAL_ERROR_MESSAGE, fatal=True)
+        await self._last_words(err, CLOSE_TIMEOUT_S)
+
+    async def _last_words(self, err: ProtocolError, patience_s: float) -> None:
+        """Write the fatal ``err`` in the codec's shape within ``patience_s``, then close as it says."""
+        error = Error(code=err.code, message=err.message, fatal=True, field=err.field)
         with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError):
             async with asyncio.timeout(patience_s):
-                await self.ws.send_text(message)
+                for payload in self.wire.encode(Message(error)):
+                    if isinstance(payload, bytes):
+                        await self.ws.send_bytes(payload)
+                    else:
+                        await self.ws.send_text(payload)
         with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError):
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await self.ws.close(err.close_code, err.code)
+                await self.ws.close(*self.wire.close(err))
 
 
 def slow_consumer_error(exc: SlowConsumer) -> ProtocolError:

@@ -1,14 +1,14 @@
 """ElevenLabs-compatible REST: ``POST /v1/text-to-speech/{voice_id}`` (and ``/stream``, ``/with-timestamps``,
 ``/stream/with-timestamps``), and ``GET /v1/voices``.
 
-Each request is one voxgate session behind a pipe, as each WebSocket context is (``gateway.elevenlabs``):
-its text is one utterance, and each of its segments comes out whole with its alignment, in any of
-ElevenLabs' formats (``mp3_*`` and ``opus_48000_*`` one complete file per segment, sent as it is made).
+Each request runs on the REST producer (``gateway.rest``, as OpenAI's route does): its text is one
+utterance, and ``protocol.elevenlabs.Stream`` turns each of its segments into the segment's whole audio
+with its alignment, in any of ElevenLabs' formats (``mp3_*`` and ``opus_48000_*`` one complete file per
+segment, sent as it is made).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -21,27 +21,27 @@ from starlette.routing import Route
 
 from ..protocol.elevenlabs import (
     Alignment,
-    Inbound,
     Params,
     Stream,
-    decode_inbound,
+    VoiceSettings,
     http_error,
     parse_params,
     seconds_alignment,
+    session_config,
 )
 from ..protocol.encoders import MEDIA_TYPES as COMPRESSED_MEDIA_TYPES
 from ..protocol.errors import ErrorCode, ProtocolError, field_path
-from ..protocol.messages import Error
+from ..protocol.output import Audio, Message, OutputFormat
 from .catalog import Catalog
-from .elevenlabs import Pipe, check_voice, connection_for, run_session
+from .elevenlabs import DIALECT, check_voice
+from .failures import REFUSALS, error_for
 from .http import BodyTooLarge, read_body
+from .rest import Producer, pieces, start
 
 logger = logging.getLogger(__name__)
 
 #: A REST body holds text (ElevenLabs allows 5,000 to 40,000 characters by model) and a few options.
 MAX_BODY_BYTES = 1024 * 1024
-#: Segments the REST producer may run ahead of a slow reader.
-AHEAD_SEGMENTS = 4
 _encode = msgspec.json.Encoder().encode
 #: The ``Content-Type`` of each format's body (a compressed format's: one complete file per segment).
 MEDIA_TYPES = {"pcm": "audio/pcm", "mulaw": "audio/basic", **COMPRESSED_MEDIA_TYPES}
@@ -53,11 +53,11 @@ class _Body(msgspec.Struct, frozen=True, kw_only=True):
     text: str
     model_id: str | None = None
     seed: int | None = None
-    voice_settings: dict[str, object] | None = None
+    voice_settings: VoiceSettings | None = None
 
 
-#: What the REST producer hands the response: a segment, the failure that ended it, None at the end.
-_Item = tuple[bytes, Alignment, float] | ProtocolError | None
+#: What the response gets: a segment (its audio, alignment and length in ms), or the failure that ends it.
+_Item = tuple[bytes, Alignment, float] | ProtocolError
 
 
 def _refused(err: ProtocolError) -> Response:
@@ -76,99 +76,84 @@ async def _speak(request: Request, timestamps: bool) -> Response:
             params.output_format, body.model_id or params.model_id, body.seed, params.inactivity_timeout_s
         )
         words = await check_voice(state, voice_id, params)
-        first = decode_inbound(_encode({"text": body.text, "voice_settings": body.voice_settings}))
+        config = session_config(voice_id, params, body.voice_settings, words=words)
+        resolved = await state.catalog.prepare(
+            getattr(state, "owner", ""), config.voice_name, config.model, config.engine_options()
+        )
+        rate = config.output_rate(resolved.engine.sample_rate)
+        fmt = OutputFormat.of(config, rate).check()
     except BodyTooLarge as exc:
         return _refused(ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc)))
     except msgspec.ValidationError as exc:
         return _refused(ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)))
     except msgspec.DecodeError as exc:
         return _refused(ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON body: {exc}"))
+    except REFUSALS as exc:
+        return _refused(error_for(exc))
     except ProtocolError as err:
         return _refused(err)
 
-    codec = Stream(voice_id, params, multi=False, words=words)
-    queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=AHEAD_SEGMENTS)
-    fmt, rate = params.audio
-
-    async def sink(data: str | bytes) -> None:
-        if isinstance(data, bytes):
-            codec.hold(data)  # its audio.done comes next, with its length
-        elif (error := codec.observe(data)) is not None:
-            await queue.put(_failure(error))
-        elif (segment := codec.take_segment()) is not None:
-            await queue.put(segment)
-
-    pipe = Pipe(sink)
-    try:
-        for out in codec.receive(first) + codec.receive(Inbound(text="")):
-            pipe.push(out)
-    except ProtocolError as err:
-        return _refused(err)
-
-    async def produce() -> None:
-        await run_session(connection_for(state, pipe, params, context_idle_timeout_s=0.0), pipe)
-        await queue.put(None)
-
-    producer = asyncio.create_task(produce())
-    head = await queue.get()
+    meter = state.metrics.session(DIALECT)
+    meter.configured(resolved.engine.name)
+    producer = await start(state.settings, config, fmt, body.text, resolved, meter)
+    items = _segments(producer, Stream(voice_id, params, multi=False, words=words))
+    head = await anext(items, None)
     if isinstance(head, ProtocolError):
-        producer.cancel()
+        await producer.aclose()
         return _refused(head)
     headers = {"x-sample-rate": str(rate)}
     if not timestamps:
-        media = MEDIA_TYPES[fmt]
-        return StreamingResponse(_audio(head, queue, producer), media_type=media, headers=headers)
+        media = MEDIA_TYPES[fmt.fmt]
+        return StreamingResponse(_audio(producer, head, items), media_type=media, headers=headers)
     return StreamingResponse(
-        _timestamps(head, queue, producer), media_type="application/json", headers=headers
+        _timestamps(producer, head, items), media_type="application/json", headers=headers
     )
 
 
-def _failure(error: Error) -> ProtocolError:
-    """A session's error as a failure of the request (a code outside the error table: internal)."""
-    try:
-        code = ErrorCode(error.code)
-    except ValueError:
-        code = ErrorCode.INTERNAL_ERROR
-    return ProtocolError(code, error.message)
+async def _segments(producer: Producer, codec: Stream) -> AsyncIterator[_Item]:
+    """The response's segments in order, each whole with its alignment, or the failure that ends it."""
+    async for piece in pieces(producer):
+        match piece:
+            case Audio(data=data):
+                codec.hold(data)  # its audio.done comes next, with its length
+            case Message(msg=msg):
+                codec.observe(msg)
+                if (segment := codec.take_segment()) is not None:
+                    yield segment
+            case ProtocolError():
+                yield piece
 
 
 async def _items(
-    head: _Item, queue: asyncio.Queue[_Item], producer: asyncio.Task[None]
-) -> AsyncIterator[_Item]:
+    producer: Producer, head: _Item | None, items: AsyncIterator[_Item]
+) -> AsyncIterator[tuple[bytes, Alignment, float]]:
+    producer.meter.open()
     try:
         item = head
         while item is not None:
-            yield item
             if isinstance(item, ProtocolError):
+                producer.meter.error(item.code)
+                logger.warning("engine failed mid-stream; response truncated: %s", item.message)
                 return
-            item = await queue.get()
+            yield item
+            item = await anext(items, None)
     finally:
-        producer.cancel()  # a client that goes away stops the engine work too
-        await asyncio.wait([producer])
+        producer.meter.close()
+        await producer.aclose()  # a client that goes away stops the engine work too
 
 
-async def _audio(
-    head: _Item, queue: asyncio.Queue[_Item], producer: asyncio.Task[None]
-) -> AsyncIterator[bytes]:
-    async for item in _items(head, queue, producer):
-        if isinstance(item, ProtocolError):
-            logger.warning("engine failed mid-stream; response truncated: %s", item.message)
-            return
-        assert item is not None
-        yield item[0]
+async def _audio(producer: Producer, head: _Item | None, items: AsyncIterator[_Item]) -> AsyncIterator[bytes]:
+    async for audio, _, _ in _items(producer, head, items):
+        producer.meter.wrote(audio)
+        yield audio
 
 
 async def _timestamps(
-    head: _Item, queue: asyncio.Queue[_Item], producer: asyncio.Task[None]
+    producer: Producer, head: _Item | None, items: AsyncIterator[_Item]
 ) -> AsyncIterator[bytes]:
     """NDJSON, one line a segment: ``audio_base64``, ``alignment`` and ``normalized_alignment`` (seconds)."""
     offset_ms = 0.0
-    async for item in _items(head, queue, producer):
-        if isinstance(item, ProtocolError):
-            logger.warning("engine failed mid-stream; response truncated: %s", item.message)
-            return
-        assert item is not None
-        audio, alignment, duration_ms = item
+    async for audio, alignment, duration_ms in _items(producer, head, items):
         shape = msgspec.to_builtins(seconds_alignment(alignment, offset_ms))
         line = {
             "audio_base64": base64.b64encode(audio).decode(),
@@ -176,7 +161,9 @@ async def _timestamps(
             "normalized_alignment": shape,
         }
         offset_ms += duration_ms
-        yield _encode(line) + b"\n"
+        payload = _encode(line) + b"\n"
+        producer.meter.wrote(payload)
+        yield payload
 
 
 async def convert(request: Request) -> Response:

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket, WebSocketState
 
 from ..protocol.dialect import EXTENSIONS_SUBPROTOCOL
-from ..protocol.errors import INTERNAL_ERROR_MESSAGE, CloseCode, ErrorCode
-from ..protocol.messages import Error
 from .auth import SUBPROTOCOL
-from .connection import CLOSE_TIMEOUT_S, Connection
+from .connection import Connection
 from .receipts import read_receipts
 
 logger = logging.getLogger(__name__)
@@ -44,8 +40,4 @@ async def speech_stream(websocket: WebSocket) -> None:
     except Exception:
         logger.exception("session %s failed", connection.id)
         if websocket.application_state is not WebSocketState.DISCONNECTED:
-            error = Error(code=ErrorCode.INTERNAL_ERROR, message=INTERNAL_ERROR_MESSAGE, fatal=True)
-            with contextlib.suppress(RuntimeError, WebSocketDisconnect, TimeoutError):
-                async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                    await websocket.send_text(connection.session.send(error))
-                    await websocket.close(CloseCode.INTERNAL_ERROR, "internal_error")
+            await connection.fail()

@@ -4,7 +4,8 @@ ElevenLabs clients (pipecat's ``ElevenLabsTTSService``, livekit-plugins-elevenla
 SDK) speak through voxgate unchanged: this module turns their messages into voxgate client messages
 (``protocol.messages``) of one session per socket, each ElevenLabs context a context of that session
 (``context_id``, docs/protocol.md §11 and §11.1), and the session's server messages back into theirs.
-The gateway (``gateway/elevenlabs.py``) moves the bytes; docs/agents.md has the wire rules.
+``protocol.elevenlabs_socket`` makes ``Stream`` the codec of a socket (``gateway/elevenlabs.py`` runs it),
+and the REST routes use it for each segment's alignment; docs/agents.md has the wire rules.
 
 Client -> server, one JSON text message each (every field optional)::
 
@@ -118,7 +119,6 @@ class Inbound(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _decode_inbound = msgspec.json.Decoder(Inbound).decode
-_decode_server = msgspec.json.Decoder(ServerMessage).decode
 _encode = msgspec.json.Encoder().encode
 
 
@@ -294,8 +294,8 @@ class Stream:
     """One ``stream-input`` or ``multi-stream-input`` socket over one voxgate session and its contexts.
 
     ``start`` opens the session; ``receive`` maps the client's messages to the session's (docs/protocol.md
-    §11.1); ``render`` maps the session's server messages and audio back, routing each by its context: a
-    message by its ``context_id``, a segment's audio by the ``audio.start`` before it.
+    §11.1); ``render`` maps the session's typed server messages and audio back, routing each by its
+    context: a message by its ``context_id``, a segment's audio by the ``audio.start`` before it.
 
     Args:
         voice_id: the voice of the path.
@@ -365,9 +365,9 @@ class Stream:
             self._open.discard(context)
         return out
 
-    def render(self, data: str | bytes) -> list[bytes]:
-        """The client messages for one message of the session (binary: a whole segment's audio, sent with
-        its alignment once its ``audio.done`` tells its length, whatever its format)."""
+    def render(self, data: ServerMessage | bytes) -> list[bytes]:
+        """The client messages for one output of the session: a server message, or a whole segment's audio
+        (bytes), sent with its alignment once its ``audio.done`` tells its length, whatever its format."""
         if isinstance(data, bytes):
             self.hold(data)
             return []
@@ -392,16 +392,13 @@ class Stream:
         segment, self._ready = self._ready, None
         return segment
 
-    def observe(self, text: str) -> Error | None:
-        """Take one JSON message of the session (noting each segment's text); hands back its errors."""
-        msg = self._take(text)
+    def observe(self, msg: ServerMessage) -> Error | None:
+        """Take one message of the session without rendering it (REST: noting each segment's text, words
+        and end); hands back its errors."""
+        self._take(msg)
         return msg if isinstance(msg, Error) else None
 
-    def _take(self, text: str) -> ServerMessage | None:
-        try:
-            msg = _decode_server(text)
-        except msgspec.ValidationError:
-            return None  # a server message this dialect has no counterpart for
+    def _take(self, msg: ServerMessage) -> ServerMessage:
         match msg:
             case AudioStart(sentence_text=sentence, format=fmt, sample_rate=rate, start_sample=start):
                 self._text, self._format, self._rate = sentence, fmt, rate

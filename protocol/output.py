@@ -5,7 +5,7 @@ The shell takes them with ``Core.data_to_send()`` and acts on each in order:
 - ``Configure``: a ``session.config`` passed validation: check it against the engines, then call
   ``Core.accept_config`` or ``Core.reject_config``;
 - ``Speak``: synthesize this segment (the shell queues it for its engine);
-- ``Message``: a server message, rendered by the surface's dialect (``protocol.dialect``, the REST codec);
+- ``Message``: a server message, rendered by the surface's codec (``protocol.codec``; REST: its route);
 - ``Audio``: encoded audio of a segment, sent as it is;
 - ``Report``: a timing report whose numbers are known only when it is written: pass it through
   ``Core.sending`` just before writing, which turns it into a ``Message``;
@@ -45,6 +45,18 @@ class OutputFormat:
     frame_header: bool = False
     streamed: bool = True
     bitrate: int | None = None
+
+    @classmethod
+    def of(cls, config: SessionConfig, sample_rate: int) -> OutputFormat:
+        """The format a ``session.config`` asks for, at ``sample_rate`` (``SessionConfig.output_rate``)."""
+        return cls(
+            config.response_format,
+            sample_rate,
+            config.frame_ms,
+            config.frame_header,
+            config.streamed,
+            config.bitrate,
+        )
 
     def check(self) -> OutputFormat:
         """This format, once its rate is known to be one its encoder takes.

@@ -17,6 +17,9 @@ to the carrier and reads the others. Inbound, the bridge relays the carrier's ``
 ``clear`` as they are: a mark becomes a ``playback.position`` event (``Framing.receive``), a clear
 cancels as ``input.cancel`` does.
 
+``Telephony`` is the codec (``protocol.codec``) of such a socket: it wraps the session's own codec
+(``protocol.dialect.SessionCodec``), which adopts it once a ``session.config`` names ``framing``.
+
 Carriers differ only in data: one ``Carrier`` entry each in ``CARRIERS``. Telnyx speaks Twilio's
 event shapes with ``stream_id`` for ``streamSid``. Vonage would need more than an entry: it takes
 raw binary 16-bit PCM frames (no JSON ``media``), has no marks, and clears with ``{"action":"clear"}``.
@@ -30,17 +33,20 @@ from dataclasses import dataclass
 import msgspec
 
 from .audio import BYTES_PER_SAMPLE, AudioFormat
+from .codec import Codec, Inbound, Payload
 from .errors import ErrorCode, ProtocolError
 from .messages import (
     AudioCancelled,
     AudioDone,
     AudioStart,
     CarrierName,
+    ClientMessage,
     InputCancel,
     PlaybackPosition,
     ServerMessage,
     SessionConfig,
 )
+from .output import Audio, Message
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,3 +253,60 @@ class Framing:
 
     def _message(self, event: str, body: dict[str, object]) -> str:
         return _encode({"event": event, **self._stream, **body}).decode()
+
+
+class Telephony:
+    """The codec of a carrier-framed session: ``framing``'s messages around those of ``inner``.
+
+    In, a relayed ``clear`` is an ``input.cancel`` and an echoed mark a ``playback.position`` answered at
+    once (``Framing.receive``); anything else is the session's own message. Out, audio goes out as
+    ``media`` messages, and a segment's end and a cancel are preceded by their ``mark`` and ``clear``.
+
+    Args:
+        inner: the session's own codec.
+        framing: the carrier framing of the socket.
+    """
+
+    def __init__(self, inner: Codec, framing: Framing) -> None:
+        self.inner, self.framing = inner, framing
+
+    @classmethod
+    def of(cls, config: SessionConfig, inner: Codec) -> Telephony | None:
+        """The codec a config asks for around ``inner`` (after ``framed_config``); None without framing."""
+        framing = Framing.of(config)
+        return None if framing is None else cls(inner, framing)
+
+    def opening(self) -> list[ClientMessage]:
+        """The inner codec's."""
+        return self.inner.opening()
+
+    def decode(self, data: str | bytes) -> list[Inbound]:
+        """A carrier's message as what it means; any other as the inner codec decodes it.
+
+        Raises:
+            ProtocolError: a carrier event other than ``mark`` and ``clear``, or a mark without a name.
+        """
+        replies = self.framing.receive(data) if isinstance(data, str) else None
+        return self.inner.decode(data) if replies is None else list(replies)
+
+    def encode(self, output: Audio | Message) -> list[Payload]:
+        """Audio as ``media`` messages; a message after its carrier cues (``Framing.cues``)."""
+        if isinstance(output, Audio):
+            return [self.framing.media(output.data)]
+        return [*self.framing.cues(output.msg), *self.inner.encode(output)]
+
+    def check(self, config: SessionConfig, previous: SessionConfig | None) -> SessionConfig:
+        """As the inner codec checks it (the framing cannot change)."""
+        return self.inner.check(config, previous)
+
+    def adopt(self, config: SessionConfig) -> Codec:
+        """This codec: the framing is the first config's."""
+        return self
+
+    def dropped(self) -> None:
+        """A cancel: marks still out will never mean "heard" (``Framing.cleared``)."""
+        self.framing.cleared()
+
+    def close(self, error: ProtocolError | None) -> tuple[int, str | None]:
+        """As the inner codec closes."""
+        return self.inner.close(error)

@@ -35,9 +35,11 @@ from voxgate.protocol.messages import (
     InputDone,
     InputText,
     Keepalive,
+    ServerMessage,
     SessionClose,
     SessionConfig,
     SessionDone,
+    SessionReady,
     WordTimestamp,
     WordTimestamps,
 )
@@ -204,8 +206,9 @@ def test_multi_stream_input_names_contexts_keeps_alive_and_closes_them() -> None
     assert codec.receive(Inbound(text="late", context_id="c1")) == []
 
 
-def _server(msg: object) -> str:
-    return _encode(msg).decode()
+def _server(msg: ServerMessage) -> ServerMessage:
+    """A server message as the codec takes it: typed, as the session core hands it out."""
+    return msg
 
 
 def test_render_routes_each_segment_and_each_end_to_its_context() -> None:
@@ -271,7 +274,7 @@ def test_render_reports_errors_and_skips_what_has_no_counterpart() -> None:
         {"message": "boom", "error": "engine_error", "code": 1011}
     ]
     assert codec.render(_server(SessionDone())) == []
-    assert codec.render('{"type": "audio.words", "words": []}') == []  # a message this dialect lacks
+    assert codec.render(SessionReady(session_id="s")) == []  # a message this dialect lacks
     refused = codec.error(ProtocolError(ErrorCode.INVALID_STATE, "too many"), "c1")
     assert _json(refused) == {"message": "too many", "error": "invalid_state", "code": 1008}
     assert [_json(m) for m in codec.render(_server(ContextClosed(context_id=F)))] == [{"isFinal": True}]
@@ -333,22 +336,22 @@ def test_a_context_with_word_timings_aligns_with_them() -> None:
     ctx = Stream("joe", Params("pcm_16000"), multi=False, words=True)
     (config, _) = ctx.receive(Inbound(text="Hi you."))
     assert isinstance(config, SessionConfig) and config.word_timestamps
-    ctx.render(_encode(AudioStart(sentence_text="Hi you.", sample_rate=16000, start_sample=16000)).decode())
+    ctx.render(AudioStart(sentence_text="Hi you.", sample_rate=16000, start_sample=16000))
     timed = WordTimestamps(
         timestamps=[
             WordTimestamp(word="Hi", start_ms=1000.0, end_ms=1100.0),
             WordTimestamp(word="you.", start_ms=1100.0, end_ms=1200.0),
         ]
     )
-    assert ctx.render(_encode(timed).decode()) == []
+    assert ctx.render(timed) == []
     ctx.hold(bytes(2 * 3200))
-    assert ctx.observe(_encode(AudioDone(duration_ms=200.0)).decode()) is None
+    assert ctx.observe(AudioDone(duration_ms=200.0)) is None
     (_, alignment, duration_ms) = ctx.take_segment() or ((), None, 0.0)
     assert alignment is not None and duration_ms == 200.0
     assert alignment.charStartTimesMs[:4] == [0, 33, 67, 100]
     assert ctx.take_segment() is None  # taken once
     # The next segment has no words (an engine that timed none): its characters are spread.
-    ctx.render(_encode(AudioStart(sentence_text="Ok.", sample_rate=16000, start_sample=19200)).decode())
+    ctx.render(AudioStart(sentence_text="Ok.", sample_rate=16000, start_sample=19200))
     ctx.hold(bytes(2 * 1600))
-    ctx.observe(_encode(AudioDone(duration_ms=100.0)).decode())
+    ctx.observe(AudioDone(duration_ms=100.0))
     assert ctx.take_segment() == (bytes(2 * 1600), spread_alignment("Ok. ", 100.0), 100.0)
