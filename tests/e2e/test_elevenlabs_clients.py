@@ -3,8 +3,10 @@
 pipecat's ``ElevenLabsTTSService`` (driven as pipecat's own tests drive a service, with
 ``pipecat.tests.utils.run_test``), livekit-plugins-elevenlabs' ``TTS`` and the ``elevenlabs`` SDK, against a
 real gateway with the Piper engine and an API key, which each client sends its own way (``xi-api-key``).
-Each is set up by the code docs/agents.md shows (the blocks marked ``test:``). Whisper checks that what
-comes back is the text.
+Each is set up by the code docs/agents.md shows (the blocks marked ``test:``). The SDK is also run with its
+default format (mp3_44100_128), streamed and through its realtime helper (behind TLS: it always uses wss://).
+pipecat's service has no compressed format: it asks for ``pcm_<rate>`` of its pipeline's rate (24 kHz by
+default). Whisper checks that what comes back is the text.
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ import asyncio
 import base64
 import io
 import re
+import shutil
+import ssl
+import subprocess
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +34,20 @@ from livekit.plugins import elevenlabs as livekit_elevenlabs
 from pipecat.frames.frames import TTSAudioRawFrame, TTSSpeakFrame, TTSTextFrame
 from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
 from pipecat.tests.utils import run_test
+from voxgate.gateway.app import create_app
+from voxgate.gateway.settings import Settings
 from voxgate.protocol.audio import decode
 
-from tests.conftest import TIMEOUT_S, serve_engine
+from tests.conftest import TIMEOUT_S, serve, serve_engine
+from tests.decoding import decoded
 from tests.speech_check import load_whisper, word_error_rate
 
 pytestmark = pytest.mark.slow
 
 KEY = "eleven-test-key"
 SENTENCE = "The quick brown fox jumps over the lazy dog."
+# Two sentences: the gateway sends mp3 one whole file a sentence, so a single one would come in one piece.
+SENTENCES = "Hello, and welcome to the voice gateway. Please hold while I transfer your call."
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
 
 
@@ -186,3 +198,93 @@ def test_sdk_timestamps_cover_the_audio(client: ElevenLabs) -> None:
     # Piper times its words, and the characters follow them: a long word lasts longer than a short one.
     durations = [e - s for s, e in zip(starts, ends, strict=True)]
     assert len({round(d, 3) for d in durations[: len("Good morning. ")]}) > 2  # spread: at most 2
+
+
+@dataclass
+class _Exchange:
+    """One request of the SDK's HTTP client, and the body of its answer as the network gave it."""
+
+    url: httpx.URL
+    content_type: str
+    pieces: list[bytes] = field(default_factory=list)
+
+
+class _Recorded(httpx.SyncByteStream):
+    """A response body that keeps each piece as it passes on to the client (the SDK re-cuts the body into
+    1024-byte chunks, so its own chunks say nothing about how the audio came)."""
+
+    def __init__(self, body: httpx.SyncByteStream, pieces: list[bytes]) -> None:
+        self._body, self._pieces = body, pieces
+
+    def __iter__(self) -> Iterator[bytes]:
+        for piece in self._body:
+            self._pieces.append(piece)
+            yield piece
+
+    def close(self) -> None:
+        self._body.close()
+
+
+def test_sdk_stream_default_format_is_mp3(gateway: str, whisper: object) -> None:
+    exchanges: list[_Exchange] = []
+
+    def record(response: httpx.Response) -> None:
+        assert isinstance(response.stream, httpx.SyncByteStream)
+        exchanges.append(_Exchange(response.request.url, response.headers["content-type"]))
+        response.stream = _Recorded(response.stream, exchanges[-1].pieces)
+
+    with httpx.Client(timeout=TIMEOUT_S, event_hooks={"response": [record]}) as http:
+        client = ElevenLabs(base_url=f"http://{gateway}", api_key=KEY, httpx_client=http)
+        answer = b"".join(client.text_to_speech.stream("joe", text=SENTENCES, seed=7))  # mp3_44100_128
+    [exchange] = exchanges
+    assert exchange.url.path == "/v1/text-to-speech/joe/stream"
+    assert "output_format" not in exchange.url.params  # the SDK's default is the server's: mp3_44100_128
+    assert exchange.content_type == "audio/mpeg"
+    assert len([p for p in exchange.pieces if p]) >= 2  # each sentence sent as it is made
+    assert b"".join(exchange.pieces) == answer
+    audio, rate = decoded(answer)
+    assert rate == 44100 and 2.5 < len(audio) / rate < 8.0
+    error, heard = word_error_rate(whisper, audio, rate, SENTENCES)
+    assert error < 0.15, heard
+
+
+@pytest.fixture(scope="module")
+def tls_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The Piper gateway behind TLS with a self-signed certificate for 127.0.0.1 (the SDK's realtime helper
+    always connects with wss://); yields its address and the certificate."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="voxgate-voices-") as voices:
+        settings = Settings.from_env({}, engine="piper", piper_workers=1, api_keys=KEY, voices_dir=voices)
+        # uvicorn's default WebSocket protocol: voxgate serve does not terminate TLS (docs/deploy.md: a proxy
+        # does), so its own protocol never runs under TLS.
+        with serve(create_app(settings), ws="auto", ssl_certfile=str(cert), ssl_keyfile=str(key)) as address:
+            yield address, cert
+
+
+# The SDK reads ConnectionClosed.code, which websockets 14+ deprecates, when the server closes normally.
+@pytest.mark.filterwarnings("ignore:ConnectionClosed.code is deprecated:DeprecationWarning")
+def test_sdk_realtime_default_format_is_mp3(
+    tls_gateway: tuple[str, Path], whisper: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address, cert = tls_gateway
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trust the test certificate, as a deployment's CA
+    tokens = iter(
+        ["Hello, and wel", "come to the voice", " gateway. Please hold while", " I transfer your call."]
+    )
+    with httpx.Client(verify=ssl.create_default_context(cafile=str(cert)), timeout=TIMEOUT_S) as http:
+        client = ElevenLabs(base_url=f"https://{address}", api_key=KEY, httpx_client=http)
+        chunks = list(client.text_to_speech.convert_realtime("joe", text=tokens))  # mp3_44100_128
+    assert len([c for c in chunks if c]) >= 2  # each sentence sent as it is made
+    audio, rate = decoded(b"".join(chunks))
+    assert rate == 44100 and 2.5 < len(audio) / rate < 8.0
+    error, heard = word_error_rate(whisper, audio, rate, SENTENCES)
+    assert error < 0.15, heard
