@@ -156,6 +156,8 @@ def test_rest_in_every_format(gateway: str, whisper: object, fmt: str) -> None:
     assert response.status_code == 200, response.text
     if fmt == "pcm":
         audio, rate = decode(response.content, "pcm"), int(response.headers["x-sample-rate"])
+    elif fmt == "wav":
+        audio, rate = wav_audio(response.content)
     else:  # FFmpeg's decoder: a streamed FLAC states no length, which libsndfile cannot read whole
         audio, rate = decoded(response.content)
     assert_says(whisper, audio.astype(np.float32), rate, SENTENCES)
