@@ -15,9 +15,7 @@ import asyncio
 import base64
 import io
 import re
-import shutil
 import ssl
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,7 +36,7 @@ from voxgate.gateway.app import create_app
 from voxgate.gateway.settings import Settings
 from voxgate.protocol.audio import decode
 
-from tests.conftest import TIMEOUT_S, serve, serve_engine
+from tests.conftest import TIMEOUT_S, self_signed_certificate, serve, serve_engine
 from tests.decoding import decoded
 from tests.speech_check import load_whisper, word_error_rate
 
@@ -252,16 +250,7 @@ def test_sdk_stream_default_format_is_mp3(gateway: str, whisper: object) -> None
 def tls_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """The Piper gateway behind TLS with a self-signed certificate for 127.0.0.1 (the SDK's realtime helper
     always connects with wss://); yields its address and the certificate."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
-        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed_certificate(tmp_path_factory.mktemp("tls"))
     with tempfile.TemporaryDirectory(prefix="voxgate-voices-") as voices:
         settings = Settings.from_env({}, engine="piper", piper_workers=1, api_keys=KEY, voices_dir=voices)
         # uvicorn's default WebSocket protocol: voxgate serve does not terminate TLS (docs/deploy.md: a proxy

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import signal
 import ssl
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,7 +23,7 @@ from voxgate.gateway.settings import Settings
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.conftest import TIMEOUT_S, serve, serve_engine
+from tests.conftest import TIMEOUT_S, self_signed_certificate, serve, serve_engine
 from tests.decoding import decoded
 from tests.gateway.test_drain import _await_draining, voxgate_serve
 
@@ -303,16 +301,7 @@ def test_voices_in_elevenlabs_shape(address: str) -> None:
 def tls_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """A gateway behind TLS with a self-signed certificate for 127.0.0.1 (the SDK's realtime helper
     always connects with wss://); yields its address and the certificate."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
-        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed_certificate(tmp_path_factory.mktemp("tls"))
     with tempfile.TemporaryDirectory(prefix="voxgate-voices-") as voices:
         app = create_app(Settings.from_env({}, api_keys=KEY, voices_dir=voices), engine=FakeEngine())
         # uvicorn's default WebSocket protocol, as this fixture always ran: voxgate serve does not terminate

@@ -42,17 +42,18 @@ class _Recording(Core):
         super().audio(utterance, sentence, samples, sample_rate, words)
 
 
-async def _speak(fmt: str) -> tuple[list[int], list[bytes], list[int]]:
-    """Speak TEXT with one long engine chunk; returns the samples the core had been given when the writer
-    took the first audio, every audio payload, and every engine slice."""
+async def _started(fmt: str, text: str) -> tuple[_Recording, Outbox, asyncio.Task[None]]:
+    """A core given ``text`` as one utterance in ``fmt``, and its pump running with one long engine chunk
+    per segment; nothing reads the outbox yet."""
     engine = FakeEngine(sample_rate=RATE, chunk_s=60.0)
-    core = _Recording(OutputFormat(fmt, RATE))  # type: ignore[arg-type]
+    fmt_out = OutputFormat(fmt, RATE).check()  # type: ignore[arg-type]
+    core = _Recording(fmt_out)
     core.given = []
     config = SessionConfig(response_format=fmt, sample_rate=RATE)  # type: ignore[arg-type]
     core.receive_message(config, 0.0)
-    core.accept_config(config, OutputFormat(fmt, RATE).check())  # type: ignore[arg-type]
+    core.accept_config(config, fmt_out)
     core.data_to_send()
-    core.receive_message(InputText(text=TEXT), 0.0)
+    core.receive_message(InputText(text=text), 0.0)
     core.receive_message(InputDone(), 0.0)
     outbox = Outbox(max_audio_s=30.0)
     pump = Pump(
@@ -63,7 +64,13 @@ async def _speak(fmt: str) -> tuple[list[int], list[bytes], list[int]]:
         logging.getLogger("test"),
     )
     await pump.route(core.data_to_send())
-    runner = asyncio.create_task(pump.run())
+    return core, outbox, asyncio.create_task(pump.run())
+
+
+async def _speak(fmt: str) -> tuple[list[int], list[bytes], list[int]]:
+    """Speak TEXT with one long engine chunk; returns the samples the core had been given when the writer
+    took the first audio, every audio payload, and every engine slice."""
+    core, outbox, runner = await _started(fmt, TEXT)
     given_at_first: list[int] | None = None
     payloads: list[bytes] = []
     try:
@@ -101,26 +108,8 @@ def test_the_first_slice_is_written_before_the_rest_of_a_long_chunk_is_encoded(f
 
 def test_a_chunk_is_not_sliced_while_audio_waits_for_the_writer() -> None:
     async def scenario() -> list[int]:
-        engine = FakeEngine(sample_rate=RATE, chunk_s=60.0)
-        core = _Recording(OutputFormat("pcm", RATE))
-        core.given = []
-        config = SessionConfig()
-        core.receive_message(config, 0.0)
-        core.accept_config(config, OutputFormat("pcm", RATE))
-        core.data_to_send()
         # Two sentences, two segments; no writer reads, so the first one's audio is still queued.
-        core.receive_message(InputText(text=f"{TEXT} {TEXT}"), 0.0)
-        core.receive_message(InputDone(), 0.0)
-        outbox = Outbox(max_audio_s=30.0)
-        pump = Pump(
-            core,
-            outbox,
-            Metrics().session("test"),
-            lambda index: Utterance(index, config, engine, "tone", None, {}),
-            logging.getLogger("test"),
-        )
-        await pump.route(core.data_to_send())
-        runner = asyncio.create_task(pump.run())
+        core, _, runner = await _started("pcm", f"{TEXT} {TEXT}")
         async with asyncio.timeout(TIMEOUT_S):
             while len(core.given) < 3:  # noqa: ASYNC110 - the pump has no event for a core call
                 await asyncio.sleep(0.01)
