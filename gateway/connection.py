@@ -173,7 +173,11 @@ class Connection:
             await self._abort(stop.error)
 
     async def _drain(self, sessions: Sessions) -> None:
-        """On a drain, end the session once nothing is in flight, or when the drain's time is up."""
+        """On a drain, refuse new utterances; end the session once nothing is in flight, or when the
+        drain's time is up. (A session that kept taking utterances would be cut in the middle of one.)"""
+        await sessions.until_draining()
+        message = "the server is shutting down: no new utterance (those open finish); reconnect"
+        self.session.refuse_new(ProtocolError(ErrorCode.SERVER_SHUTDOWN, message))
         await sessions.until_idle(lambda: bool(self.core.in_flight) or self._busy())
         raise _Stop(shutdown_error())
 

@@ -13,8 +13,9 @@ is known) refuses one before it starts, a WebSocket before it is accepted:
 each with ``Retry-After``. Otherwise it holds a place for the session's whole life.
 
 The drain (``Sessions.drain``, started on SIGTERM by ``voxgate serve``): ``/readyz`` turns 503 and new
-sessions are refused at once; WebSocket sessions end as soon as nothing is in flight (``Connection``
-waits on ``until_idle``) and REST streams run to their end, for up to ``drain_timeout_s``; then the
+sessions are refused at once; a WebSocket session refuses new utterances (non-fatal ``server_shutdown``:
+the utterances it has open go on) and ends as soon as nothing is in flight (``Connection`` waits on
+``until_idle``) and REST streams run to their end, for up to ``drain_timeout_s``; then the
 remaining WebSocket sessions get a fatal ``server_shutdown`` (close 1001), and the server stops.
 """
 
@@ -115,6 +116,10 @@ class Sessions:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace_s):
                 await self._idle.wait()
+
+    async def until_draining(self) -> None:
+        """Return once a drain has begun."""
+        await self._started.wait()
 
     async def until_idle(self, busy: Callable[[], bool]) -> None:
         """Return once a drain has begun and the session is not ``busy``, or the drain's time is up."""

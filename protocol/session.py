@@ -244,6 +244,7 @@ class Session:
         self._named: dict[str, _Stream] = {}
         self._numbers = 0  # context numbers handed out (never reused within a session)
         self.max_buffer_delay_s = DEFAULT_MAX_BUFFER_DELAY_MS / 1000.0
+        self._refusal: ProtocolError | None = None  # ``refuse_new``: new utterances get this error
 
     @property
     def _segmenter(self) -> Segmenter:
@@ -324,6 +325,7 @@ class Session:
                 events.append(ConfigAccepted(msg, ignored_fields))
             case InputText(text=text):
                 if text:
+                    self._check_admitted(cid)
                     self._check_backlog(text, cid)
                 stream = self._stream(cid, events)
                 if not text:
@@ -333,6 +335,7 @@ class Session:
                     events.append(UtteranceStarted(stream.utterance, stream.number))
                 events.extend(self._segments(stream, stream.segmenter.push(text)))
             case InputDone():
+                self._check_admitted(cid)
                 events.extend(self._end_utterance(self._stream(cid, events)))
             case InputCommit(commit_id=commit_id):
                 stream = self._stream(cid, events)
@@ -395,6 +398,18 @@ class Session:
         ``protocol.dialect.render``).
         """
         return render(msg, extensions=self.extensions, streamed=streamed)
+
+    def refuse_new(self, error: ProtocolError) -> None:
+        """From now on, refuse with ``error`` (non-fatal) every message that would start an utterance;
+        those already open go on to their end (the server drains)."""
+        self._refusal = error
+
+    def _check_admitted(self, context_id: str | None) -> None:
+        if self._refusal is None:
+            return
+        stream = self._default if context_id is None else self._named.get(context_id)
+        if stream is None or stream.utterance is None:
+            raise self._error(self._refusal.code, self._refusal.message, context_id=context_id)
 
     def _check_backlog(self, text: str, context_id: str | None) -> None:
         cap = self.max_pending_text_chars

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection
 
 from tests.conftest import TIMEOUT_S, recv, recv_until, send, session, voxgate_connect
 
@@ -112,6 +113,41 @@ def test_a_session_still_speaking_when_the_drain_times_out_gets_server_shutdown(
             recv(ws)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
         assert proc.wait(TIMEOUT_S) == 0
+
+
+def test_a_draining_session_refuses_new_utterances_and_ends_after_the_open_one(tmp_path: Path) -> None:
+    """A client that speaks back to back (its next text right after the last) is not cut in the middle
+    of an utterance at the drain's timeout: the next one is refused, the open one finishes, it ends."""
+    with voxgate_serve(tmp_path, "--drain-timeout-s", "30") as (proc, address), session(address) as ws:
+        send(ws, type="input.text", text=TEXT)
+        recv_until(ws, "audio.start")
+        proc.send_signal(signal.SIGTERM)
+        _await_draining(address)
+        send(ws, type="input.done")
+        send(ws, type="input.text", text="A new utterance, started while the server drains.")
+        send(ws, type="input.done")
+        got = recv_until(ws, "session.done")
+        assert got.frames() and got.messages("audio.done")
+        refusals = [m for m in (got.messages("error") + _rest_until_close(ws)) if not m["fatal"]]
+        assert [m["code"] for m in refusals] == ["server_shutdown", "server_shutdown"]  # its text, its done
+        assert proc.wait(TIMEOUT_S) == 0
+
+
+def _rest_until_close(ws: ClientConnection) -> list[dict[str, object]]:
+    """The messages up to the close, which must be the fatal ``server_shutdown`` and 1001, with no
+    audio of the refused utterance."""
+    messages: list[dict[str, object]] = []
+    while True:
+        try:
+            item = recv(ws)
+        except ConnectionClosed as closed:
+            assert closed.rcvd is not None and closed.rcvd.code == 1001
+            break
+        assert isinstance(item, dict), "audio after the open utterance ended"
+        assert item["type"] == "error", item
+        messages.append(item)
+    assert messages and messages[-1]["code"] == "server_shutdown" and messages[-1]["fatal"] is True
+    return messages[:-1]
 
 
 def _await_draining(address: str) -> None:

@@ -297,6 +297,20 @@ def test_input_done_without_text_ends_an_empty_utterance() -> None:
     ]
 
 
+def test_refuse_new_lets_the_open_utterances_finish_and_refuses_the_next() -> None:
+    """A drain: the utterances open go on to their end, in every context; none starts."""
+    session = configured()
+    feed(session, text("Hello"), message("input.text", text="Other", context_id="b"))
+    session.refuse_new(ProtocolError(ErrorCode.SERVER_SHUTDOWN, "shutting down"))
+    assert feed(session, text(" there."), DONE) == [SegmentReady(0, 0, "Hello there."), UtteranceEnded(0, 1)]
+    for data in (text("Next."), DONE, message("input.text", text="New", context_id="c")):
+        error = refused(session, data)
+        assert error.code is ErrorCode.SERVER_SHUTDOWN and not error.fatal
+    assert refused(session, message("input.done", context_id="c")).context_id == "c"
+    assert feed(session, text("")) == []  # a keep-alive starts nothing, and is not refused
+    assert feed(session, message("input.done", context_id="b"))[-1] == UtteranceEnded(1, 1, 1)
+
+
 def test_empty_text_is_a_keep_alive() -> None:
     session = configured()
     assert feed(session, text("")) == []
