@@ -39,7 +39,7 @@ from starlette.websockets import WebSocketDisconnect
 from ..protocol.codec import Codec, Inbound, Payload
 from ..protocol.core import Core
 from ..protocol.dialect import SessionCodec, sends
-from ..protocol.encoders import default_bitrate
+from ..protocol.encoders import effective_bitrate
 from ..protocol.errors import INTERNAL_ERROR_MESSAGE, ErrorCode, ProtocolError
 from ..protocol.messages import (
     EffectiveConfig,
@@ -327,7 +327,7 @@ class Connection:
             max_buffer_delay_ms=config.max_buffer_delay_ms,
             frame_ms=config.frame_ms,
             frame_header=config.frame_header,
-            bitrate=config.bitrate or default_bitrate(config.response_format, rate),
+            bitrate=effective_bitrate(config.response_format, rate, config.bitrate),
             framing=config.framing,
         )
         limits = Limits(

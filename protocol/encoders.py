@@ -151,6 +151,14 @@ def check_rate(fmt: str, rate: int) -> None:
         raise ValueError(f"{fmt} takes sample rates {', '.join(map(str, sorted(rates)))} Hz, not {rate}")
 
 
+def effective_bitrate(fmt: str, rate: int, requested: int | None) -> int | None:
+    """The bit rate a session's audio is encoded at: ``requested`` or the default for the lossy formats,
+    None for FLAC and the uncompressed formats (they have none to set)."""
+    if fmt not in COMPRESSED_FORMATS or fmt == "flac":
+        return None
+    return requested or default_bitrate(fmt, rate)
+
+
 def default_bitrate(fmt: str, rate: int) -> int | None:
     """The bit rate ``StreamEncoder`` uses when none is given: None for FLAC (lossless).
 

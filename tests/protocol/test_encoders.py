@@ -28,6 +28,7 @@ from voxgate.protocol.encoders import (
     _opus_pre_skip,
     check_rate,
     default_bitrate,
+    effective_bitrate,
     encode_whole,
     supported_rates,
 )
@@ -475,6 +476,12 @@ def test_default_bitrates() -> None:
     assert default_bitrate("opus", RATE) == 32_000
     assert (default_bitrate("aac", 8000), default_bitrate("aac", RATE)) == (48_000, 64_000)  # AAC's ceiling
     assert default_bitrate("flac", RATE) is None
+
+
+def test_the_effective_bitrate_is_none_where_the_format_has_none() -> None:
+    assert effective_bitrate("opus", RATE, None) == 32_000
+    assert effective_bitrate("mp3", RATE, 48_000) == 48_000
+    assert [effective_bitrate(fmt, RATE, 48_000) for fmt in ("flac", "pcm", "wav", "mulaw")] == [None] * 4
 
 
 @pytest.mark.parametrize(
