@@ -84,6 +84,7 @@ async def check_voice(state: object, voice_id: str, params: Params) -> bool:
 
 async def _refuse(websocket: WebSocket, err: ProtocolError) -> None:
     """Refuse a socket before its session starts (its query, its voice): the error, then the close."""
+    err.fatal = True  # its close code goes in the error (ElevenLabs' shape of an error that closes)
     with contextlib.suppress(OSError, RuntimeError, WebSocketDisconnect, TimeoutError):
         async with asyncio.timeout(CLOSE_TIMEOUT_S):
             await websocket.send_text(Stream("", Params(), multi=False).error(err).decode())

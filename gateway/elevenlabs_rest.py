@@ -5,6 +5,12 @@ Each request runs on the REST producer (``gateway.rest``, as OpenAI's route does
 utterance, and ``protocol.elevenlabs.Stream`` turns each of its segments into the segment's whole audio
 with its alignment, in any of ElevenLabs' formats (``mp3_*`` and ``opus_48000_*`` one complete file per
 segment, sent as it is made).
+
+Every route writes its body as it is made (chunked), so a request holds at most a segment's audio and
+what the pump keeps ahead (``max_buffered_audio_s``), whatever its length: the plain routes write each
+segment's audio, ``/stream/with-timestamps`` a JSON line per segment, and ``/with-timestamps`` its one
+JSON object in pieces (``WholeBody``): the audio's base64 as each segment comes, then the alignment, the
+only part kept to the end (a few numbers a character).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 from starlette.requests import Request
@@ -23,14 +29,14 @@ from ..protocol.elevenlabs import (
     Alignment,
     Params,
     Stream,
-    VoiceSettings,
+    decode_body,
     http_error,
     parse_params,
     seconds_alignment,
     session_config,
 )
 from ..protocol.encoders import MEDIA_TYPES as COMPRESSED_MEDIA_TYPES
-from ..protocol.errors import ErrorCode, ProtocolError, field_path
+from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.output import Audio, Message, OutputFormat
 from .catalog import Catalog
 from .elevenlabs import DIALECT, check_voice
@@ -47,15 +53,6 @@ _encode = msgspec.json.Encoder().encode
 MEDIA_TYPES = {"pcm": "audio/pcm", "mulaw": "audio/basic", **COMPRESSED_MEDIA_TYPES}
 
 
-class _Body(msgspec.Struct, frozen=True, kw_only=True):
-    """The body of ``POST /v1/text-to-speech/{voice_id}``; the fields not named here are ignored."""
-
-    text: str
-    model_id: str | None = None
-    seed: int | None = None
-    voice_settings: VoiceSettings | None = None
-
-
 #: What the response gets: a segment (its audio, alignment and length in ms), or the failure that ends it.
 _Item = tuple[bytes, Alignment, float] | ProtocolError
 
@@ -64,12 +61,17 @@ def _refused(err: ProtocolError) -> Response:
     return Response(http_error(err), status_code=err.status, media_type="application/json")
 
 
-async def _speak(request: Request, timestamps: bool) -> Response:
+#: Renders a response's segments into its body.
+_Render = Callable[[Producer, _Item | None, AsyncIterator[_Item]], AsyncIterator[bytes]]
+
+
+async def _speak(request: Request, render: _Render, media_type: str | None) -> Response:
+    """Answer one request: its body rendered by ``render`` (``media_type`` None: the audio format's)."""
     voice_id = request.path_params["voice_id"]
     state = request.state
     try:
         params = parse_params(request.query_params)
-        body = msgspec.json.decode(await read_body(request, MAX_BODY_BYTES), type=_Body)
+        body = decode_body(await read_body(request, MAX_BODY_BYTES))
         if not body.text.strip():
             raise ProtocolError(ErrorCode.EMPTY_INPUT, "text has nothing to speak", field="text")
         params = Params(
@@ -84,10 +86,6 @@ async def _speak(request: Request, timestamps: bool) -> Response:
         fmt = OutputFormat.of(config, rate).check()
     except BodyTooLarge as exc:
         return _refused(ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc)))
-    except msgspec.ValidationError as exc:
-        return _refused(ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)))
-    except msgspec.DecodeError as exc:
-        return _refused(ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON body: {exc}"))
     except REFUSALS as exc:
         return _refused(error_for(exc))
     except ProtocolError as err:
@@ -101,13 +99,9 @@ async def _speak(request: Request, timestamps: bool) -> Response:
     if isinstance(head, ProtocolError):
         await producer.aclose()
         return _refused(head)
+    media = media_type or MEDIA_TYPES[fmt.fmt]
     headers = {"x-sample-rate": str(rate)}
-    if not timestamps:
-        media = MEDIA_TYPES[fmt.fmt]
-        return StreamingResponse(_audio(producer, head, items), media_type=media, headers=headers)
-    return StreamingResponse(
-        _timestamps(producer, head, items), media_type="application/json", headers=headers
-    )
+    return StreamingResponse(render(producer, head, items), media_type=media, headers=headers)
 
 
 async def _segments(producer: Producer, codec: Stream) -> AsyncIterator[_Item]:
@@ -148,9 +142,7 @@ async def _audio(producer: Producer, head: _Item | None, items: AsyncIterator[_I
         yield audio
 
 
-async def _timestamps(
-    producer: Producer, head: _Item | None, items: AsyncIterator[_Item]
-) -> AsyncIterator[bytes]:
+async def _lines(producer: Producer, head: _Item | None, items: AsyncIterator[_Item]) -> AsyncIterator[bytes]:
     """NDJSON, one line a segment: ``audio_base64``, ``alignment`` and ``normalized_alignment`` (seconds)."""
     offset_ms = 0.0
     async for audio, alignment, duration_ms in _items(producer, head, items):
@@ -166,40 +158,75 @@ async def _timestamps(
         yield payload
 
 
+class WholeBody:
+    """The ``with-timestamps`` JSON object, written in pieces as its segments come.
+
+    ``{"audio_base64":"<base64 of every segment's audio>","alignment":A,"normalized_alignment":A}``,
+    byte for byte what one ``json.dumps`` of the whole answer gives (Starlette's ``JSONResponse``, which
+    this route used when it held the answer whole): the base64 of the audio so far, up to its last whole
+    3-byte group (a base64 of 3-byte pieces is the base64 of their sum), goes out with each segment; the
+    up to 2 bytes left wait for the next. Only the alignment is kept to the end.
+    """
+
+    def __init__(self) -> None:
+        self._left = b""  # the audio's last bytes that do not fill a 3-byte group yet
+        self._offset_ms = 0.0  # where the next segment starts in the answer's audio
+        self._chars: list[str] = []
+        self._starts: list[float] = []
+        self._ends: list[float] = []
+
+    def head(self) -> bytes:
+        """The object's opening, up to the audio's base64."""
+        return b'{"audio_base64":"'
+
+    def segment(self, audio: bytes, alignment: Alignment, duration_ms: float) -> bytes:
+        """The base64 a segment completes; its alignment is kept for ``tail``."""
+        shape = seconds_alignment(alignment, self._offset_ms)
+        self._offset_ms += duration_ms
+        self._chars += shape.characters
+        self._starts += shape.character_start_times_seconds
+        self._ends += shape.character_end_times_seconds
+        data = self._left + audio if self._left else audio
+        whole = len(data) - len(data) % 3
+        self._left = data[whole:]
+        return base64.b64encode(memoryview(data)[:whole])
+
+    def tail(self) -> bytes:
+        """The rest of the base64, then the alignment (twice, as ElevenLabs sends it)."""
+        shape = {
+            "characters": self._chars,
+            "character_start_times_seconds": self._starts,
+            "character_end_times_seconds": self._ends,
+        }
+        alignment = json.dumps(shape, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        rest = base64.b64encode(self._left).decode()
+        return f'{rest}","alignment":{alignment},"normalized_alignment":{alignment}}}'.encode()
+
+
+async def _whole(producer: Producer, head: _Item | None, items: AsyncIterator[_Item]) -> AsyncIterator[bytes]:
+    """One JSON object (``WholeBody``), written as the segments come."""
+    body = WholeBody()
+    yield body.head()
+    async for audio, alignment, duration_ms in _items(producer, head, items):
+        payload = body.segment(audio, alignment, duration_ms)
+        producer.meter.wrote(payload)
+        yield payload
+    yield body.tail()
+
+
 async def convert(request: Request) -> Response:
     """``POST /v1/text-to-speech/{voice_id}`` and ``.../stream``: the audio, streamed as it is made."""
-    return await _speak(request, timestamps=False)
+    return await _speak(request, _audio, None)
 
 
 async def stream_with_timestamps(request: Request) -> Response:
     """``POST /v1/text-to-speech/{voice_id}/stream/with-timestamps``: NDJSON audio with alignment."""
-    return await _speak(request, timestamps=True)
+    return await _speak(request, _lines, "application/json")
 
 
 async def convert_with_timestamps(request: Request) -> Response:
-    """``POST /v1/text-to-speech/{voice_id}/with-timestamps``: one JSON object, its alignment whole."""
-    response = await _speak(request, timestamps=True)
-    if not isinstance(response, StreamingResponse):
-        return response
-    audio, chars, starts, ends = bytearray(), [], [], []
-    async for line in response.body_iterator:
-        part = json.loads(bytes(line) if not isinstance(line, str) else line)
-        audio += base64.b64decode(part["audio_base64"])
-        chars += part["alignment"]["characters"]
-        starts += part["alignment"]["character_start_times_seconds"]
-        ends += part["alignment"]["character_end_times_seconds"]
-    shape = {
-        "characters": chars,
-        "character_start_times_seconds": starts,
-        "character_end_times_seconds": ends,
-    }
-    return JSONResponse(
-        {
-            "audio_base64": base64.b64encode(bytes(audio)).decode(),
-            "alignment": shape,
-            "normalized_alignment": shape,
-        }
-    )
+    """``POST /v1/text-to-speech/{voice_id}/with-timestamps``: one JSON object, written as it is made."""
+    return await _speak(request, _whole, "application/json")
 
 
 async def list_voices(request: Request) -> JSONResponse:

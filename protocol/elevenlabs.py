@@ -21,7 +21,8 @@ Server -> client::
     {"audio": "<base64>", "isFinal": null, "alignment": {...}, "normalizedAlignment": {...},
      "contextId": "c1"}                                  one per segment; contextId on multi only
     {"isFinal": true, "contextId": "c1"}                 after a context's last audio
-    {"message": "...", "error": "<code>", "code": 1008}  an error (contextId when it is a context's)
+    {"message": "...", "error": "<code>", "code": 1008}  an error (contextId when it is a context's); the
+                                                         close code only on a fatal one, as it closes
 
 Alignment times are milliseconds relative to the start of the message's own audio (``Alignment`` in the
 SDK); the REST ``with-timestamps`` shapes use seconds from the start of the response.
@@ -30,13 +31,14 @@ SDK); the REST ``with-timestamps`` shapes use seconds from the start of the resp
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 
 from .audio import AudioFormat
-from .errors import FAILURES, CloseCode, ErrorCode, ProtocolError, field_path
+from .errors import FAILURES, MALFORMED_JSON, CloseCode, ErrorCode, ProtocolError, field_path
 from .messages import (
     AudioDone,
     AudioStart,
@@ -118,22 +120,47 @@ class Inbound(msgspec.Struct, frozen=True, kw_only=True):
     voice_settings: VoiceSettings | None = None
 
 
+class RequestBody(msgspec.Struct, frozen=True, kw_only=True):
+    """The body of ``POST /v1/text-to-speech/{voice_id}`` (every route); the fields not named are ignored."""
+
+    text: str
+    model_id: str | None = None
+    seed: int | None = None
+    voice_settings: VoiceSettings | None = None
+
+
+_T = TypeVar("_T")
 _decode_inbound = msgspec.json.Decoder(Inbound).decode
+_decode_body = msgspec.json.Decoder(RequestBody).decode
 _encode = msgspec.json.Encoder().encode
 
 
 def decode_inbound(data: str | bytes) -> Inbound:
-    """Decode one client message.
+    """Decode one client message of a socket.
 
     Raises:
-        ProtocolError: not JSON, or a field of the wrong type (``invalid_message``, with its path).
+        ProtocolError: not JSON, nested past the interpreter's stack (``invalid_json``), or a field of the
+            wrong type (``invalid_message``, with its path).
     """
+    return _decoded(_decode_inbound, data, "")
+
+
+def decode_body(data: bytes) -> RequestBody:
+    """Decode the body of a REST request.
+
+    Raises:
+        ProtocolError: as ``decode_inbound`` does.
+    """
+    return _decoded(_decode_body, data, " body")
+
+
+def _decoded(decode: Callable[[str | bytes], _T], data: str | bytes, what: str) -> _T:
     try:
-        return _decode_inbound(data)
+        return decode(data)
     except msgspec.ValidationError as exc:
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON: {exc}") from None
+    except MALFORMED_JSON as exc:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON{what}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,25 +288,52 @@ def _spread(n: int, start: float, end: float) -> tuple[list[int], list[int]]:
     return edges[:-1], [b - a for a, b in zip(edges, edges[1:], strict=False)]
 
 
-def word_alignment(words: list[WordTimestamp], offset_ms: float, duration_ms: float) -> Alignment:
-    """The alignment of a segment from the engine's word timings: each word's characters, and the space
-    after it, share the word's time evenly.
+def word_alignment(text: str, words: list[WordTimestamp], offset_ms: float, duration_ms: float) -> Alignment:
+    """The alignment of a segment from the engine's word timings, spelling ``text`` as it is written.
+
+    Each word is looked for in ``text`` in order, from where the one before it ended; its characters and
+    those up to the next word found (the space after it, punctuation the engine left out) share the word's
+    time evenly, and characters before the first word go with it. The characters are the text's, never
+    the words' joined by spaces: a word an engine times in parts (a long token, a URL or a hash split over
+    synthesis pieces) is spelled whole, with no space invented inside it. A word not found (an engine
+    that normalizes its words) lends its time to the word before it.
 
     Args:
+        text: the segment as spoken, plus the space that separates it from the next one.
         words: the segment's words, in order, on the utterance's clock.
         offset_ms: where the segment's audio starts on that clock.
-        duration_ms: the segment's audio; the last word's space reaches its end, so that a client adding
-            up each message's span (pipecat) stays on the audio's clock.
+        duration_ms: the segment's audio; the last span reaches its end, so that a client adding up
+            each message's span (pipecat) stays on the audio's clock.
     """
+    spans: list[tuple[int, float, float]] = []  # each word found: where it starts in text, its times
+    folded = text.lower() if len(text.lower()) == len(text) else text
+    cursor = 0
+    for word in words:
+        at = text.find(word.word, cursor)
+        if at < 0:
+            at = folded.find(word.word.lower(), cursor)
+        if at < 0 and spans:
+            spans[-1] = (spans[-1][0], spans[-1][1], max(spans[-1][2], word.end_ms))
+            continue
+        if at < 0:  # the first word is not in the text: its time still starts the alignment
+            at = cursor
+        else:
+            cursor = at + len(word.word)
+        spans.append((at, word.start_ms, word.end_ms))
+    if not spans:
+        return spread_alignment(text, duration_ms)
     chars: list[str] = []
     starts: list[int] = []
     durations: list[int] = []
-    for n, word in enumerate(words):
-        start = min(max(word.start_ms - offset_ms, 0.0), duration_ms)
-        end = duration_ms if n == len(words) - 1 else min(max(word.end_ms - offset_ms, start), duration_ms)
-        text = word.word + " "
-        spread_starts, spread_durations = _spread(len(text), start, end)
-        chars += text
+    bounds = [0, *(at for at, _, _ in spans[1:]), len(text)]
+    for n, (start_ms, end_ms) in enumerate((s, e) for _, s, e in spans):
+        piece = text[bounds[n] : bounds[n + 1]]
+        if not piece:  # two words found at one place: the first adds no character
+            continue
+        start = min(max(start_ms - offset_ms, 0.0), duration_ms)
+        end = duration_ms if n == len(spans) - 1 else min(max(end_ms - offset_ms, start), duration_ms)
+        spread_starts, spread_durations = _spread(len(piece), start, end)
+        chars += piece
         starts += spread_starts
         durations += spread_durations
     return Alignment(chars, starts, durations)
@@ -378,9 +432,10 @@ class Stream:
             case ContextClosed(context_id=context):
                 self._open.discard(context)
                 return [self._shape({"isFinal": True}, context)]
-            case Error(code=code, message=message, context_id=context):
+            case Error(code=code, message=message, fatal=fatal, context_id=context):
                 named = None if isinstance(context, msgspec.UnsetType) else context
-                return [self._shape(ws_error(code, message), named)]
+                close = _CLOSE_CODES.get(code, CloseCode.INTERNAL_ERROR) if fatal else None
+                return [self._shape(ws_error(code, message, close), named)]
         return []
 
     def hold(self, data: bytes) -> None:
@@ -416,7 +471,7 @@ class Stream:
     def _alignment(self, duration_ms: float) -> Alignment:
         """The alignment of the segment of the ``audio.start`` seen last, ``duration_ms`` long."""
         if self._timed:
-            return word_alignment(self._timed, self._start_ms, duration_ms)
+            return word_alignment(self._text + " ", self._timed, self._start_ms, duration_ms)
         return spread_alignment(self._text + " ", duration_ms)
 
     def audio_message(self, data: bytes, alignment: Alignment) -> bytes:
@@ -432,8 +487,9 @@ class Stream:
         return self._shape(payload, self._context)
 
     def error(self, err: ProtocolError, context: str | None = None) -> bytes:
-        """An error in ElevenLabs' shape, of ``context`` (the session's name for it), else of the socket."""
-        return self._shape(ws_error(err.code, err.message), context)
+        """An error in ElevenLabs' shape, of ``context`` (the session's name for it), else of the socket;
+        with its close code when it is fatal."""
+        return self._shape(ws_error(err.code, err.message, err.close_code if err.fatal else None), context)
 
     def _shape(self, payload: dict[str, object], context: str | None) -> bytes:
         """``payload`` with the ``contextId`` of ``context`` on ``multi-stream-input`` (None: the socket's,
@@ -443,13 +499,24 @@ class Stream:
         return _encode(payload)
 
 
-def ws_error(code: str, message: str) -> dict[str, object]:
-    """A WebSocket error in ElevenLabs' shape: ``message``, ``error`` (its code), ``code`` (close code).
+def ws_error(code: str, message: str, close: int | None) -> dict[str, object]:
+    """A WebSocket error in ElevenLabs' shape: ``message``, ``error`` (its code), and ``code``, the close code
+    that follows, only when one follows.
 
-    ``code`` is a voxgate error code; one the error table lacks gets 1011 (internal error).
+    ElevenLabs sends an error only as it closes, with the close code in it; voxgate's non-fatal errors
+    (``message_too_large``, ``max_active_conversations``, ``engine_error`` of one segment, ...) leave the
+    socket open, and a close code in them (1009, 1011) would tell the client it is closing.
+
+    Args:
+        code: a voxgate error code (ElevenLabs' own word where it has one: ``voice_not_found``, ...).
+        message: what to tell the client.
+        close: voxgate's close code of a fatal error (ElevenLabs' is sent: ``close_code``); None when the
+            error is not fatal.
     """
-    close = close_code(_CLOSE_CODES.get(code, CloseCode.INTERNAL_ERROR))
-    return {"message": message, "error": _CODES.get(code, code), "code": close}
+    payload: dict[str, object] = {"message": message, "error": _CODES.get(code, code)}
+    if close is not None:
+        payload["code"] = close_code(close)
+    return payload
 
 
 def http_error(err: ProtocolError) -> bytes:

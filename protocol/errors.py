@@ -23,6 +23,11 @@ from typing import NamedTuple
 
 import msgspec
 
+#: What a msgspec JSON decoder raises on a text it cannot read: ``DecodeError`` (not JSON; its subclass
+#: ``ValidationError``, a wrong shape, is usually caught before it), or ``RecursionError`` for nesting
+#: deeper than the interpreter's stack (a hostile ``[[[[…]]]]`` of a few kilobytes). Every decoder of
+#: client JSON catches this one tuple, so that no surface answers deep nesting with a traceback.
+MALFORMED_JSON: tuple[type[Exception], ...] = (msgspec.DecodeError, RecursionError)
 _PATH = re.compile(r"at `(\$[^`]*)`")
 _FIELD = re.compile(r"(?:unknown|missing required) field `([^`]*)`")
 
@@ -88,6 +93,8 @@ class ErrorCode(enum.StrEnum):
     RATE_LIMITED = "rate_limited"
     #: HTTP only: the request's headers did not arrive within ``header_timeout_s``.
     HEADER_TIMEOUT = "header_timeout"
+    #: HTTP only: the request line and headers are over ``max_header_bytes``.
+    HEADER_TOO_LARGE = "header_too_large"
     #: A message would open a context past ``max_contexts`` named contexts open at once.
     TOO_MANY_CONTEXTS = "too_many_contexts"
 
@@ -132,12 +139,14 @@ FAILURES: dict[ErrorCode, Failure] = {
     # Refused before the WebSocket is accepted: the HTTP status is the answer, no close code is sent.
     ErrorCode.SERVER_BUSY: Failure(CloseCode.GOING_AWAY, 503),
     ErrorCode.TOO_MANY_SESSIONS: Failure(_POLICY, 429),
-    ErrorCode.TEXT_BACKLOG_FULL: Failure(_POLICY, 429, "$.text"),
+    # Backpressure, not a rate limit (429 would make clients retry the same text): never sent over HTTP.
+    ErrorCode.TEXT_BACKLOG_FULL: Failure(_POLICY, 413, "$.text"),
     # Never fatal; the engine misbehaved, as with ``engine_error``.
     ErrorCode.AUDIO_TRUNCATED: Failure(CloseCode.INTERNAL_ERROR, 502),
     # HTTP only: no WebSocket session exists when these are sent (the close code is never used).
     ErrorCode.RATE_LIMITED: Failure(_POLICY, 429),
     ErrorCode.HEADER_TIMEOUT: Failure(CloseCode.TIMEOUT, 408),
+    ErrorCode.HEADER_TOO_LARGE: Failure(CloseCode.MESSAGE_TOO_BIG, 431),
     ErrorCode.TOO_MANY_CONTEXTS: Failure(_POLICY, 429, "$.context_id"),
 }
 #: The message of an ``internal_error``: the details stay in the server log.

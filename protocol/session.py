@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import msgspec
 
 from .dialect import render
-from .errors import CloseCode, ErrorCode, ProtocolError, field_path
+from .errors import MALFORMED_JSON, CloseCode, ErrorCode, ProtocolError, field_path
 from .messages import (
     CLIENT_TYPES,
     DEFAULT_MAX_BUFFER_DELAY_MS,
@@ -501,7 +501,7 @@ class Session:
             msg = _decode_client(data)
         except msgspec.ValidationError as exc:
             raise self._classify(data, exc) from None
-        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
+        except MALFORMED_JSON as exc:
             raise self._error(ErrorCode.INVALID_JSON, f"invalid JSON: {exc}") from None
         if not isinstance(msg, SessionConfig) and size > self.max_message_bytes:
             raise self._error(
@@ -513,7 +513,7 @@ class Session:
     def _classify(self, data: str, exc: msgspec.ValidationError) -> ProtocolError:
         try:
             raw = _decode_any(data)
-        except (msgspec.DecodeError, RecursionError) as err:
+        except MALFORMED_JSON as err:
             # The typed decoder stops at the first schema error, before it reaches malformed JSON after it.
             return self._error(ErrorCode.INVALID_JSON, f"invalid JSON: {err}")
         if not isinstance(raw, dict):

@@ -15,7 +15,7 @@ writes the carrier's own messages, so the bridge forwards them without decoding 
 voxgate's own messages (``"type"``) still go out as before; a bridge forwards those with ``"event"``
 to the carrier and reads the others. Inbound, the bridge relays the carrier's ``mark`` echoes and
 ``clear`` as they are: a mark becomes a ``playback.position`` event (``Framing.receive``), a clear
-cancels as ``input.cancel`` does.
+cancels as ``input.cancel`` does. One that names another stream than the session's is refused.
 
 ``Telephony`` is the codec (``protocol.codec``) of such a socket: it wraps the session's own codec
 (``protocol.dialect.SessionCodec``), which adopts it once a ``session.config`` names ``framing``.
@@ -34,7 +34,7 @@ import msgspec
 
 from .audio import BYTES_PER_SAMPLE, AudioFormat
 from .codec import Codec, Inbound, Payload
-from .errors import ErrorCode, ProtocolError
+from .errors import MALFORMED_JSON, ErrorCode, ProtocolError
 from .messages import (
     AudioCancelled,
     AudioDone,
@@ -142,6 +142,12 @@ class _Inbound(msgspec.Struct, frozen=True):
     event: str | None = None
     type: str | None = None  # a voxgate message: not the carrier's
     mark: _MarkName | None = None
+    streamSid: str | None = None  # noqa: N815 - Twilio's name of the stream
+    stream_id: str | None = None  # Telnyx's
+
+    def stream(self, carrier: Carrier) -> str | None:
+        """The stream the message names, in ``carrier``'s field (None: it names none)."""
+        return {"streamSid": self.streamSid, "stream_id": self.stream_id}.get(carrier.stream_field)
 
 
 _decode_inbound = msgspec.json.Decoder(_Inbound).decode
@@ -163,6 +169,7 @@ class Framing:
 
     def __init__(self, carrier: Carrier, stream_id: str | None) -> None:
         self.carrier = carrier
+        self.stream_id = stream_id
         self._stream: dict[str, str] = {carrier.stream_field: stream_id} if stream_id is not None else {}
         self._texts: dict[tuple[int, int], str] = {}  # segments announced and not yet ended
         self._pending: dict[str, PlaybackPosition] = {}  # marks sent and not yet echoed
@@ -223,16 +230,27 @@ class Framing:
             mark, or nothing for the echo of a mark cleared or unknown.
 
         Raises:
-            ProtocolError: a carrier event other than ``mark`` and ``clear``, or a mark without a name.
+            ProtocolError: a carrier event other than ``mark`` and ``clear``, a mark without a name, or a
+                message naming a stream other than the session's (``invalid_message`` on the carrier's
+                stream field, not fatal: a bridge that mixes up its calls must not cancel another's
+                speech, nor count its playback).
         """
         if '"event"' not in data:  # voxgate's messages never have the key: skip the second decode
             return None
         try:
             msg = _decode_inbound(data)
-        except (msgspec.DecodeError, RecursionError):
+        except MALFORMED_JSON:
             return None  # malformed, or not shaped as a carrier's (a ValidationError): the Session says so
         if msg.event is None or msg.type is not None:
             return None
+        named = msg.stream(self.carrier)
+        if self.stream_id is not None and named is not None and named != self.stream_id:
+            field = self.carrier.stream_field
+            raise ProtocolError(
+                ErrorCode.INVALID_MESSAGE,
+                f"a carrier message of another stream: its {field} is not this session's stream_sid",
+                field=f"$.{field}",
+            )
         match msg.event:
             case "mark":
                 if msg.mark is None:

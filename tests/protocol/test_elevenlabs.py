@@ -16,6 +16,7 @@ from voxgate.protocol.elevenlabs import (
     Stream,
     VoiceSettings,
     close_code,
+    decode_body,
     decode_inbound,
     http_error,
     parse_params,
@@ -61,6 +62,25 @@ def test_decode_inbound_reads_every_field_and_ignores_unknown_ones() -> None:
     assert msg == Inbound(
         text=" ", context_id="c1", flush=True, voice_settings=VoiceSettings(speed=1.1, stability=0.5)
     )
+
+
+def test_deep_nesting_is_invalid_json_in_messages_and_bodies() -> None:
+    deep = '{"pronunciation": ' + "[" * 5000 + "]" * 5000 + "}"
+    for decode in (decode_inbound, lambda data: decode_body(data.encode())):
+        with pytest.raises(ProtocolError) as refused:
+            decode(deep)
+        assert refused.value.code is ErrorCode.INVALID_JSON
+
+
+def test_decode_body_reads_a_request_body() -> None:
+    body = decode_body(b'{"text": "Hi.", "seed": 3, "voice_settings": {"speed": 1.1}, "extra": 1}')
+    assert (body.text, body.seed, body.model_id) == ("Hi.", 3, None)
+    assert body.voice_settings is not None and body.voice_settings.speed == 1.1
+    with pytest.raises(ProtocolError) as refused:
+        decode_body(b'{"words": "Hi."}')
+    assert refused.value.code is ErrorCode.INVALID_MESSAGE and refused.value.field == "$.text"
+    with pytest.raises(ProtocolError, match="invalid JSON body"):
+        decode_body(b"{")
 
 
 def test_decode_inbound_refuses_bad_json_and_bad_fields() -> None:
@@ -276,20 +296,27 @@ def test_render_reports_errors_and_skips_what_has_no_counterpart() -> None:
     assert codec.render(_server(SessionDone())) == []
     assert codec.render(SessionReady(session_id="s")) == []  # a message this dialect lacks
     refused = codec.error(ProtocolError(ErrorCode.INVALID_STATE, "too many"), "c1")
-    assert _json(refused) == {"message": "too many", "error": "invalid_state", "code": 1008}
+    assert _json(refused) == {"message": "too many", "error": "invalid_state"}  # not fatal: no close code
+    closing = codec.error(ProtocolError(ErrorCode.INVALID_JSON, "no", fatal=True))
+    assert _json(closing) == {"message": "no", "error": "invalid_json", "code": 1007}
     assert [_json(m) for m in codec.render(_server(ContextClosed(context_id=F)))] == [{"isFinal": True}]
     assert codec.observe(_server(error)) == error and codec.observe(_server(SessionDone())) is None
     multi = Stream("joe", Params(), multi=True)
     many = Error(code="too_many_contexts", message="8 open", context_id="c9")
     assert [_json(m) for m in multi.render(_server(many))] == [
-        {"message": "8 open", "error": "max_active_conversations", "code": 1008, "contextId": "c9"}
+        {"message": "8 open", "error": "max_active_conversations", "contextId": "c9"}
+    ]
+    # A segment's engine failure leaves the socket open: no 1011 in it.
+    failed = Error(code="engine_error", message="one segment", fatal=False)
+    assert [_json(m) for m in codec.render(_server(failed))] == [
+        {"message": "one segment", "error": "engine_error"}
     ]
     assert "contextId" not in _json(multi.render(_server(error))[0])  # the socket's own error
 
 
 def test_errors_use_elevenlabs_shapes_and_codes() -> None:
     unknown = ProtocolError(ErrorCode.VOICE_NOT_FOUND, "voice 'x' was not found")
-    assert ws_error(unknown.code, unknown.message) == {
+    assert ws_error(unknown.code, unknown.message, unknown.close_code) == {
         "message": "voice 'x' was not found",
         "error": "voice_not_found",
         "code": 1008,
@@ -297,12 +324,12 @@ def test_errors_use_elevenlabs_shapes_and_codes() -> None:
     assert _json(http_error(unknown)) == {
         "detail": {"status": "voice_not_found", "message": "voice 'x' was not found"}
     }
-    assert ws_error(ErrorCode.IDLE_TIMEOUT, "quiet") == {
+    assert ws_error(ErrorCode.IDLE_TIMEOUT, "quiet", 4008) == {
         "message": "quiet",
         "error": "input_timeout_exceeded",
         "code": 1008,  # ElevenLabs closes an idle socket with 1008; voxgate's own code is 4008
     }
-    assert ws_error("some_new_code", "?")["code"] == 1011
+    assert ws_error("some_new_code", "?", None) == {"message": "?", "error": "some_new_code"}
     assert close_code(1000) == 1000 and close_code(4008) == 1008
     assert _json(http_error(ProtocolError(ErrorCode.EMPTY_INPUT, "empty"))) == {
         "detail": {"status": "empty_input", "message": "empty"}
@@ -321,15 +348,51 @@ def test_word_alignment_follows_the_engine_words() -> None:
         WordTimestamp(word="Hi", start_ms=1010.0, end_ms=1100.0),
         WordTimestamp(word="you.", start_ms=1100.0),
     ]
-    alignment = word_alignment(words, offset_ms=1000.0, duration_ms=300.0)
+    alignment = word_alignment("Hi you. ", words, offset_ms=1000.0, duration_ms=300.0)
     assert alignment.chars == ["H", "i", " ", "y", "o", "u", ".", " "]
     assert alignment.charStartTimesMs == [10, 40, 70, 100, 140, 180, 220, 260]
     # The last word's space reaches the end of the audio, whatever the engine said of its end.
     assert alignment.charStartTimesMs[-1] + alignment.charDurationsMs[-1] == 300
     stray = word_alignment(
-        [WordTimestamp(word="a", start_ms=-5.0, end_ms=999.0)], offset_ms=0.0, duration_ms=20.0
+        "a ", [WordTimestamp(word="a", start_ms=-5.0, end_ms=999.0)], offset_ms=0.0, duration_ms=20.0
     )
     assert stray.charStartTimesMs == [0, 10] and stray.charDurationsMs == [10, 10]
+
+
+def test_word_alignment_spells_the_text_not_the_words_joined_by_spaces() -> None:
+    """A long token an engine timed in two parts is spelled whole: no space is invented inside it."""
+    words = [
+        WordTimestamp(word="Hash", start_ms=0.0, end_ms=100.0),
+        WordTimestamp(word="9f86d0", start_ms=100.0, end_ms=200.0),
+        WordTimestamp(word="81884c.", start_ms=200.0, end_ms=300.0),
+    ]
+    alignment = word_alignment("Hash 9f86d081884c. ", words, offset_ms=0.0, duration_ms=400.0)
+    assert "".join(alignment.chars) == "Hash 9f86d081884c. "
+    # Each part's characters share that part's time; the last reaches the end of the audio.
+    assert alignment.charStartTimesMs[5] == 100 and alignment.charStartTimesMs[11] == 200
+    assert alignment.charStartTimesMs[-1] + alignment.charDurationsMs[-1] == 400
+
+
+def test_word_alignment_keeps_the_text_when_the_engine_words_differ_from_it() -> None:
+    words = [
+        WordTimestamp(word="dr", start_ms=0.0, end_ms=100.0),  # found whatever its case
+        WordTimestamp(word="doctor", start_ms=100.0, end_ms=200.0),  # normalized: lends its time
+        WordTimestamp(word="who", start_ms=200.0, end_ms=300.0),
+    ]
+    alignment = word_alignment("  Dr. Who ", words, offset_ms=0.0, duration_ms=300.0)
+    assert "".join(alignment.chars) == "  Dr. Who "
+    assert alignment.charStartTimesMs[:6] == [0, 33, 67, 100, 133, 167]  # "  Dr. " over 0-200 ms
+    unknown_first = word_alignment(
+        "Hi. ",
+        [WordTimestamp(word="hey", end_ms=50.0), WordTimestamp(word="Hi.", start_ms=50.0, end_ms=90.0)],
+        offset_ms=0.0,
+        duration_ms=100.0,
+    )
+    assert "".join(unknown_first.chars) == "Hi. " and unknown_first.charStartTimesMs == [50, 62, 75, 88]
+    assert word_alignment("Ok. ", [], offset_ms=0.0, duration_ms=40.0) == spread_alignment("Ok. ", 40.0)
+    # Without lower-casing of the same length (a dotted capital I), the text is searched as it is.
+    dotted = word_alignment("İz ", [WordTimestamp(word="İz", end_ms=30.0)], offset_ms=0.0, duration_ms=30.0)
+    assert "".join(dotted.chars) == "İz "
 
 
 def test_a_context_with_word_timings_aligns_with_them() -> None:

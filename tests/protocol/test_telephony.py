@@ -161,6 +161,30 @@ def test_after_a_cancel_the_echoes_of_cleared_marks_do_not_count_as_heard() -> N
 
 def test_a_relayed_clear_is_a_cancel() -> None:
     assert twilio().receive(json.dumps({"event": "clear", "streamSid": SID})) == [InputCancel()]
+    assert twilio().receive(json.dumps({"event": "clear"})) == [InputCancel()]  # naming no stream
+
+
+@pytest.mark.parametrize("event", ['{"event":"clear"', '{"event":"mark","mark":{"name":"utt-0-seg-0"}'])
+def test_a_carrier_message_of_another_stream_is_refused_not_honoured(event: str) -> None:
+    """A bridge that mixes up its calls must not cancel another call's speech, nor count its playback."""
+    framing = twilio()
+    end_segment(framing, 0, 0, "Hi.", 200.0)
+    with pytest.raises(ProtocolError) as refused:
+        framing.receive(event + ',"streamSid":"MZ-someone-else"}')
+    assert refused.value.code is ErrorCode.INVALID_MESSAGE and refused.value.field == "$.streamSid"
+    assert not refused.value.fatal
+    assert framing.played_ms == 0.0
+    # Telnyx names its stream in ``stream_id``; a session that was given none takes any stream's.
+    telnyx = Framing.of(framed_config(SessionConfig(framing="telnyx", stream_sid="v3:abc"), None))
+    assert telnyx is not None
+    with pytest.raises(ProtocolError) as other:
+        telnyx.receive('{"event":"clear","stream_id":"v3:other"}')
+    assert other.value.field == "$.stream_id"
+    assert telnyx.receive('{"event":"clear","stream_id":"v3:abc","streamSid":"ignored"}') == [InputCancel()]
+    anonymous = Framing.of(framed_config(SessionConfig(framing="telnyx"), None))
+    assert anonymous is not None and anonymous.receive('{"event":"clear","stream_id":"any"}') == [
+        InputCancel()
+    ]
 
 
 @pytest.mark.parametrize(
