@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from ..engine import ENGINES, TTSEngine
-from . import elevenlabs, elevenlabs_rest, speech, voices
+from . import batch, elevenlabs, elevenlabs_rest, speech, voices
 from .auth import AuthMiddleware
 from .catalog import Catalog
 from .headers import SecurityHeadersMiddleware
@@ -121,6 +121,7 @@ def create_app(
         WebSocketRoute("/v1/audio/speech/stream", speech_stream),
         *voices.routes,
         *speech.routes,
+        *batch.routes,
         *elevenlabs.routes,
         *elevenlabs_rest.routes,
     ]

@@ -82,13 +82,43 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         float,
         option("seconds of audio held for a client before synthesis pauses until it reads", flag=True),
     ] = 60.0
-    # A write that makes no progress for this long, or a ping unanswered for this long (gateway/receipts.py),
-    # means the client stopped reading: it is closed (4001). Long enough for a congested mobile link, short
-    # enough to free the session soon.
+    # Messages other than audio (errors, acks, timings) held for a client before its messages stop being
+    # read (TCP pushes back; one that reads nothing is then closed, 4001): far more than the engine's own
+    # messages for a minute of audio, far less than a flood of refusals (gateway/outbox.py).
+    max_buffered_messages: Annotated[
+        int,
+        option("messages other than audio held for a client before the server stops reading its messages"),
+    ] = 1024
+    max_buffered_message_bytes: Annotated[
+        int,
+        option("bytes (as JSON) of messages other than audio held for a client, likewise"),
+    ] = 1024 * 1024
+    # A ping in the audio stream unanswered for this long (gateway/receipts.py), or a write that makes no
+    # progress for this long with no pong meanwhile, means the client stopped reading: it is closed (4001).
+    # Long enough for a congested mobile link, short enough to free the session soon.
     send_timeout_s: Annotated[
         float,
-        option("seconds a write may make no progress before the client is closed (4001)", flag=True),
+        option(
+            "seconds a client may show no reading (no pong to the pings in its audio) before it is closed "
+            "(4001)",
+            flag=True,
+        ),
     ] = 15.0
+    # uvicorn's keepalive, for a connection with nothing in flight: its defaults. While audio is in flight the
+    # read receipts watch the client instead (gateway/receipts.py): a client reading at playback pace 30 s
+    # behind answers a keepalive ping 30 s late, and must not be closed for it.
+    ws_ping_interval_s: Annotated[
+        float,
+        option(
+            "seconds between keepalive pings to a WebSocket with nothing in flight; 0 for none", flag=True
+        ),
+    ] = 20.0
+    ws_ping_timeout_s: Annotated[
+        float,
+        option(
+            "seconds a keepalive ping may go unanswered before the connection is closed (1011)", flag=True
+        ),
+    ] = 20.0
     # Off: speech does not compress (PCM and u-law gain a few percent, Opus nothing), while deflate costs
     # about 30% more server CPU and a compressor's memory per session. Browsers offer it on every
     # WebSocket. (A client that stops reading is caught with it too: gateway/receipts.py.)
@@ -120,6 +150,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         int,
         option("unsynthesized text a session may hold; more is refused (`text_backlog_full`)", flag=True),
     ] = 20_000
+    # vllm-omni's defaults (``--tts-max-instructions-length``, ``tts_batch_max_items``), so a client that works
+    # against one works against the other.
+    max_instructions_chars: Annotated[
+        int, option("characters `instructions` may have; more is refused (400 `invalid_message`)")
+    ] = 500
+    max_batch_items: Annotated[
+        int, option("items a `POST /v1/audio/speech/batch` may hold; more is refused (400)")
+    ] = 32
     # Speech is about 15 characters a second (0.07 s each); 0.3 s a character plus 10 s leaves room for
     # numbers and symbols read out in words (300 emoji are 80 s), while an engine that runs away (a
     # model that never stops) is cut at a few times the text's length.
@@ -155,6 +193,30 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             flag=True,
         ),
     ] = 10.0
+    # uvicorn bounds no head under httptools (a 50 MB header was read whole): 4 times the 16 KiB h11 allows.
+    max_header_bytes: Annotated[
+        int,
+        option(
+            "bytes a request's line and headers may have; more is refused (431 `header_too_large`) and the "
+            "connection closed",
+            flag=True,
+            shown="65536 (64 KiB)",
+        ),
+    ] = 64 * 1024
+    # uvicorn trusts X-Forwarded-For from 127.0.0.1 by default: any local client (or a proxy that passes the
+    # header through) would pick its own address, and with it its rate-limit bucket. Nothing is trusted
+    # unless named.
+    trusted_proxies: Annotated[
+        tuple[str, ...],
+        option(
+            "addresses or networks (CIDR) of proxies whose `X-Forwarded-For` / `X-Forwarded-Proto` give the "
+            "client's address and scheme (rate limits, logs); `*` trusts any peer, only for a gateway no "
+            "client reaches directly",
+            flag="--trusted-proxy",
+            repeat=True,
+            shown="none",
+        ),
+    ] = ()
     # ElevenLabs allows 5 per socket; a few more leave room for contexts a barge-in is still closing.
     max_contexts: Annotated[
         int,

@@ -9,6 +9,12 @@ raises, gets a proper error status instead of an empty 200.
 Every format streams: ``pcm`` and ``wav`` as they come, ``mp3``, ``opus`` (Ogg), ``aac`` (ADTS) and
 ``flac`` through one streaming encoder for the whole response (``protocol.encoders``), each engine chunk
 encoded and sent as it arrives.
+
+``word_timestamps`` (vllm-omni 0.30's REST field) is the one case that is not streamed: its timings go out
+in the ``X-Word-Timestamps`` response header (a JSON list of ``{word, start_ms, end_ms}``, replaced by
+``X-Word-Timestamps-Omitted`` past 4 KB, as vllm-omni does), so the answer is held whole (``whole``) and
+a streamed request for them is refused. ``whole`` is also how each item of a batch (``gateway.batch``) is
+spoken: ``prepare`` and ``speak`` are this route's steps, shared with it.
 """
 
 from __future__ import annotations
@@ -17,18 +23,26 @@ import base64
 import json
 import logging
 from collections.abc import AsyncIterator
+from typing import NamedTuple
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from ..protocol.audio import wav_header
 from ..protocol.encoders import MEDIA_TYPES as COMPRESSED_MEDIA_TYPES
 from ..protocol.errors import ErrorCode, ProtocolError, field_path
-from ..protocol.messages import SessionConfig, SessionDone
+from ..protocol.messages import SessionConfig, SessionDone, WordTimestamps
 from ..protocol.output import Audio, Message, OutputFormat
-from ..protocol.speech import decode_speech_request, speakable
-from .catalog import Catalog
+from ..protocol.speech import (
+    SpeechRequest,
+    check_limits,
+    check_word_timestamps,
+    decode_speech_request,
+    speakable,
+)
+from .catalog import Catalog, Resolved
 from .failures import REFUSALS, error_for
 from .http import BodyTooLarge, error_response, read_body
 from .metrics import REST_DIALECT, Metrics
@@ -41,10 +55,30 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 # Output tokens reported per second of audio: Qwen3-TTS's codec rate (12.5 frames a second).
 OUTPUT_TOKENS_PER_S = 12.5
 MEDIA_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav", **COMPRESSED_MEDIA_TYPES}
+#: vllm-omni's budget for the ``X-Word-Timestamps`` header: larger headers become opaque 502s at common
+#: reverse-proxy defaults, so past it the header is replaced by ``X-Word-Timestamps-Omitted``.
+MAX_WORDS_HEADER_CHARS = 4096
+_WAV_HEADER_BYTES = 44
 
 
 #: What the body gets: audio bytes, the failure that ends it early, or the utterance's end.
 _Piece = bytes | ProtocolError | SessionDone
+
+
+class Prepared(NamedTuple):
+    """A checked request: the engine and voice that speak it, its output format and its core's config."""
+
+    resolved: Resolved
+    fmt: OutputFormat
+    config: SessionConfig
+
+
+class Whole(NamedTuple):
+    """An answer held whole: its encoded audio, its word timings (``word_timestamps``) and its end."""
+
+    audio: bytes
+    words: list[dict[str, object]]
+    done: SessionDone
 
 
 async def _pieces(stream: Producer) -> AsyncIterator[_Piece]:
@@ -59,18 +93,28 @@ async def _pieces(stream: Producer) -> AsyncIterator[_Piece]:
                 yield piece
 
 
-async def create_speech(request: Request) -> Response:
-    """OpenAI-compatible text to speech."""
+async def _decoded(request: Request) -> SpeechRequest:
+    """The request's body as a ``SpeechRequest``; raises ``ProtocolError`` for one that is not."""
     try:
-        req = decode_speech_request(await read_body(request, MAX_BODY_BYTES))
+        return decode_speech_request(await read_body(request, MAX_BODY_BYTES))
     except BodyTooLarge as exc:
-        return _refused(request, ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc), field="$"))
+        raise ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc), field="$") from exc
     except msgspec.ValidationError as exc:
-        return _refused(request, ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)))
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)) from exc
     except msgspec.DecodeError as exc:
-        return _refused(request, ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON body: {exc}"))
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON body: {exc}") from exc
+
+
+async def prepare(request: Request, req: SpeechRequest) -> Prepared:
+    """Check ``req`` against the server's limits and its engine, before any engine work.
+
+    Raises:
+        ProtocolError: the request is refused (its status, code and field say why).
+    """
+    check_limits(req, request.state.settings.max_instructions_chars)
+    check_word_timestamps(req)
     if not speakable(req.input):
-        return _refused(request, ProtocolError(ErrorCode.EMPTY_INPUT, "input has no text to speak"))
+        raise ProtocolError(ErrorCode.EMPTY_INPUT, "input has no text to speak")
     catalog: Catalog = request.state.catalog
     try:
         resolved = await catalog.prepare(
@@ -84,26 +128,98 @@ async def create_speech(request: Request) -> Response:
         rate = req.output_rate(resolved.engine.sample_rate)
         fmt = OutputFormat(req.response_format, rate, frame_ms=100).check()
     except REFUSALS as exc:
-        return _refused(request, error_for(exc, ref_audio=req.ref_audio is not None))
-    except ProtocolError as err:
-        return _refused(request, err)
+        raise error_for(exc, voice_field=req.voice_field, ref_audio=req.ref_audio is not None) from exc
     for name in resolved.ignored:
         logger.warning("engine %r cannot follow %r; it is ignored", resolved.engine.name, name)
-
-    meter = request.state.metrics.session(REST_DIALECT)
-    meter.configured(resolved.engine.name)
     # Cut as the WebSocket cuts by default.
     config = SessionConfig(
-        split_granularity="sentence", eager_first_segment=True, speed=req.speed, seed=req.seed
+        split_granularity="sentence",
+        eager_first_segment=True,
+        speed=req.speed,
+        seed=req.seed,
+        word_timestamps=req.word_timestamps,
     )
-    stream = await start(request.state.settings, config, fmt, req.input, resolved, meter)
+    return Prepared(resolved, fmt, config)
+
+
+async def speak(request: Request, text: str, prepared: Prepared) -> Producer:
+    """Start the core and engine pump that speak ``text`` (``rest.start``), metered as a REST session."""
+    meter = request.state.metrics.session(REST_DIALECT)
+    meter.configured(prepared.resolved.engine.name)
+    return await start(request.state.settings, prepared.config, prepared.fmt, text, prepared.resolved, meter)
+
+
+async def whole(stream: Producer, fmt: OutputFormat) -> Whole:
+    """All of ``stream``'s answer, held: its audio (a ``wav`` with its real sizes), its word timings.
+
+    Raises:
+        ProtocolError: the engine failed; nothing of the answer is kept.
+    """
+    audio: list[bytes] = []
+    words: list[dict[str, object]] = []
+    stream.meter.open()
+    try:
+        async for piece in pieces(stream):
+            match piece:
+                case Audio(data=data):
+                    stream.meter.wrote(data)
+                    audio.append(data)
+                case Message(msg=WordTimestamps(timestamps=timed)):
+                    # vllm-omni's shape (forced_aligner.py ``extract_word_timestamps``): whole milliseconds.
+                    words += [
+                        {"word": w.word, "start_ms": round(w.start_ms), "end_ms": round(w.end_ms)}
+                        for w in timed
+                    ]
+                case Message(msg=SessionDone() as done):
+                    return Whole(_sized(b"".join(audio), fmt), words, done)
+                case ProtocolError():
+                    stream.meter.error(piece.code)
+                    raise piece
+        raise ProtocolError(ErrorCode.INTERNAL_ERROR, "synthesis ended early")  # pragma: no cover
+    finally:
+        stream.meter.close()
+        await stream.aclose()
+
+
+def _sized(data: bytes, fmt: OutputFormat) -> bytes:
+    """A held ``wav`` with the sizes its streamed header could not know; other formats as they are."""
+    if fmt.fmt != "wav" or len(data) < _WAV_HEADER_BYTES:
+        return data
+    return wav_header(fmt.sample_rate, len(data) - _WAV_HEADER_BYTES) + data[_WAV_HEADER_BYTES:]
+
+
+def words_headers(words: list[dict[str, object]]) -> dict[str, str]:
+    """vllm-omni's ``X-Word-Timestamps`` header (ASCII JSON), or its ``-Omitted`` marker past 4 KB."""
+    text = json.dumps(words)
+    if len(text) <= MAX_WORDS_HEADER_CHARS:
+        return {"x-word-timestamps": text}
+    return {"x-word-timestamps-omitted": f"oversize; bytes={len(text)}; limit={MAX_WORDS_HEADER_CHARS}"}
+
+
+async def create_speech(request: Request) -> Response:
+    """OpenAI-compatible text to speech."""
+    try:
+        req = await _decoded(request)
+        prepared = await prepare(request, req)
+    except ProtocolError as err:
+        return _refused(request, err)
+    resolved, fmt = prepared.resolved, prepared.fmt
+    stream = await speak(request, req.input, prepared)
+    headers = {"x-sample-rate": str(fmt.sample_rate), "x-voxgate-engine": resolved.engine.name}
+    if req.word_timestamps:
+        try:
+            held = await whole(stream, fmt)
+        except ProtocolError as err:
+            logger.warning("engine %s failed: %s", resolved.engine.name, err.message)
+            return _refused(request, err)
+        headers.update(words_headers(held.words))
+        return Response(held.audio, media_type=MEDIA_TYPES[req.response_format], headers=headers)
     pieces = _pieces(stream)
     head = await anext(pieces)
     if isinstance(head, ProtocolError):
         await stream.aclose()
         logger.warning("engine %s failed before the first audio: %s", resolved.engine.name, head.message)
         return _refused(request, head)
-    headers = {"x-sample-rate": str(rate), "x-voxgate-engine": resolved.engine.name}
     if req.stream_format == "sse":
         body = _sse(stream, head, pieces, len(req.input))
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)

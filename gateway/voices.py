@@ -2,7 +2,7 @@
 
 ``POST /v1/audio/voices`` takes ``multipart/form-data`` (or, for embeddings, urlencoded) with
 ``name`` and ``consent``, then ``audio_sample`` (a wav, flac, ogg/opus or mp3 file of 1 to 30 s) or
-``speaker_embedding`` (a JSON list of numbers), with optional ``ref_text`` and ``speaker_description``.
+``speaker_embedding`` (a JSON list of at most 4096 numbers, vllm-omni's bound), with optional ``ref_text`` and ``speaker_description``.
 The body is parsed while it streams in, and reading stops at the first part over its limit. The clip's
 rate, channels and length are checked from its header before it is decoded; it is then decoded block by
 block and stored in its canonical form: mono, at most 24 kHz, 16-bit PCM (``gateway.clips``,
@@ -58,6 +58,9 @@ from .store import (
 
 logger = logging.getLogger(__name__)
 
+#: vllm-omni's cap on an uploaded embedding (serving_speech.py ``upload_voice_embedding``), below the 8192
+#: a request's ``speaker_embedding`` may have: the largest speaker encoders give 2048 values.
+MAX_UPLOAD_EMBEDDING_DIM = 4096
 # 8192 numbers written out in full by json.dumps take about 200 KiB.
 MAX_EMBEDDING_BYTES = 256 * 1024
 # Names, consent records and transcripts of 30 s of speech are far shorter.
@@ -118,11 +121,17 @@ def _check_form(parts: dict[str, Part]) -> _Upload:
         raise Rejected(400, "ambiguous_voice_source", message, "speaker_embedding")
     if not has_audio and not has_embedding:
         raise Rejected(400, "missing_voice_source", "give audio_sample or speaker_embedding", "audio_sample")
+    embedding = parse_embedding(embedding_text) if embedding_text else None
+    if embedding is not None and len(embedding) > MAX_UPLOAD_EMBEDDING_DIM:
+        message = (
+            f"speaker_embedding has {len(embedding)} values, over the {MAX_UPLOAD_EMBEDDING_DIM} allowed"
+        )
+        raise Rejected(400, "embedding_too_long", message, "speaker_embedding")
     return _Upload(
         name=name,
         consent=consent,
         audio=audio.data if audio and has_audio else None,
-        embedding=parse_embedding(embedding_text) if embedding_text else None,
+        embedding=embedding,
         ref_text=text_field(parts, "ref_text") or None,
         speaker_description=text_field(parts, "speaker_description") or None,
     )
@@ -146,7 +155,14 @@ def _save(store: VoiceStore, owner: str, upload: _Upload) -> VoiceInfo:
 
 
 def _voice_json(info: VoiceInfo, engines: list[str]) -> dict[str, object]:
-    return {**msgspec.to_builtins(info), "engines": engines, "requires": "cloning"}
+    # vllm-omni's ``embedding_source``: "audio" for a reference clip, "direct" for an uploaded embedding.
+    source = "audio" if info.kind == "audio" else "direct"
+    return {
+        **msgspec.to_builtins(info),
+        "embedding_source": source,
+        "engines": engines,
+        "requires": "cloning",
+    }
 
 
 def _builtin_json(voices: list[Voice]) -> list[dict[str, object]]:
@@ -237,11 +253,12 @@ async def list_voices(request: Request) -> JSONResponse:
     builtin = await catalog.builtin_voices() if catalog else []
     engines = catalog.cloning_engines() if catalog else []
     uploaded = await run_in_threadpool(store.list, _owner(request))
-    # ``voices`` stays a list of names, as vllm-omni's clients expect; the details sit beside it.
+    # ``voices`` stays a list of names, as vllm-omni's clients expect, uploaded ones too (vllm-omni lists
+    # every name a request may use there); the details sit beside it.
     # ``cloning_engines`` (empty: no engine here can speak an uploaded voice) lets a page say so up front.
     return JSONResponse(
         {
-            "voices": list(dict.fromkeys(v.name for v in builtin)),
+            "voices": list(dict.fromkeys([*(v.name for v in builtin), *(info.name for info in uploaded)])),
             "voice_details": _builtin_json(builtin),
             "uploaded_voices": [_voice_json(info, engines) for info in uploaded],
             "cloning_engines": engines,

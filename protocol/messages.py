@@ -68,6 +68,8 @@ CarrierName = Literal["twilio", "telnyx"]
 StreamId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 # vllm-omni caps speaker_embedding at 8192 values.
 Embedding = Annotated[list[float], msgspec.Meta(max_length=8192)]
+#: vllm-omni's cap on ``max_new_tokens`` (tts_adapters/base.py ``max_new_tokens_max``): more is refused.
+MAX_NEW_TOKENS = 4096
 #: A context's id: what UUIDs, short ids and readable names need, and nothing that must be escaped in logs.
 ContextId = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
 #: Why a context was closed: ``context.close`` / ``session.close``, ``input.cancel``, or its idle timeout.
@@ -97,9 +99,13 @@ class SpeechOptions(msgspec.Struct, frozen=True, kw_only=True):
     ref_text: str | None = None
     x_vector_only_mode: bool | None = None
     speaker_embedding: Embedding | None = None
-    max_new_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_new_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_NEW_TOKENS)] | None = None
     initial_codec_chunk_frames: Annotated[int, msgspec.Meta(ge=0)] | None = None
     non_streaming_mode: bool | None = None
+    #: Model-specific parameters, passed to the engine whole (vllm-omni's REST field: it applies
+    #: ``temperature``, ``top_p`` and ``top_k`` to its sampling and hands the rest to the model as
+    #: ``extra_args``); an engine that cannot take them refuses them by name.
+    extra_params: dict[str, object] | None = None
 
     def engine_options(self) -> dict[str, object]:
         """The options an engine must honour or refuse (see ``engine_options``)."""
@@ -190,11 +196,12 @@ ENGINE_OPTION_FIELDS: tuple[str, ...] = (
     "initial_codec_chunk_frames",
     "non_streaming_mode",
     "word_timestamps",
+    "extra_params",
 )
 
 
 # Fields whose default is a value, not None: at their default the client cannot have asked for anything.
-_DEFAULTS: dict[str, object] = {"speed": 1.0, "word_timestamps": False}
+_DEFAULTS: dict[str, object] = {"speed": 1.0, "word_timestamps": False, "extra_params": {}}
 
 
 def engine_options(msg: msgspec.Struct) -> dict[str, object]:

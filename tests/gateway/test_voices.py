@@ -31,7 +31,7 @@ from tests.gateway import voice_server
 URL = "/v1/audio/voices"
 INFO_FIELDS = {
     "name", "consent", "created_at", "kind", "sample_rate", "duration_s", "embedding_dim", "ref_text",
-    "speaker_description", "mime_type", "file_size", "engines", "requires",
+    "speaker_description", "mime_type", "file_size", "embedding_source", "engines", "requires",
 }  # fmt: skip
 
 
@@ -205,7 +205,9 @@ def test_list_details_replace_delete(tmp_path: Path) -> None:
         assert post(client, "zed").status_code == 200
         assert post(client, "ann", audio=None, embedding="[1, 2, 3]").status_code == 200
         listing = client.get(URL).json()
-        assert listing["voices"] == ["joe", "amy"]
+        # Every name a request may use, uploaded ones too, as vllm-omni lists them.
+        assert listing["voices"] == ["joe", "amy", "ann", "zed"]
+        assert [v["embedding_source"] for v in listing["uploaded_voices"]] == ["direct", "audio"]
         assert listing["cloning_engines"] == ["vllm-omni"]  # what a page needs to offer uploads or not
         assert [v["name"] for v in listing["uploaded_voices"]] == ["ann", "zed"]
         assert all(
@@ -242,7 +244,9 @@ def test_list_details_replace_delete(tmp_path: Path) -> None:
 def test_no_catalog_means_no_builtin_voices_or_engines(client: httpx.Client) -> None:
     assert post(client, "plain").status_code == 200
     listing = client.get(URL).json()
-    assert listing["voices"] == [] and listing["cloning_engines"] == []
+    # No built-in voice: the names are the uploaded ones only.
+    assert listing["voices"] == [v["name"] for v in listing["uploaded_voices"]]
+    assert "plain" in listing["voices"] and listing["cloning_engines"] == []
     assert next(v for v in listing["uploaded_voices"] if v["name"] == "plain")["engines"] == []
 
 
@@ -279,10 +283,15 @@ def test_bad_embeddings(client: httpx.Client, embedding: str, code: str) -> None
 
 
 def test_largest_embedding_is_accepted(client: httpx.Client) -> None:
-    values = np.random.default_rng(3).standard_normal(8192).tolist()
+    # vllm-omni's bound on an uploaded embedding (upload_voice_embedding): 4096 values, not the 8192 a
+    # request's speaker_embedding may have.
+    values = np.random.default_rng(3).standard_normal(4096).tolist()
     response = post(client, "big-embedding", audio=None, embedding=json.dumps(values))
     assert response.status_code == 200, response.text[:300]
-    assert response.json()["voice"]["embedding_dim"] == 8192
+    assert response.json()["voice"]["embedding_dim"] == 4096
+    assert response.json()["voice"]["embedding_source"] == "direct"
+    refused = post(client, "too-big-embedding", audio=None, embedding=json.dumps([*values, 0.5]))
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "embedding_too_long"
 
 
 @pytest.mark.parametrize(
