@@ -93,7 +93,9 @@ class Catalog:
         """Resolve a request's engine and voice, then have the engine check its options.
 
         ``ref_audio`` (a data: URL or base64 clip) with its ``ref_text`` is decoded here, once, into
-        the same ``VoiceReference`` an uploaded voice becomes, so engines see one mechanism.
+        the same ``VoiceReference`` an uploaded voice becomes, so engines see one mechanism. It is decoded
+        only once an engine that clones is found for it: a decode costs about 0.5 s of CPU, which a client
+        must not get spent by asking an engine that would refuse the clip anyway.
 
         Raises:
             Rejected: ``ref_audio`` is not a usable clip, or ``ref_text`` came without it.
@@ -102,6 +104,7 @@ class Catalog:
         """
         inline = None
         if ref_audio is not None:
+            self._inline_cloner(model)  # refuses before the decode, not after it
             inline = await decoding(inline_reference, ref_audio, ref_text)
         elif ref_text is not None:
             message = "ref_text goes with ref_audio; an uploaded voice keeps its own transcript"
@@ -139,9 +142,7 @@ class Catalog:
         """
         chosen = self.engines.get(model) if model else None
         if inline is not None:
-            return Resolved(
-                self._cloner(chosen, "a reference clip sent with the request"), voice or "", inline
-            )
+            return Resolved(self._inline_cloner(model), voice or "", inline)
         engine = chosen or self.default
         if voice is None:
             return Resolved(engine, engine.default_voice)
@@ -164,6 +165,11 @@ class Catalog:
         if voice.casefold() in self.aliases:
             return Resolved(engine, self.aliases[voice.casefold()] or engine.default_voice)
         raise UnknownVoice(voice, engine.name, [v.name for v in known.get(engine.name, [])])
+
+    def _inline_cloner(self, model: str | None) -> TTSEngine:
+        """The engine that will speak a reference clip sent with a request for ``model``."""
+        chosen = self.engines.get(model) if model else None
+        return self._cloner(chosen, "a reference clip sent with the request")
 
     def _cloner(self, chosen: TTSEngine | None, what: str, voice: str = "ref_audio") -> TTSEngine:
         """The engine that will speak a reference clip: the chosen one, or the first that clones."""

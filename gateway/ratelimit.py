@@ -92,7 +92,9 @@ class RateLimitMiddleware:
     """429 ``rate_limited`` with ``Retry-After`` for REST requests over the caller's rate.
 
     Sits inside ``AuthMiddleware``, which records the caller's ``owner`` (a hash of the key); without
-    keys (owner ``""``) the client's address is the bucket's key.
+    keys (owner ``""``) the client's address is the bucket's key: the ASGI ``client``, the TCP peer's
+    unless the peer is one of ``trusted_proxies`` (then uvicorn put the ``X-Forwarded-For`` address
+    there, ``voxgate.cli.uvicorn_http_options``), so a client cannot pick its bucket with the header.
 
     Args:
         rate: requests per second per caller; 0 turns the limit off.

@@ -189,7 +189,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from .engine import ENGINES
     from .gateway.app import create_app, engine_names
-    from .gateway.server import DRAIN_GRACE_S, DrainingServer, http_protocol
+    from .gateway.server import DRAIN_GRACE_S, DrainingServer
 
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     settings = Settings.from_env(**fields)
@@ -202,12 +202,7 @@ def _serve(args: argparse.Namespace) -> int:
         if problem:
             print(f"voxgate: engine {name!r} {problem}", file=sys.stderr)
             return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    from .gateway.auth import install_redaction
-
-    install_redaction(settings.all_api_keys())  # every log record, uvicorn's access and error lines too
+    configure_logging(settings)
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -215,27 +210,61 @@ def _serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(DRAIN_GRACE_S) + 1,  # then what is left is cancelled
-        http=http_protocol(settings.header_timeout_s),
+        **uvicorn_http_options(settings),
         **uvicorn_ws_options(settings),
     )
     DrainingServer(config, app.state.sessions).run()
     return 0
 
 
+def configure_logging(settings: Settings) -> None:
+    """The log of ``voxgate serve``: one line a record on stderr, with API keys redacted
+    (``gateway.auth``) and control characters escaped (``gateway.logs``) in every record the process
+    makes, uvicorn's access and error lines too (their handlers are configured later, by uvicorn)."""
+    from .gateway.auth import install_redaction
+    from .gateway.logs import install_escaping
+
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    install_redaction(settings.all_api_keys())
+    install_escaping()  # after the redaction: it escapes what the redaction left
+
+
+def uvicorn_http_options(settings: Settings, impl: str = "auto") -> dict[str, Any]:
+    """uvicorn's HTTP protocol (``impl``: ``auto``, ``h11`` or ``httptools``) with the header timeout and
+    size limit (``gateway.server.http_protocol``), and whose ``X-Forwarded-*`` headers it believes.
+
+    uvicorn believes them from 127.0.0.1 unless told otherwise (its ``forwarded_allow_ips``): here only
+    from ``trusted_proxies``, and with none, from nobody.
+    """
+    from .gateway.server import http_protocol
+
+    return {
+        "http": http_protocol(settings.header_timeout_s, impl, settings.max_header_bytes),
+        "proxy_headers": bool(settings.trusted_proxies),
+        "forwarded_allow_ips": list(settings.trusted_proxies),
+    }
+
+
 def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
-    """uvicorn's WebSocket implementation, message limit and compression.
+    """uvicorn's WebSocket implementation, message limit, compression and keepalive.
 
     The limit sits above ours, so an oversized message gets our error, and far larger ones a 1009 from
     uvicorn as soon as their frame header (or the fragment past the limit) arrives. The sans-I/O
     implementation is chosen by name: uvicorn's legacy ``websockets`` one, "auto" in older releases,
     closes an uncompressed 50 MB message only after the config timeout (10 s). permessage-deflate is
-    accepted only with ``ws_compression`` (uvicorn accepts it whenever a client offers it).
+    accepted only with ``ws_compression`` (uvicorn accepts it whenever a client offers it). The keepalive
+    is ``ws_ping_interval_s`` / ``ws_ping_timeout_s`` (0: none); with read receipts it pings only a
+    connection with nothing in flight (``gateway.receipts``), so a client far behind is not cut.
     """
     from uvicorn.config import WS_PROTOCOLS
 
     options: dict[str, Any] = {
         "ws_max_size": settings.max_config_bytes + 1024 * 1024,
         "ws_per_message_deflate": settings.ws_compression,
+        "ws_ping_interval": settings.ws_ping_interval_s or None,
+        "ws_ping_timeout": settings.ws_ping_timeout_s or None,
     }
     if "websockets-sansio" in WS_PROTOCOLS:
         from .gateway.receipts import ReceiptProtocol

@@ -84,3 +84,34 @@ def test_rest_ref_audio() -> None:
         )
     assert ok.status_code == 200 and engine.requests[-1].reference is not None
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "ref_audio"
+
+
+def test_ref_audio_is_not_decoded_for_an_engine_that_cannot_clone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cloning check comes before the decode (issue 18 #18: 0.45-0.5 s of CPU per refused config)."""
+    from voxgate.gateway import catalog
+
+    decoded: list[str] = []
+    real = catalog.inline_reference
+
+    def spy(ref_audio: str, ref_text: str | None) -> object:
+        decoded.append(ref_audio[:16])
+        return real(ref_audio, ref_text)
+
+    monkeypatch.setattr(catalog, "inline_reference", spy)
+    with serve_engine(FakeEngine(clones=False)) as address:
+        for _ in range(3):  # a first config refused is fatal: a client repeats it by reconnecting
+            with voxgate_connect(f"ws://{address}{URL}") as ws:
+                send(ws, type="session.config", ref_audio=data_url(clip(20.0)), ref_text="words")
+                error = recv_message(ws)
+                assert error["code"] == "voice_requires_cloning"
+        rest = httpx.post(
+            f"http://{address}/v1/audio/speech",
+            timeout=30,
+            json={"input": "Hello.", "ref_audio": data_url(clip()), "ref_text": "Words."},
+        )
+    assert rest.status_code == 400 and rest.json()["error"]["code"] == "voice_requires_cloning"
+    assert decoded == []
+    # A cloning engine still gets the clip decoded, once per request.
+    with serve_engine(FakeEngine(clones=True)) as address, session(address, ref_audio=data_url(clip())):
+        pass
+    assert len(decoded) == 1
