@@ -4,20 +4,24 @@ open file descriptors and threads are sampled from /proc.
     .venv/bin/python bench/soak.py --engine fake --sessions 200 --minutes 30 --json soak-fake.json
     .venv/bin/python bench/soak.py --engine piper --sessions 4 --minutes 30 --json soak-piper.json
 
-What it does and reports: docs/performance.md ("soak.py"). Exit status 1 when the server died, a session
-got an ``error`` or an unexpected close, or the server logged a traceback.
+Sessions take the surfaces in turn (``--surfaces``, default all): the voxgate session socket, ElevenLabs'
+``multi-stream-input`` (a context per utterance) and a Twilio-framed session (marks echoed, one utterance
+in ten cleared by a barge-in). What it does and reports: docs/performance.md ("soak.py"). Exit status 1
+when the server died, a session got an ``error`` or an unexpected close, or the server logged a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import os
 import random
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +30,7 @@ import numpy as np
 from _client import PATH, SessionRefused, open_session, speak
 from _serve import gateway
 from _text import tokenize
-from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 SENTENCES = (
@@ -39,6 +43,10 @@ SENTENCES = (
 REPLY_TIMEOUT_S = 120.0
 # The pause between text pieces: an LLM's pace.
 TOKEN_DELAY_S = 0.02
+SURFACES = ("voxgate", "elevenlabs", "twilio")
+ELEVENLABS_PATH = "/v1/text-to-speech/{voice}/multi-stream-input"
+# The voice each engine speaks on the ElevenLabs path (which names it).
+VOICES = {"fake": "tone", "piper": "joe"}
 
 
 @dataclass
@@ -52,6 +60,9 @@ class Counters:
     hangs: int = 0
     refused: int = 0
     error_codes: dict[str, int] = field(default_factory=dict)
+    by_surface: dict[str, int] = field(default_factory=dict)  # utterances of each surface
+    barge_ins: int = 0  # carrier clears sent mid-utterance
+    positions: int = 0  # playback.position answers to echoed marks
 
 
 def sample(pid: int, t_s: float) -> dict[str, float]:
@@ -76,6 +87,7 @@ def slope_per_min(samples: list[dict[str, float]], after_s: float) -> float | No
 
 
 async def run_session(index: int, ws_url: str, stop_at: float, every: int, counters: Counters) -> None:
+    """A voxgate-protocol session, reconnecting every ``every`` utterances until ``stop_at``."""
     rng = random.Random(index)
     await asyncio.sleep(rng.uniform(0, 2.0))  # spread the connects
     while time.monotonic() < stop_at:
@@ -106,6 +118,8 @@ async def utterance(ws: ClientConnection, rng: random.Random, counters: Counters
     turn = await speak(ws, tokens, TOKEN_DELAY_S, timeout_s=REPLY_TIMEOUT_S)
     counters.audio_bytes += turn.bytes
     counters.audio_s += turn.bytes / 2 / rate  # pcm16 mono
+    if turn.t_done is not None:
+        bump(counters.by_surface, "voxgate")
     for error in turn.errors:
         counters.errors += 1
         code = str(error.get("code"))
@@ -116,6 +130,118 @@ async def utterance(ws: ClientConnection, rng: random.Random, counters: Counters
         counters.unexpected_closes += 1
         await asyncio.sleep(0.5)
     return not turn.closed
+
+
+# -- the ElevenLabs and phone-carrier surfaces ------------------------------------------------------------
+
+
+async def run_surface(
+    index: int, surface: str, base: str, voice: str, stop_at: float, every: int, counters: Counters
+) -> None:
+    """An ElevenLabs ``multi-stream-input`` socket (a context per utterance) or a Twilio-framed session
+    (marks echoed as the carrier does, one utterance in ten cleared by a barge-in), reconnecting every
+    ``every`` utterances until ``stop_at``."""
+    rng = random.Random(index)
+    await asyncio.sleep(rng.uniform(0, 2.0))
+    while time.monotonic() < stop_at:
+        try:
+            if surface == "elevenlabs":
+                url = f"{base}{ELEVENLABS_PATH.format(voice=voice)}?output_format=pcm_16000"
+                ws = await connect(url, max_size=None, open_timeout=REPLY_TIMEOUT_S, ping_interval=None)
+            else:
+                sid = f"MZsoak{index:026x}"
+                config = {"framing": "twilio", "stream_sid": sid}
+                ws, _ = await open_session(f"{base}{PATH}", config, timeout_s=REPLY_TIMEOUT_S)
+            async with ws:
+                counters.connections += 1
+                for n in range(every):
+                    if time.monotonic() >= stop_at:
+                        break
+                    async with asyncio.timeout(REPLY_TIMEOUT_S):
+                        if surface == "elevenlabs":
+                            await elevenlabs_utterance(ws, rng, counters, f"u{n}", first=n == 0)
+                        else:
+                            await carrier_utterance(ws, rng, counters, sid)
+                    counters.utterances += 1
+                    bump(counters.by_surface, surface)
+        except SessionRefused:
+            counters.errors += 1
+            return
+        except InvalidHandshake:
+            counters.refused += 1
+            await asyncio.sleep(1.0)
+        except TimeoutError:
+            counters.hangs += 1
+        except (ConnectionClosed, OSError):
+            counters.unexpected_closes += 1
+            await asyncio.sleep(0.5)
+
+
+def bump(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1
+
+
+def _error(counters: Counters, code: object) -> None:
+    counters.errors += 1
+    bump(counters.error_codes, str(code))
+
+
+async def elevenlabs_utterance(
+    ws: ClientConnection, rng: random.Random, counters: Counters, context: str, *, first: bool
+) -> None:
+    """One sentence into its own context at an LLM's pace, flushed and closed; read to its ``isFinal``."""
+    opening: dict[str, Any] = {"text": " ", "context_id": context}
+    if first:
+        opening["voice_settings"] = {"stability": 0.5, "similarity_boost": 0.8, "speed": 1.0}
+    await ws.send(json.dumps(opening))
+    for token in tokenize(rng.choice(SENTENCES), rng.randrange(1 << 30)):
+        await ws.send(json.dumps({"text": token, "context_id": context, "try_trigger_generation": True}))
+        await asyncio.sleep(TOKEN_DELAY_S)
+    await ws.send(json.dumps({"context_id": context, "flush": True}))
+    await ws.send(json.dumps({"context_id": context, "close_context": True}))
+    while True:
+        message = json.loads(await ws.recv())
+        if message.get("audio"):
+            audio = base64.b64decode(message["audio"])
+            counters.audio_bytes += len(audio)
+            counters.audio_s += len(audio) / 2 / 16000  # pcm_16000
+        elif "error" in message:
+            _error(counters, f"elevenlabs:{message['error']}")
+        if message.get("isFinal") and message.get("contextId") == context:
+            return
+
+
+async def carrier_utterance(ws: ClientConnection, rng: random.Random, counters: Counters, sid: str) -> None:
+    """One sentence at an LLM's pace on a Twilio-framed session, read to its ``session.done`` (or, for a
+    barge-in, to the ``audio.cancelled`` of the carrier's ``clear`` sent on its first audio)."""
+    barge_in = rng.random() < 0.1
+    for token in tokenize(rng.choice(SENTENCES), rng.randrange(1 << 30)):
+        await ws.send(json.dumps({"type": "input.text", "text": token}))
+        await asyncio.sleep(TOKEN_DELAY_S)
+    await ws.send('{"type": "input.done"}')
+    cleared = False
+    while True:
+        message = json.loads(await ws.recv())
+        event, kind = message.get("event"), message.get("type")
+        if event == "media":
+            audio = base64.b64decode(message["media"]["payload"])
+            counters.audio_bytes += len(audio)
+            counters.audio_s += len(audio) / 8000  # mu-law at 8 kHz
+            if barge_in and not cleared:
+                await ws.send(json.dumps({"event": "clear", "streamSid": sid}))
+                cleared = True
+                counters.barge_ins += 1
+        elif event == "mark":  # played at once: the carrier echoes it
+            echo = {"event": "mark", "streamSid": sid, "mark": message["mark"]}
+            await ws.send(json.dumps(echo))
+        elif kind == "playback.position":
+            counters.positions += 1
+        elif kind == "error":
+            _error(counters, message.get("code"))
+            if message.get("fatal"):
+                return
+        if kind == "session.done" or (kind == "audio.cancelled" and cleared):
+            return
 
 
 async def sample_loop(
@@ -148,7 +274,15 @@ async def main_async(args: argparse.Namespace) -> int:
         stop_at = start + args.minutes * 60
         sampler = asyncio.create_task(sample_loop(server.pid, start, stop_at, args.sample_s, samples))
         url, every = server.url(PATH, "ws"), args.reconnect_every
-        await asyncio.gather(*(run_session(i, url, stop_at, every, counters) for i in range(args.sessions)))
+        base, voice = server.url("", "ws"), VOICES.get(args.engine, args.engine)
+
+        def session(i: int) -> Coroutine[Any, Any, None]:
+            surface = args.surfaces[i % len(args.surfaces)]
+            if surface == "voxgate":
+                return run_session(i, url, stop_at, every, counters)
+            return run_surface(i, surface, base, voice, stop_at, every, counters)
+
+        await asyncio.gather(*(session(i) for i in range(args.sessions)))
         await sampler
         closed: dict[str, float] = {}
         with contextlib.suppress(
@@ -203,9 +337,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=5.0, help="seconds between /proc samples")
     parser.add_argument("--reconnect-every", type=int, default=20, help="utterances per connection")
     parser.add_argument("--fake-delay-s", type=float, default=0.25, help="fake engine's pace per 250 ms")
+    parser.add_argument(
+        "--surfaces",
+        default=",".join(SURFACES),
+        help="comma-separated surfaces the sessions take in turn: voxgate (the session socket), elevenlabs "
+        "(multi-stream-input, a context per utterance), twilio (the session socket with carrier framing)",
+    )
     parser.add_argument("--json", help="write samples and summary here")
     parser.add_argument("--log", help="server log file (default: next to --json)")
     args = parser.parse_args(argv)
+    args.surfaces = [name for name in args.surfaces.split(",") if name]
+    if unknown := set(args.surfaces) - set(SURFACES):
+        parser.error(f"unknown surfaces {sorted(unknown)}: choose from {', '.join(SURFACES)}")
     if args.warmup_min is None:
         args.warmup_min = min(5.0, args.minutes / 3)
     return asyncio.run(main_async(args))

@@ -207,24 +207,85 @@ def timings(groups: Sequence[Group], samples: Sequence[int], first: int = 0) -> 
         samples: samples per symbol of the audio (``phoneme_samples``): BOS, each phoneme, EOS.
         first: the sentence's phoneme at which this audio starts, when a sentence is synthesized in pieces
             (its words whose first phoneme lies in an earlier piece are not repeated; those starting after
-            this piece's phonemes are left for a later piece).
+            this piece's phonemes are left for a later piece). A word that goes on into the next piece
+            ends with this audio here: ``Timeline`` times it over all its pieces.
     """
-    total = int(sum(samples))
-    onsets: list[int] = []
-    chosen: list[Group] = []
+    starts = _onsets(groups, samples, first)
+    return _tile(starts, int(sum(samples)))
+
+
+def _onsets(groups: Sequence[Group], samples: Sequence[int], first: int) -> list[tuple[Group, int]]:
+    """The groups whose first phoneme lies in this audio (phonemes ``first`` on), with their onsets."""
     last = first + len(samples) - 2
-    for g in groups:
-        if first <= g.first < last:
-            chosen.append(g)
-            onsets.append(int(sum(samples[: g.first - first + 1])))  # +1: the BOS symbol
-    ends = [*onsets[1:], total]
+    # +1: the BOS symbol before the audio's first phoneme
+    return [(g, int(sum(samples[: g.first - first + 1]))) for g in groups if first <= g.first < last]
+
+
+def _tile(starts: Sequence[tuple[Group, int]], end: int) -> tuple[WordTiming, ...]:
+    """Each group from its onset to the next one's (the last to ``end``), its words sharing it by weight."""
     words: list[WordTiming] = []
-    for g, start, end in zip(chosen, onsets, ends, strict=True):
+    for n, (g, start) in enumerate(starts):
+        stop = starts[n + 1][1] if n + 1 < len(starts) else end
         weight = sum(g.weights) or 1
         at, acc = start, 0
         for word, w in zip(g.words, g.weights, strict=True):
             acc += w
-            stop = start + (end - start) * acc // weight
-            words.append(WordTiming(word, at, stop))
-            at = stop
+            cut = start + (stop - start) * acc // weight
+            words.append(WordTiming(word, at, cut))
+            at = cut
     return tuple(words)
+
+
+class Timeline:
+    """Word timings of one sentence synthesized in pieces (``engine.piper.cuts``), one piece at a time.
+
+    A piece is cut at a gap between phoneme words, but one input word can be many phoneme words (a hash
+    or a code spelled out, a URL read part by part, a long number): such a word starts in one piece and
+    goes on in the next ones. It gets one timing over all of them, from its onset to where the next word
+    starts: the audio from its onset on is held back until that is known, so that its timing comes with
+    (before) the audio it describes. An ElevenLabs alignment then spells it where it is spoken, and no
+    space is invented inside it. What is held is bounded by one input word's audio (a segment has at most
+    ``protocol.segmenter.MAX_SEGMENT_CHARS`` characters); a sentence whose words all end within their
+    pieces holds nothing.
+
+    Args:
+        groups: the sentence's plan (``plan``).
+        starts: the first phoneme of each of its pieces, in order.
+    """
+
+    def __init__(self, groups: Sequence[Group], starts: Sequence[int]) -> None:
+        self._groups, self._starts = list(groups), list(starts)
+        self._next = 0  # the piece ``piece`` takes next
+        self._held = 0  # samples held back: the pieces' audio not yet released
+        self._open: tuple[Group, int] | None = None  # the word going on, and its onset in the held audio
+
+    def piece(self, samples: Sequence[int]) -> tuple[int, tuple[WordTiming, ...]]:
+        """Take the next piece's samples per symbol (``phoneme_samples``).
+
+        Returns:
+            How many samples to release, from the start of the held audio followed by this piece's, and
+            the timings of the words in them (in samples from the first released one). The rest stays
+            held for the next call; the sentence's last piece releases everything.
+        """
+        k, first = self._next, self._starts[self._next]
+        self._next += 1
+        held = self._held
+        starts = [(g, held + onset) for g, onset in _onsets(self._groups, samples, first)]
+        if self._open is not None:
+            starts.insert(0, self._open)
+        end = held + int(sum(samples))
+        self._open, release = None, end
+        if starts and self._goes_on(starts[-1][0], k):
+            self._open = starts.pop()
+            # The words before it go now; a word going on from the piece's first onset holds it all.
+            release = self._open[1] if starts else 0
+            self._open = (self._open[0], self._open[1] - release)
+        self._held = end - release
+        return release, _tile(starts, release)
+
+    def _goes_on(self, group: Group, k: int) -> bool:
+        """Whether ``group``, the last to start by piece ``k``, still speaks as piece ``k + 1`` starts."""
+        if k + 1 >= len(self._starts):
+            return False
+        later = [g.first for g in self._groups if g.first > group.first]
+        return not later or later[0] > self._starts[k + 1]

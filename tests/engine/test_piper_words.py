@@ -8,7 +8,7 @@ import pytest
 from piper.const import BOS, EOS, PAD
 from piper.phonemize_espeak import EspeakPhonemizer
 from voxgate.engine.base import WordTiming
-from voxgate.engine.piper_words import Group, letters, phoneme_samples, plan, timings
+from voxgate.engine.piper_words import Group, Timeline, letters, phoneme_samples, plan, timings
 
 _ESPEAK = EspeakPhonemizer()
 
@@ -137,3 +137,118 @@ def test_piper_accepts_word_timestamps_and_refuses_them_by_name_without_onnx(
     engine.check("joe", {"word_timestamps": False})
     with pytest.raises(UnsupportedOption, match="word_timestamps.*onnx"):
         engine.check("joe", {"word_timestamps": True})
+
+
+# A hash, a URL and a code, each read as many spoken words, longer than one synthesis piece
+# (``MAX_PIECE_PHONEMES``): issue 18 #10, the attack that cut ElevenLabs answers off with ``engine_error``.
+LONG_TOKENS = (
+    "The hash is "
+    + "a3f9" * 40
+    + " and the link is https://example.com/"
+    + "/".join("abcdefghijklmnop")
+    + " then code "
+    + "A1B2C3" * 12
+    + " done."
+)
+
+
+def test_a_word_spanning_pieces_gets_one_timing_covering_them() -> None:
+    # Piece 0 holds phonemes 0..5 ("ab cd"+"e"), piece 1 starts at 7; "cdefg" runs from 3 into piece 1.
+    groups = [Group(("ab",), (2,), 0), Group(("cdefg",), (5,), 3), Group(("hi",), (2,), 10)]
+    timeline = Timeline(groups, [0, 7])
+    # ^ a b ␠ c d e $: "ab" is released at once; "cdefg" is held from its onset (25) until it ends.
+    assert timeline.piece([10, 5, 5, 5, 5, 5, 5, 10]) == (25, (WordTiming("ab", 10, 25),))
+    # ^ f g ␠ h i $ (phonemes 7..11): "cdefg" ends where "hi" starts, after 25 held samples and 25 new.
+    assert timeline.piece([10, 5, 5, 5, 5, 5, 10]) == (
+        25 + 45,
+        (WordTiming("cdefg", 0, 25 + 25), WordTiming("hi", 25 + 25, 25 + 45)),
+    )
+
+
+def test_a_word_running_to_the_end_of_the_sentence_ends_with_its_last_piece() -> None:
+    timeline = Timeline([Group(("abcdef",), (6,), 0)], [0, 3, 6])
+    assert timeline.piece([4, 1, 1, 1, 2]) == (0, ())  # all held: no word starts before it
+    assert timeline.piece([4, 1, 1, 1, 2]) == (0, ())  # a piece inside the word: still held
+    assert timeline.piece([4, 1, 1, 1, 2]) == (27, (WordTiming("abcdef", 4, 27),))
+
+
+def test_pieces_without_words_are_released_whole() -> None:
+    assert Timeline([], [0, 5]).piece([1, 2, 3]) == (6, ())
+    assert timings([Group(("x",), (1,), 9)], [1, 2, 3]) == ()
+
+
+@pytest.mark.slow
+def test_piper_times_words_longer_than_a_piece_and_says_all_of_them() -> None:
+    import asyncio
+
+    from voxgate.engine.base import AudioChunk, SynthesisRequest
+    from voxgate.engine.piper import MAX_PIECE_PHONEMES, PiperEngine, cuts
+
+    assert any(len(cuts(s)) > 1 for s in espeak(LONG_TOKENS))  # the attack: words across pieces
+    assert max(len(s) for s in espeak(LONG_TOKENS)) > 2 * MAX_PIECE_PHONEMES
+
+    async def speak(words: bool) -> list[AudioChunk]:
+        engine = PiperEngine(threads=1, workers=1)
+        await engine.start()
+        try:
+            options: dict[str, object] = {"word_timestamps": words}
+            request = SynthesisRequest(text=LONG_TOKENS, voice="joe", seed=1, options=options)
+            return [c async for c in engine.synthesize(request)]
+        finally:
+            await engine.aclose()
+
+    timed, plain = asyncio.run(speak(True)), asyncio.run(speak(False))
+    # All the audio comes: as much as without word timings.
+    assert sum(len(c.samples) for c in timed) == pytest.approx(sum(len(c.samples) for c in plain), rel=0.01)
+    # Every input word once, in order (an ElevenLabs alignment spells the text from them), each timed
+    # inside its chunk, the chunks' words tiling the audio from the first onset on.
+    at = 0
+    clock: list[WordTiming] = []
+    for chunk in timed:
+        assert all(0 <= w.start < w.end <= len(chunk.samples) for w in chunk.words), chunk.words
+        clock += [WordTiming(w.word, at + w.start, at + w.end) for w in chunk.words]
+        at += len(chunk.samples)
+    assert " ".join(w.word for w in clock) == " ".join(LONG_TOKENS.split())
+    assert all(a.end <= b.start for a, b in zip(clock, clock[1:], strict=False))
+    assert clock[-1].end == at
+    # The hash (about 10 s of speech) is timed over all of it, not over the piece it starts in.
+    hash_word = next(w for w in clock if w.word.startswith("a3f9"))
+    assert (hash_word.end - hash_word.start) / timed[0].sample_rate > 5.0
+
+
+@pytest.mark.slow
+def test_an_elevenlabs_client_on_piper_hears_long_tokens_to_the_end_spelled_in_its_alignment() -> None:
+    # The attack on a real server: ElevenLabs always asks for word timings; before, the first word longer
+    # than a piece ended the segment with ``engine_error`` after a few seconds of its audio.
+    import base64
+    import json
+
+    from websockets.sync.client import connect
+
+    from tests.conftest import TIMEOUT_S, recv_until, send, serve_engine, session
+
+    with serve_engine(None, engine="piper", piper_workers=1) as address:
+        url = f"ws://{address}/v1/text-to-speech/joe/stream-input?output_format=pcm_16000&seed=1"
+        messages: list[dict[str, object]] = []
+        with connect(url, open_timeout=TIMEOUT_S, max_size=None) as ws:
+            for text in (" ", LONG_TOKENS + " ", ""):
+                ws.send(json.dumps({"text": text}))
+            for item in ws:  # to the close that ends the input
+                messages.append(json.loads(item))
+        with session(address, response_format="pcm", sample_rate=16000, seed=1) as plain:
+            send(plain, type="input.text", text=LONG_TOKENS)
+            send(plain, type="input.done")
+            without_timings = recv_until(plain, "session.done", timeout=10 * TIMEOUT_S)
+
+    assert [m for m in messages if "error" in m] == []
+    audio = [m for m in messages if m.get("audio")]
+    heard = sum(len(base64.b64decode(str(m["audio"]))) for m in audio)
+    # All of it, as without timings (within a frame or two: a run on more threads may round a phoneme's
+    # duration the other way).
+    assert heard == pytest.approx(sum(len(f) for f in without_timings.frames()), rel=0.01)
+    alignments = [m["alignment"] for m in audio]
+    chars = "".join(c for a in alignments for c in a["chars"])  # type: ignore[index]
+    assert chars.split() == LONG_TOKENS.split()  # every character, none invented
+    for a in alignments:
+        starts: list[int] = a["charStartTimesMs"]  # type: ignore[index]
+        assert starts == sorted(starts)
