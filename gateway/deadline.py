@@ -52,6 +52,12 @@ class Deadline:
             self._deadline = None
             self._expired()
 
+    def extend(self, timeout_s: float) -> None:
+        """Move the deadline of the wait in progress, if any, to ``timeout_s`` from now, when that is later:
+        progress was seen elsewhere (a blocked send's read receipts). The pending timer re-arms itself."""
+        if self._deadline is not None:
+            self._deadline = max(self._deadline, asyncio.get_running_loop().time() + timeout_s)
+
     def close(self) -> None:
         """Drop the pending timer (the task is ending)."""
         if self._handle is not None:

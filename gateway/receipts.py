@@ -1,28 +1,43 @@
-"""Read receipts: whether a WebSocket client still reads what the gateway sends.
+"""Read receipts: whether a WebSocket client still reads what the gateway sends, and how far behind it is.
 
 The writer notices a client that stopped reading once a send blocks, that is once every buffer
 between the two is full. That can take very long: the client's kernel acknowledges bytes its program
 never reads, and with permessage-deflate (or behind a proxy that buffers) those buffers hold minutes
-of audio; a compressed tone never filled them in a test. TCP cannot tell the two apart; the WebSocket
-can. A client answers a ping only once it has read everything sent before the ping, so pings placed in
-the stream of audio come back as read receipts:
+of audio; a compressed tone never filled them in a test. And a blocked send says nothing either way: a
+client reading at playback pace 30 s behind blocks sends for as long as the kernel waits before it wakes
+the writer, tens of seconds with a loopback's megabytes of buffer. TCP cannot tell the two apart; the
+WebSocket can. A client answers a ping only once it has read everything sent before the ping, so pings
+placed in the stream of audio come back as read receipts:
 
 - a ping goes out after every ``interval_s`` of audio written, and once a burst of writes is over
   (nothing written for ``quiet_s``), so every message written is followed by a ping;
+- each ping carries ``vxrr`` and 8 random bytes (``secrets``): a client cannot answer a ping it has not
+  read (with a counter it could, and a client that read nothing held its session open by pongs sent in
+  advance). The unanswered ones are kept in order; a pong answers its ping and every one before it;
 - while a ping is unanswered, the stall clock runs from that ping, or from the last pong that answered
   an earlier one: a client reading at playback pace answers one every ``interval_s`` however far
   behind it is, and is never stalled;
 - no pong for ``timeout_s`` (the session's ``send_timeout_s``) while one is awaited: ``stalled`` is set,
-  and the session ends with ``slow_consumer`` (4001).
+  and the session ends with ``slow_consumer`` (4001);
+- each receipt calls ``on_receipt``: the session's blocked send and its idle clock start over (a blocked
+  send is no stall while receipts come), and ``read_up_to`` lets the writer wait until the audio written
+  but not yet read is within a bound, so synthesis does not run ahead of the client without limit.
 
 ``ReceiptProtocol`` is uvicorn's sans-I/O WebSocket protocol with a ``ReadReceipts`` per connection,
-published to the app in the scope's extensions (``read_receipts(scope)``). Its pings carry 8 bytes,
-so their pongs are told apart from those of uvicorn's keepalive pings (4 bytes).
+published to the app in the scope's extensions (``read_receipts(scope)``). Its pings carry 12 bytes,
+so their pongs are told apart from those of uvicorn's keepalive pings (4 bytes). While anything written
+is unreceipted, the receipts are the keepalive: uvicorn's keepalive ping would wait behind the audio, and
+its pong timeout would cut a client that reads steadily but far behind. So that ping is skipped then, and
+a keepalive pong that is late while receipts come is no timeout; a connection with nothing in flight is
+still pinged, so a dead peer is found. A close is written past flow control, so a client that stopped
+reading finds its close code (4001) after what it was sent whenever it reads again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import secrets
 from asyncio.transports import BaseTransport, Transport
 from collections.abc import Callable, Mapping
 from typing import Any, cast
@@ -33,7 +48,9 @@ from websockets.frames import Frame
 
 #: The key of the scope's ``extensions`` that holds a connection's ``ReadReceipts``.
 EXTENSION = "voxgate.read_receipts"
-_PREFIX = b"vxrr"  # then a 4-byte sequence number
+_PREFIX = b"vxrr"
+#: Random bytes after the prefix: 64 bits, which no client guesses before it has read the ping.
+TOKEN_BYTES = 8
 #: Audio between two pings, as a share of the timeout: a client at playback pace answers 4 per timeout.
 INTERVAL_SHARE = 0.25
 #: A burst of writes is over once nothing was written for this long; its last messages then get a ping.
@@ -54,19 +71,34 @@ class ReadReceipts:
         self.timeout_s = 0.0  # 0: not watching (``watch`` starts it)
         self.interval_s = 0.0
         self.stalled = asyncio.Event()
-        self._sent = 0  # sequence number of the last ping written
-        self._answered = 0  # ... of the last one answered
+        self.on_receipt: Callable[[], None] | None = None  # called on each pong that answers a ping
+        self.last_receipt = float("-inf")  # loop time of the last such pong
+        # Unanswered pings, oldest first: payload -> the audio written before it.
+        self._pings: collections.OrderedDict[bytes, float] = collections.OrderedDict()
+        self._written_s = 0.0  # audio written, all told
+        self._read_s = 0.0  # ... of which the client has shown it read
         self._audio_s = 0.0  # audio written since the last ping
         self._unreceipted = False  # something was written since the last ping
         self._last_write = 0.0
         self._stall_since: float | None = None  # a ping is awaited, with no pong since this time
         self._quiet: asyncio.TimerHandle | None = None
         self._watch: asyncio.TimerHandle | None = None
+        self._receipt = asyncio.Event()  # set by each receipt, for ``read_up_to``
 
     @property
     def awaiting(self) -> bool:
         """A ping is unanswered: the client has not yet shown that it read everything written."""
-        return self._answered < self._sent
+        return bool(self._pings)
+
+    @property
+    def in_flight(self) -> bool:
+        """While watching, something written is not yet receipted: the receipts watch the client."""
+        return bool(self.timeout_s) and (bool(self._pings) or self._unreceipted)
+
+    @property
+    def unread_s(self) -> float:
+        """Audio written that the client has not yet shown it read."""
+        return self._written_s - self._read_s
 
     def watch(self, timeout_s: float) -> None:
         """Start watching: ``stalled`` is set once a ping goes ``timeout_s`` without a pong."""
@@ -78,6 +110,7 @@ class ReadReceipts:
         if not self.timeout_s:
             return
         self._audio_s += audio_s
+        self._written_s += audio_s
         self._unreceipted = True
         self._last_write = self._loop.time()
         if self._audio_s >= self.interval_s:
@@ -85,23 +118,44 @@ class ReadReceipts:
         elif self._quiet is None:
             self._quiet = self._loop.call_at(self._last_write + QUIET_S, self._on_quiet)
 
+    async def read_up_to(self, lead_s: float) -> None:
+        """Wait until at most ``lead_s`` of the audio written is unread (returns at once when not watching).
+
+        The last writes are pinged at once rather than after ``QUIET_S``, so the wait is a round trip to a
+        client that keeps up. A client that never catches up is ``stalled`` meanwhile.
+        """
+        while self.timeout_s and self.unread_s > lead_s:
+            if self._unreceipted:
+                self._ping()
+            self._receipt.clear()
+            await self._receipt.wait()
+
     def pong(self, payload: bytes) -> bool:
         """A pong arrived; False if it does not answer one of these pings (uvicorn's keepalive)."""
-        if len(payload) != len(_PREFIX) + 4 or not payload.startswith(_PREFIX):
+        if len(payload) != len(_PREFIX) + TOKEN_BYTES or not payload.startswith(_PREFIX):
             return False
-        seq = int.from_bytes(payload[len(_PREFIX) :], "big")
-        if self._answered < seq <= self._sent:
-            self._answered = seq
-            self._stall_since = None if seq == self._sent else self._loop.time()
+        read_s = self._pings.get(payload)
+        if read_s is None:  # stale (an answered ping's), or made up: it proves nothing
+            return True
+        while self._pings.popitem(last=False)[0] != payload:
+            pass  # answered too: the client read past them
+        self._read_s = read_s
+        now = self._loop.time()
+        self.last_receipt = now
+        self._stall_since = now if self._pings else None
+        self._receipt.set()
+        if self.on_receipt is not None:
+            self.on_receipt()
         return True
 
     def close(self) -> None:
-        """Stop: no more pings, no more checks."""
+        """Stop: no more pings, no more checks; ``read_up_to`` returns."""
         self.timeout_s = 0.0
         for handle in (self._quiet, self._watch):
             if handle is not None:
                 handle.cancel()
         self._quiet = self._watch = None
+        self._receipt.set()
 
     def _on_quiet(self) -> None:
         self._quiet = None
@@ -114,10 +168,10 @@ class ReadReceipts:
         self._ping()
 
     def _ping(self) -> None:
-        payload = _PREFIX + (self._sent + 1).to_bytes(4, "big")
+        payload = _PREFIX + secrets.token_bytes(TOKEN_BYTES)
         if not self._send_ping(payload):
             return
-        self._sent += 1
+        self._pings[payload] = self._written_s
         self._audio_s = 0.0
         self._unreceipted = False
         if self._stall_since is None:
@@ -196,6 +250,32 @@ class ReceiptProtocol(WebSocketsSansIOProtocol):
         receipts: ReadReceipts | None = getattr(self, "receipts", None)
         if receipts is None or not receipts.pong(bytes(event.data)):
             super().handle_pong(event)
+
+    def send_keepalive_ping(self) -> None:
+        receipts: ReadReceipts | None = getattr(self, "receipts", None)
+        if receipts is not None and receipts.in_flight:
+            # The receipts watch the client now; this ping would wait behind the audio in flight.
+            self.ping_timer = None
+            self.schedule_ping()
+            return
+        super().send_keepalive_ping()
+
+    def keepalive_timeout(self) -> None:
+        receipts: ReadReceipts | None = getattr(self, "receipts", None)
+        if receipts is not None and receipts.last_receipt > self.ping_sent_at:
+            # The pong is late behind what was written before the ping, and the client is reading it.
+            self.pong_timer = None
+            self.pending_ping_payload = None
+            self.schedule_ping()
+            return
+        super().keepalive_timeout()
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "websocket.close":
+            # Past flow control: a few bytes, and nothing is written after them. A client that stopped
+            # reading finds the close after what it was sent, instead of a connection dropped without one.
+            self.writable.set()
+        await super().send(message)
 
     def connection_lost(self, exc: Exception | None) -> None:
         receipts: ReadReceipts | None = getattr(self, "receipts", None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -169,6 +170,70 @@ def test_a_socket_that_is_closing_takes_no_ping() -> None:
     assert not watched.stalled.is_set()
 
 
+def test_pings_carry_random_tokens_and_made_up_pongs_answer_none() -> None:
+    """Issue 18 #13: a counter let a client answer pings it never read."""
+    watched, pings, clock = receipts(timeout_s=4.0)
+    other, other_pings, _ = receipts(timeout_s=4.0)
+    for _ in range(3):
+        watched.wrote(1.0)
+        other.wrote(1.0)
+    assert len(set(pings) | set(other_pings)) == 6
+    assert all(len(p) == 12 and p.startswith(b"vxrr") for p in pings)
+    for seq in range(1, 10):  # what a counter would have sent, in both of its lengths
+        assert watched.pong(b"vxrr" + seq.to_bytes(8, "big"))  # ours in shape: not uvicorn's ...
+        watched.pong(b"vxrr" + seq.to_bytes(4, "big"))
+    assert watched.pong(other_pings[2])  # ... and another connection's
+    assert watched.awaiting and watched.unread_s == 3.0  # ... but none answers a ping
+    clock.advance(4.1)
+    assert watched.stalled.is_set()
+
+
+def test_a_receipt_calls_on_receipt_and_counts_the_audio_read() -> None:
+    watched, pings, clock = receipts(timeout_s=4.0)
+    seen: list[float] = []
+    watched.on_receipt = lambda: seen.append(clock.time())
+    for _ in range(4):
+        watched.wrote(1.0)
+    assert watched.unread_s == 4.0 and watched.in_flight
+    clock.advance(0.5)
+    assert watched.pong(pings[1])  # the client read the first two seconds
+    assert seen == [clock.time()] and watched.last_receipt == clock.time()
+    assert watched.unread_s == 2.0 and watched.awaiting
+    assert watched.pong(pings[0])  # answered already: no receipt
+    assert len(seen) == 1
+    assert watched.pong(pings[3])
+    assert watched.unread_s == 0.0 and not watched.awaiting and not watched.in_flight
+    watched.wrote()  # a JSON message: unreceipted until its ping, 0.2 s later
+    assert watched.in_flight and not watched.awaiting
+    watched.close()
+    assert not watched.in_flight
+
+
+def test_read_up_to_waits_for_the_client_to_read_and_pings_the_last_writes_at_once() -> None:
+    async def run() -> None:
+        watched, pings, clock = receipts(timeout_s=4.0)
+        await watched.read_up_to(0.0)  # nothing written: returns at once
+        for _ in range(3):
+            watched.wrote(1.0)
+        watched.wrote(0.5)  # not yet pinged
+        waiter = asyncio.ensure_future(watched.read_up_to(1.0))
+        await asyncio.sleep(0)
+        assert not waiter.done() and len(pings) == 4  # the last half second was pinged at once
+        watched.pong(pings[1])  # 1.5 s unread still
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        watched.pong(pings[2])  # 0.5 s unread
+        await asyncio.sleep(0)
+        assert waiter.done()
+        closing = asyncio.ensure_future(watched.read_up_to(0.0))
+        await asyncio.sleep(0)
+        watched.close()  # the connection went: the wait ends
+        await asyncio.sleep(0)
+        assert closing.done()
+
+    asyncio.run(run())
+
+
 # -- through a real server --------------------------------------------------------------------------------
 
 
@@ -233,6 +298,54 @@ def test_a_reader_at_playback_pace_with_deflate_is_served_to_the_end() -> None:
                     break
     assert last is not None and last["type"] == "session.done", last
     assert frames * 0.1 > 3 * 2.0  # it was more than the send timeout behind
+
+
+def test_a_stalled_reader_that_forges_pongs_is_still_closed_with_slow_consumer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 18 #13: the pings carried a counter (``vxrr`` and 4 bytes), so a client could answer every
+    ping without reading it, and with permessage-deflate (no write ever blocks) it held its session until
+    uvicorn's keepalive dropped it, with no close code. Now each ping carries random bytes: pongs made up
+    in advance answer none, the client is closed about ``send_timeout_s`` after it stopped reading, and
+    the close (4001) waits for it in the stream."""
+    engine = FakeEngine(sample_rate=24000, chunk_s=0.5)
+    caplog.set_level(logging.INFO, logger="voxgate")
+    with serve_engine(engine, send_timeout_s=1.5, max_buffered_audio_s=120.0) as address:
+        with voxgate_connect(
+            f"ws://{address}{URL}", max_size=None, max_queue=1, compression="deflate"
+        ) as stuck:
+            send(stuck, type="session.config", response_format="pcm", sample_rate=24000)
+            assert isinstance(ready := recv(stuck), dict) and ready["type"] == "session.ready"
+            send(stuck, type="input.text", text="A sentence of a few words. " * 8)
+            send(stuck, type="input.done")
+            forging = threading.Event()
+            forging.set()
+
+            def forge() -> None:
+                """Answer the pings a counter would have sent so far, and some to come, over and over."""
+                while forging.is_set():
+                    for seq in range(1, 80):
+                        stuck.pong(b"vxrr" + seq.to_bytes(4, "big"))
+                        stuck.pong(b"vxrr" + seq.to_bytes(12, "big"))  # the length of today's payloads
+                    time.sleep(0.05)
+
+            forger = threading.Thread(target=forge, daemon=True)
+            started = time.monotonic()
+            forger.start()
+            try:
+                closed = until(
+                    lambda: any("closing with 4001" in r.getMessage() for r in caplog.records), limit_s=15.0
+                )
+                closed_after_s = time.monotonic() - started
+            finally:
+                forging.clear()
+                forger.join(TIMEOUT_S)
+            assert closed, "forged pongs kept a stalled reader open"
+            assert closed_after_s < 10.0, (
+                closed_after_s
+            )  # about the 1.5 s send timeout (uvicorn's keepalive: 40 s)
+            messages, code = _read_to_close(stuck)
+    assert messages[-1]["code"] == "slow_consumer" and code == 4001
 
 
 def _read_to_close(ws: Any) -> tuple[list[dict[str, Any]], int | None]:
