@@ -55,6 +55,8 @@ TOKEN_BYTES = 8
 INTERVAL_SHARE = 0.25
 #: A burst of writes is over once nothing was written for this long; its last messages then get a ping.
 QUIET_S = 0.2
+#: How long a closed connection may take to send what it still holds before it is aborted.
+CLOSE_FLUSH_S = 10.0
 
 
 class ReadReceipts:
@@ -203,6 +205,7 @@ class CoalescingTransport:
         self._transport = transport
         self._loop = loop
         self._pending: list[bytes] = []
+        self._abort: asyncio.TimerHandle | None = None
 
     def write(self, data: bytes) -> None:
         if not self._pending:
@@ -210,12 +213,23 @@ class CoalescingTransport:
         self._pending.append(data)
 
     def close(self) -> None:
+        """Close once what is written is sent; a peer that reads none of it within ``CLOSE_FLUSH_S``
+        (a stalled client, whose buffers hold the audio, the error and the close) is aborted instead:
+        asyncio's close alone would wait for it forever, holding the socket and its buffers."""
         self._flush()
         self._transport.close()
+        if self._abort is None and self._transport.get_write_buffer_size():
+            self._abort = self._loop.call_later(CLOSE_FLUSH_S, self._transport.abort)
 
     def abort(self) -> None:
         self._pending.clear()
         self._transport.abort()
+
+    def lost(self) -> None:
+        """The connection is gone: no abort is due."""
+        if self._abort is not None:
+            self._abort.cancel()
+            self._abort = None
 
     def get_write_buffer_size(self) -> int:
         return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
@@ -281,6 +295,8 @@ class ReceiptProtocol(WebSocketsSansIOProtocol):
         receipts: ReadReceipts | None = getattr(self, "receipts", None)
         if receipts is not None:
             receipts.close()
+        if isinstance(self.transport, CoalescingTransport):
+            self.transport.lost()
         super().connection_lost(exc)
 
     def _send_receipt_ping(self, payload: bytes) -> bool:

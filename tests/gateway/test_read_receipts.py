@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
+import voxgate.gateway.receipts as receipts_module
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.receipts import QUIET_S, CoalescingTransport, ReadReceipts
 
@@ -418,3 +419,47 @@ def test_nothing_is_written_to_a_transport_that_closed_under_it() -> None:
         return recorder
 
     assert asyncio.run(run()).writes == []
+
+
+class Stuck(Recorder):
+    """A transport whose peer reads nothing: what is written stays in its buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted = False
+
+    def get_write_buffer_size(self) -> int:
+        return sum(map(len, self.writes))
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_a_closed_connection_whose_peer_reads_nothing_is_aborted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """asyncio's close waits to send what is buffered, forever for a stalled client: it is aborted after
+    ``CLOSE_FLUSH_S``; a connection that goes away in time is not."""
+    monkeypatch.setattr(receipts_module, "CLOSE_FLUSH_S", 0.05)
+
+    async def run(lost: bool) -> Stuck:
+        stuck = Stuck()
+        transport = CoalescingTransport(cast(Any, stuck), asyncio.get_running_loop())
+        transport.write(b"audio, error and close frame")
+        transport.close()
+        if lost:
+            transport.lost()
+        await asyncio.sleep(0.2)
+        return stuck
+
+    assert asyncio.run(run(lost=False)).aborted
+    assert not asyncio.run(run(lost=True)).aborted
+    assert not asyncio.run(run_recorder_close()).aborted
+
+
+async def run_recorder_close() -> Stuck:
+    """A peer that read everything: nothing buffered at the close, nothing to abort."""
+    stuck = Stuck()
+    transport = CoalescingTransport(cast(Any, stuck), asyncio.get_running_loop())
+    stuck.get_write_buffer_size = lambda: 0  # type: ignore[method-assign]
+    transport.close()
+    await asyncio.sleep(0.2)
+    return stuck
