@@ -142,6 +142,10 @@ class SynthesisRequest(msgspec.Struct, frozen=True, kw_only=True):
     #: the request is made, the default); for a later one, when the audio already sent for its
     #: utterance will have played out in real time. Engines that queue work run the earliest first.
     deadline: float = msgspec.field(default_factory=time.monotonic)
+    #: The most audio the gateway takes of this segment (its audio cap, ``max_segment_audio_*``), in
+    #: seconds; None when unknown. An engine that must hold an answer whole (remote, for word timings)
+    #: bounds what it reads by it.
+    max_audio_s: float | None = None
 
 
 class WordTiming(NamedTuple):

@@ -5,7 +5,16 @@ Each segment is one ``POST /v1/audio/speech`` over a pooled HTTP client, asking 
 ``stream: true`` with SSE (its PR #4679), and a WAV header tells the rate of every answer, so nothing
 has to be learned by a probe. Upstreams are chosen by least outstanding requests; a failure before
 the first audio byte fails over to the next upstream, a failure after it is an ``EngineError`` for
-that segment, and a 4xx is the request's fault: ``RequestRefused`` with the upstream's message.
+that segment, and a 4xx is the request's fault: ``RequestRefused`` with the upstream's message. Every
+upstream failure, before or after the first byte (a timeout, a reset, an answer that is not a playable
+WAV, one larger than the segment may be), counts toward that upstream's circuit breaker.
+
+Nothing an upstream does holds the gateway (``engine.deadlines``): a request has a connect, a first-byte,
+an idle and an overall deadline (the overall one grows with the segment's audio cap), a body that is not
+streamed audio is read only up to a size, and a word-timed answer, which must be held whole, only up to
+the segment's audio cap. What is learned without synthesis (health, voices, checkpoint, aligner) comes
+from ``engine.survey``, whose rounds ask every upstream at once, each probe bounded by the first-byte
+deadline, so an upstream that hangs is marked down and the gateway starts listening with the others.
 Closing the iterator (cancel, disconnect) closes the HTTP response at once, and vllm-omni aborts a
 request whose client went away. Uploaded voices travel inline: ``ref_audio`` as a data URL of the
 stored clip plus ``ref_text`` (or ``x_vector_only_mode`` when there is no transcript), so upstreams
@@ -42,6 +51,7 @@ from typing import Annotated
 import httpx
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from ..protocol.audio import encode, wav_header
 from ..protocol.messages import ENGINE_OPTION_FIELDS
@@ -55,10 +65,12 @@ from .base import (
     Voice,
     VoiceReference,
 )
+from .deadlines import UpstreamTimeout, Waits, bounded_read
 from .options import option
-from .qwen3_tts import qwen_language, variant_of, word_timings, word_triples
+from .qwen3_tts import qwen_language, word_timings, word_triples
+from .survey import ALIGNER_FLAG, Survey
 from .upstreams import Upstream, UpstreamPool
-from .wav_stream import WavStream
+from .wav_stream import WavError, WavStream
 
 logger = logging.getLogger(__name__)
 
@@ -67,10 +79,6 @@ DEFAULT_VOICE = "vivian"
 DEFAULT_SAMPLE_RATE = 24000
 # Options sent upstream as they are (``word_timestamps`` turns the segment into a whole answer too).
 _FORWARDED = frozenset(ENGINE_OPTION_FIELDS)
-# vllm-omni 0.30 times words only with its forced-aligner stage; this is in its refusal without one
-# (serving_speech.py ``create_speech``: "word_timestamps=true requires the server to be launched with
-# --forced-aligner.").
-_ALIGNER_FLAG = "--forced-aligner"
 _NO_ALIGNER = (
     "no upstream can time words: vllm-omni times them only when launched with --forced-aligner "
     "(Qwen/Qwen3-ForcedAligner-0.6B, an extra model stage); use engine piper for word timestamps"
@@ -79,13 +87,16 @@ _NO_ALIGNER = (
 _WORDS_HEADER = "x-word-timestamps"
 _WORDS_OMITTED_HEADER = "x-word-timestamps-omitted"
 _AUDIO_TYPES = ("audio/", "application/octet-stream")
-# vllm-omni lists this name beside the speakers; it means "no voice" and is not one.
-_PLACEHOLDER_VOICE = "default"
 # 4xx answers that say the upstream cannot serve now (busy, slow) or is not a speech server at all
 # (no such route): another upstream may, so they fail over like a 5xx. 401/403 say our key is wrong
 # for that upstream, its fault and not the request's. Any other 4xx is the request's fault.
 _UPSTREAM_FAULTS = frozenset({401, 403, 404, 405, 408, 429})
 _WORD = re.compile(r"[A-Za-z_]+")
+# An error answer's text is kept for its message; a few KB say all there is (vllm-omni's are a line).
+_ERROR_BODY_BYTES = 64 * 1024
+# The gateway's default audio cap (gateway.settings ``max_segment_audio_*``), for a request that does
+# not carry its own.
+_DEFAULT_CAP_BASE_S, _DEFAULT_CAP_PER_CHAR_S = 10.0, 0.3
 
 
 def _refusal(status: int, content: bytes, body: dict[str, object]) -> RequestRefused:
@@ -113,17 +124,6 @@ def _refusal(status: int, content: bytes, body: dict[str, object]) -> RequestRef
     return RequestRefused(f"upstream refused the request ({status}): {message}", field=field, status=status)
 
 
-def _voice_names(payload: object) -> list[str]:
-    """Names from ``{"voices": [...]}``: plain names (vllm-omni) or objects with a ``name``."""
-    listed = payload.get("voices") if isinstance(payload, dict) else None
-    if not isinstance(listed, list):
-        raise ValueError(f"no voice list in {str(payload)[:100]!r}")
-    names = [
-        v if isinstance(v, str) else str(v.get("name", "")) if isinstance(v, dict) else "" for v in listed
-    ]
-    return [n for n in names if n and n.lower() != _PLACEHOLDER_VOICE]
-
-
 class RemoteSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Settings of engine ``remote``: vllm-omni (or any OpenAI-compatible) speech servers."""
 
@@ -133,14 +133,31 @@ class RemoteSettings(msgspec.Struct, frozen=True, kw_only=True):
     upstream_model: Annotated[str, option("`model` sent to the upstreams", flag=True)] = ""
     # Sent as "Authorization: Bearer" to every upstream (a gateway with API keys, or a vllm-omni --api-key).
     upstream_api_key: Annotated[str, option("sent as `Authorization: Bearer` to every upstream")] = ""
-    # No first byte within this time fails over to another upstream; no byte for this long mid-stream
-    # is a stall. A TTS server on a warm GPU answers within a few hundred ms.
+    # A TTS server on a warm GPU answers within a few hundred ms; 5 s is a loaded one, not a working one.
     upstream_connect_timeout_s: Annotated[
-        float, option("seconds to an upstream's first byte before failing over to another")
+        float, option("seconds to connect to an upstream (or wait for a pooled connection)")
     ] = 5.0
+    upstream_first_byte_timeout_s: Annotated[
+        float,
+        option(
+            "seconds from a streamed request to its first audio before failing over to another upstream; "
+            "also the limit on each health check and start-up probe"
+        ),
+    ] = 5.0
+    # vllm-omni streams a chunk every few hundred ms once audio flows; 10 s without one is a stall.
     upstream_read_timeout_s: Annotated[
-        float, option("seconds without a byte mid-stream: a stalled upstream")
-    ] = 30.0
+        float, option("seconds without a byte from an upstream once its audio flows: a stalled upstream")
+    ] = 10.0
+    # Real time (the audio cap's seconds) plus this: a GPU slower than real time on the longest segment
+    # its text allows is broken, and an upstream that trickles bytes never finishes otherwise.
+    upstream_segment_timeout_s: Annotated[
+        float,
+        option(
+            "seconds, on top of the segment's audio cap (`max_segment_audio_*`), a request may wait on its "
+            "upstream in all (a trickle fails here); whole answers (speed, word timestamps) wait this long "
+            "for their first byte"
+        ),
+    ] = 10.0
     upstream_health_interval_s: Annotated[float, option("how often each upstream's `/health` is checked")] = (
         5.0
     )
@@ -166,7 +183,7 @@ def _parse_words(header: str) -> list[tuple[str, int, int]]:
     try:
         return word_triples(json.loads(header))
     except (ValueError, TypeError, KeyError) as exc:
-        raise EngineError(f"upstream sent unreadable word timestamps {header[:200]!r}: {exc}") from exc
+        raise _UpstreamFailed(f"upstream sent unreadable word timestamps {header[:200]!r}: {exc}") from exc
 
 
 def _halves(text: str) -> tuple[str, str] | None:
@@ -186,7 +203,9 @@ class RemoteEngine:
         model: the ``model`` sent upstream (empty: let the upstream choose).
         api_key: sent as ``Authorization: Bearer`` to every upstream (empty: none).
         connect_timeout_s: TCP connect and pool wait limit.
-        read_timeout_s: longest wait for the next bytes (headers, first audio, or mid-stream).
+        first_byte_timeout_s: from a streamed request to its first audio; each probe's limit too.
+        read_timeout_s: longest wait for the next bytes once audio flows (the idle deadline).
+        segment_timeout_s: the overall deadline of a request, beyond its segment's audio cap.
         health_interval_s: period of the ``/health`` checks.
         breaker_failures / breaker_cooldown_s: the per-upstream circuit breaker.
     """
@@ -201,7 +220,9 @@ class RemoteEngine:
         model: str = "",
         api_key: str = "",
         connect_timeout_s: float = 5.0,
-        read_timeout_s: float = 30.0,
+        first_byte_timeout_s: float = 5.0,
+        read_timeout_s: float = 10.0,
+        segment_timeout_s: float = 10.0,
         health_interval_s: float = 5.0,
         breaker_failures: int = 3,
         breaker_cooldown_s: float = 30.0,
@@ -214,119 +235,38 @@ class RemoteEngine:
         self.sample_rate = DEFAULT_SAMPLE_RATE
         self.default_voice = DEFAULT_VOICE
         self.health_interval_s = health_interval_s
+        self.first_byte_timeout_s = first_byte_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.segment_timeout_s = segment_timeout_s
+        # Reads are bounded by ``Waits`` (first byte, idle, overall), which httpx's per-read timeout
+        # cannot tell apart: it would cut a whole answer's headers at the idle deadline.
         self._timeout = httpx.Timeout(
-            connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s
+            connect=connect_timeout_s, read=None, write=read_timeout_s, pool=connect_timeout_s
         )
         self._client: httpx.AsyncClient | None = None
-        self._voices: list[Voice] = []
-        self._learned = False
-        #: The Qwen3-TTS checkpoint kind upstream (``CustomVoice``, ``Base``, ``VoiceDesign``), if known.
-        self.variant: str | None = None
+        #: What is known of the upstreams: voices, checkpoint, which time words.
+        self.survey = Survey(self.pool, self._http, model=model, probe_s=first_byte_timeout_s)
         self._health: asyncio.Task[None] | None = None
         self._ref_cache: dict[tuple[bytes, int], str] = {}
-        #: Per upstream URL: whether it can time words (launched with ``--forced-aligner``); absent: unknown.
-        self.aligners: dict[str, bool] = {}
-        self._probed: set[str] = set()  # upstreams whose answer to the word-timestamp probe came
 
     async def start(self) -> None:
         self._client = httpx.AsyncClient(
             timeout=self._timeout, limits=httpx.Limits(max_keepalive_connections=64), headers=self._headers
         )
-        await self._check_health()
-        await self._learn()
-        await self._probe_aligners()
+        await self._survey()
         self._health = asyncio.create_task(self._health_loop())
 
     async def _health_loop(self) -> None:
         while True:
             await asyncio.sleep(self.health_interval_s)
-            await self._check_health()
-            if not self._learned:
-                await self._learn()
-            await self._probe_aligners()
+            await self._survey()
 
-    async def _probe_aligners(self) -> None:
-        """Learn which upstreams time words, asking each healthy one not known yet; no synthesis runs.
-
-        vllm-omni 0.30 checks ``word_timestamps`` against ``--forced-aligner`` before it reads the input
-        (serving_speech.py ``create_speech``), so an empty input is refused for the missing aligner when
-        there is none, and for being empty when there is one. Any other answer leaves it unknown (the
-        first segment that asks for words finds out); an upstream that answered is not asked again.
-        """
-        client = self._http()
-
-        async def probe(upstream: Upstream) -> None:
-            body: dict[str, object] = {"input": "", "word_timestamps": True}
-            if self.model:
-                body["model"] = self.model
-            try:
-                response = await client.post(f"{upstream.url}/v1/audio/speech", json=body)
-            except httpx.HTTPError as exc:
-                logger.info("word-timestamp probe of %s failed: %r", upstream.url, exc)
-                return
-            self._probed.add(upstream.url)  # answered: not asked again, whatever it said
-            if response.status_code == 400:
-                self._learn_aligner(upstream, _ALIGNER_FLAG not in response.text)
-
-        await asyncio.gather(
-            *(probe(u) for u in self.pool.upstreams if u.healthy and u.url not in self._probed)
-        )
-
-    def _learn_aligner(self, upstream: Upstream, present: bool) -> None:
-        if self.aligners.get(upstream.url) != present:
-            logger.info("upstream %s %s word timestamps", upstream.url, "times" if present else "cannot time")
-        self.aligners[upstream.url] = present
-
-    async def _check_health(self) -> None:
-        client = self._http()
-
-        async def probe(upstream: Upstream) -> None:
-            try:
-                response = await client.get(f"{upstream.url}/health", timeout=self._timeout.connect)
-                upstream.healthy = response.status_code == 200
-                if not upstream.healthy:
-                    upstream.last_error = f"health check answered {response.status_code}"
-            except httpx.HTTPError as exc:
-                upstream.healthy = False
-                upstream.last_error = f"health check failed: {exc!r}"
-
-        await asyncio.gather(*(probe(u) for u in self.pool.upstreams))
-
-    async def _learn(self) -> None:
-        """Learn the voices from the first upstream that lists them.
-
-        The rate needs no probe: every answer is a WAV whose header says it (a probe that names no
-        voice is refused by Base and VoiceDesign checkpoints, which would retry it forever).
-        """
-        client = self._http()
-        for upstream in self.pool.candidates():
-            try:
-                listed = await client.get(f"{upstream.url}/v1/audio/voices")
-                listed.raise_for_status()
-                names = _voice_names(listed.json())
-            except (httpx.HTTPError, ValueError) as exc:  # ValueError: a voice list that is not one
-                logger.warning("could not learn from upstream %s: %r", upstream.url, exc)
-                continue
-            self._voices = [Voice(name=n, engine=self.name, sample_rate=self.sample_rate) for n in names]
-            if self._voices and DEFAULT_VOICE not in names:
-                self.default_voice = self._voices[0].name
-            self.variant = variant_of(self.model) if self.model else await self._served_variant(upstream)
-            self._learned = True
-            logger.info(
-                "upstream %s lists %d voices (checkpoint: %s)",
-                upstream.url,
-                len(self._voices),
-                self.variant or "unknown",
-            )
-            return
-
-    async def _served_variant(self, upstream: Upstream) -> str | None:
-        """The Qwen3-TTS checkpoint kind the upstream serves, from its model id (``...-VoiceDesign``)."""
-        try:
-            served = (await self._http().get(f"{upstream.url}/v1/models")).json()
-            return variant_of(str(served["data"][0]["id"]))
-        except (httpx.HTTPError, ValueError, LookupError, TypeError):  # not an OpenAI model list
-            return None
+    async def _survey(self) -> None:
+        """One survey round (``engine.survey``), then the default voice among those it found."""
+        await self.survey.round()
+        names = self.survey.names
+        if names and DEFAULT_VOICE not in names:
+            self.default_voice = names[0]
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -334,20 +274,18 @@ class RemoteEngine:
         return self._client
 
     async def voices(self) -> list[Voice]:
-        return list(self._voices)
+        names = self.survey.names or []
+        return [Voice(name=n, engine=self.name, sample_rate=self.sample_rate) for n in names]
 
     def check(self, voice: str, options: dict[str, object]) -> None:
-        if self._voices and voice not in {v.name for v in self._voices}:
-            raise UnknownVoice(voice, self.name, [v.name for v in self._voices])
+        names = self.survey.names
+        if names and voice not in names:
+            raise UnknownVoice(voice, self.name, names)
         for field in options:
             if field not in _FORWARDED:
                 raise UnsupportedOption(field, self.name)
-        if options.get("word_timestamps") and not self._may_time_words():
+        if options.get("word_timestamps") and not self.survey.may_time_words():
             raise UnsupportedOption("word_timestamps", self.name, _NO_ALIGNER)
-
-    def _may_time_words(self) -> bool:
-        """Whether some upstream has the aligner or has not said (every one known without: no)."""
-        return any(self.aligners.get(u.url, True) for u in self.pool.upstreams)
 
     def _body(
         self,
@@ -365,14 +303,14 @@ class RemoteEngine:
         if self.model:
             body["model"] = self.model
         # An upstream that lists no voices (a Base or VoiceDesign checkpoint) has no speakers to name.
-        if voice is not None and reference is None and (self._voices or not self._learned):
+        if voice is not None and reference is None and self.survey.names != []:
             body["voice"] = voice
         body.update({k: v for k, v in options.items() if k in _FORWARDED})
         # vllm-omni takes a request without ``task_type`` as CustomVoice, which a VoiceDesign or Base
         # checkpoint refuses (tts_adapters/qwen3_tts.py ``validate``): name the task it runs, so that
         # what is missing (instructions, a voice to clone) is what its refusal says.
-        if reference is None and self.variant in ("VoiceDesign", "Base"):
-            body.setdefault("task_type", self.variant)
+        if reference is None and self.survey.variant in ("VoiceDesign", "Base"):
+            body.setdefault("task_type", self.survey.variant)
         # vllm-omni title-cases ``language`` and accepts Qwen3-TTS's names (tts_adapters/qwen3_tts.py
         # ``validate``): codes and tags (``en``, ``en-US``) become those names; others go as they are.
         if isinstance(body.get("language"), str):
@@ -413,128 +351,174 @@ class RemoteEngine:
             reference=req.reference,
         )
         words = bool(body.get("word_timestamps"))
+        max_audio_s = req.max_audio_s
+        if max_audio_s is None:
+            max_audio_s = (_DEFAULT_CAP_BASE_S + _DEFAULT_CAP_PER_CHAR_S * len(req.text)) / req.speed
         candidates = self.pool.candidates()
         if not candidates:
             raise EngineError(f"engine 'remote' is unavailable: {self.pool.describe()}")
         if words:  # only upstreams that may have the aligner
-            candidates = [u for u in candidates if self.aligners.get(u.url, True)]
+            candidates = [u for u in candidates if self.survey.aligners.get(u.url, True)]
             if not candidates:
                 raise RequestRefused(_NO_ALIGNER, field="word_timestamps")
         for upstream in candidates:
+            waits = Waits(
+                first_byte_s=self.first_byte_timeout_s if body.get("stream") else None,
+                idle_s=self.read_timeout_s,
+                overall_s=self.segment_timeout_s + max_audio_s,
+            )
+            stream = (
+                self._timed(client, upstream, body, waits, max_audio_s)
+                if words
+                else self._stream(client, upstream, body, waits)
+            )
+            started = False
             with self.pool.lease(upstream):
-                stream = (
-                    self._timed(client, upstream, body) if words else self._stream(client, upstream, body)
-                )
                 try:
                     async with contextlib.aclosing(stream) as chunks:
                         async for chunk in chunks:
+                            started = True
                             yield chunk
                 except _UpstreamFailed as exc:
                     self.pool.failure(upstream, str(exc))
+                    if started:  # not retried elsewhere: the listener would hear the start twice
+                        raise EngineError(f"upstream {upstream.url} failed mid-stream: {exc}") from exc
                     logger.warning("upstream %s failed before audio, trying the next: %s", upstream.url, exc)
                     continue
                 except _NoAligner:
                     continue  # not this upstream's fault: the next one may have the aligner
                 self.pool.success(upstream)
                 return
-        if words and not self._may_time_words():
+        if words and not self.survey.may_time_words():
             raise RequestRefused(_NO_ALIGNER, field="word_timestamps")
         raise EngineError(f"no upstream could serve the request: {self.pool.describe()}")
 
+    @contextlib.asynccontextmanager
+    async def _answer(
+        self, client: httpx.AsyncClient, upstream: Upstream, body: dict[str, object], waits: Waits
+    ) -> AsyncGenerator[httpx.Response, None]:
+        """The upstream's 200 answer with an audio type, its body not read yet; closed on exit.
+
+        Raises ``_UpstreamFailed`` for an answer that is the upstream's fault, ``_NoAligner`` for a
+        refusal of word timestamps for want of the aligner, and ``RequestRefused`` for any other 4xx.
+        """
+        request = client.build_request("POST", f"{upstream.url}/v1/audio/speech", json=body)
+        waits.begin()
+        try:
+            response = await waits.wait(client.send(request, stream=True))
+        except (httpx.HTTPError, UpstreamTimeout) as exc:
+            raise _UpstreamFailed(str(exc) or repr(exc)) from exc
+        try:
+            status = response.status_code
+            if status != 200:
+                try:
+                    content = await bounded_read(response, _ERROR_BODY_BYTES, waits)
+                except (httpx.HTTPError, UpstreamTimeout) as exc:
+                    raise _UpstreamFailed(f"status {status}, then {exc!r}") from exc
+                if status >= 500 or status in _UPSTREAM_FAULTS:
+                    raise _UpstreamFailed(f"status {status}: {content[:200]!r}")
+                if status == 400 and body.get("word_timestamps") and ALIGNER_FLAG.encode() in content:
+                    self.survey.learn_aligner(upstream, False)
+                    raise _NoAligner
+                raise _refusal(status, content, body)
+            kind = response.headers.get("content-type", "")
+            if not kind.startswith(_AUDIO_TYPES):
+                raise _UpstreamFailed(f"answered {kind or 'no content type'} instead of a WAV")
+            yield response
+        finally:
+            await response.aclose()
+
+    async def _audio(self, response: httpx.Response, waits: Waits) -> AsyncGenerator[AudioChunk, None]:
+        """The WAV body of ``response``, as chunks of samples, until its stated size or its end.
+
+        Raises ``_UpstreamFailed`` for a body that is not a playable WAV, that breaks or that misses a
+        deadline (the caller tells before from after the first audio).
+        """
+        wav = WavStream()
+        try:
+            async with contextlib.aclosing(waits.pieces(response)) as pieces:
+                async for raw in pieces:
+                    samples = wav.feed(raw)
+                    if len(samples) and wav.sample_rate is not None:
+                        waits.flowing()
+                        yield AudioChunk(samples, wav.sample_rate)
+                    if wav.done:
+                        break
+        except (httpx.HTTPError, UpstreamTimeout, WavError) as exc:
+            raise _UpstreamFailed(str(exc) or repr(exc)) from exc
+        if wav.sample_rate is None:
+            raise _UpstreamFailed("answered no WAV header")
+
     async def _timed(
-        self, client: httpx.AsyncClient, upstream: Upstream, body: dict[str, object]
+        self,
+        client: httpx.AsyncClient,
+        upstream: Upstream,
+        body: dict[str, object],
+        waits: Waits,
+        max_audio_s: float,
     ) -> AsyncGenerator[AudioChunk, None]:
         """A segment with its words: vllm-omni's whole answer, its audio and ``X-Word-Timestamps``.
 
-        When vllm-omni leaves the words out for size (over 4 KB of JSON, ``X-Word-Timestamps-Omitted``),
-        each half of the text is asked for on its own (between words, so each half is timed whole).
+        The answer is read as it comes and held only up to the segment's audio cap: an upstream that
+        sends more is failed, not read on. When vllm-omni leaves the words out for size (over 4 KB of
+        JSON, ``X-Word-Timestamps-Omitted``), each half of the text is asked for on its own (between
+        words, so each half is timed whole).
         """
-        try:
-            response = await client.post(f"{upstream.url}/v1/audio/speech", json=body)
-        except httpx.HTTPError as exc:
-            raise _UpstreamFailed(repr(exc)) from exc
-        status = response.status_code
-        if status >= 500 or status in _UPSTREAM_FAULTS:
-            raise _UpstreamFailed(f"status {status}: {response.content[:200]!r}")
-        if status == 400 and _ALIGNER_FLAG in response.text:
-            self._learn_aligner(upstream, False)
-            raise _NoAligner
-        if status != 200:
-            raise _refusal(status, response.content, body)
-        kind = response.headers.get("content-type", "")
-        if not kind.startswith(_AUDIO_TYPES):
-            raise _UpstreamFailed(f"answered {kind or 'no content type'} instead of a WAV")
-        wav = WavStream()
-        try:
-            samples = wav.feed(response.content)
-        except ValueError as exc:
-            raise _UpstreamFailed(str(exc)) from exc
-        if wav.sample_rate is None:
-            raise _UpstreamFailed("answered no WAV header")
+        parts: list[npt.NDArray[np.float32]] = []
+        held, rate = 0, 0
+        async with self._answer(client, upstream, body, waits) as response:
+            header = response.headers.get(_WORDS_HEADER)
+            omitted = response.headers.get(_WORDS_OMITTED_HEADER)
+            waits.flowing()  # a whole answer's headers come when it is made: its bytes follow at once
+            async with contextlib.aclosing(self._audio(response, waits)) as chunks:
+                async for chunk in chunks:
+                    held, rate = held + len(chunk.samples), chunk.sample_rate
+                    if held > max_audio_s * rate:
+                        raise _UpstreamFailed(
+                            f"answered more than the segment's {max_audio_s:g} s of audio "
+                            f"for {len(str(body['input']))} characters"
+                        )
+                    parts.append(chunk.samples)
+        samples = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        rate = rate or self.sample_rate
         text = str(body["input"])
-        header = response.headers.get(_WORDS_HEADER)
-        if header is None and response.headers.get(_WORDS_OMITTED_HEADER):
+        if header is None and omitted:
             halves = _halves(text)
             if halves is None:
                 raise EngineError(f"upstream {upstream.url} left out the words of {text[:80]!r} for size")
             for half in halves:
                 async with contextlib.aclosing(
-                    self._timed(client, upstream, {**body, "input": half})
+                    self._timed(client, upstream, {**body, "input": half}, waits, max_audio_s)
                 ) as part:
                     async for chunk in part:
                         yield chunk
             return
-        self.sample_rate = wav.sample_rate
-        if header is None and self.aligners.get(upstream.url):
+        self.sample_rate = rate
+        if header is None and self.survey.aligners.get(upstream.url):
             # vllm-omni's aligner timed nothing (a text without words, or a mismatch): it leaves the
             # header out, as its WebSocket route sends ``timestamps: null``. The audio still plays.
             logger.warning("upstream %s timed no word of %r", upstream.url, text[:80])
-            yield AudioChunk(samples, wav.sample_rate)
+            yield AudioChunk(samples, rate)
             return
         if header is None:
             # An upstream that does not know the option (not vllm-omni, or one before 0.30) ignores it.
-            self._learn_aligner(upstream, False)
+            self.survey.learn_aligner(upstream, False)
             raise RequestRefused(
                 f"upstream {upstream.url} answered without word timestamps; {_NO_ALIGNER}",
                 field="word_timestamps",
             )
-        self._learn_aligner(upstream, True)
-        timings = word_timings(text, _parse_words(header), wav.sample_rate, len(samples))
-        yield AudioChunk(samples, wav.sample_rate, timings)
+        self.survey.learn_aligner(upstream, True)
+        timings = word_timings(text, _parse_words(header), rate, len(samples))
+        yield AudioChunk(samples, rate, timings)
 
     async def _stream(
-        self,
-        client: httpx.AsyncClient,
-        upstream: Upstream,
-        body: dict[str, object],
+        self, client: httpx.AsyncClient, upstream: Upstream, body: dict[str, object], waits: Waits
     ) -> AsyncGenerator[AudioChunk, None]:
-        started = False
-        try:
-            async with client.stream("POST", f"{upstream.url}/v1/audio/speech", json=body) as response:
-                status = response.status_code
-                if status >= 500 or status in _UPSTREAM_FAULTS:
-                    raise _UpstreamFailed(f"status {status}: {(await response.aread())[:200]!r}")
-                if status != 200:
-                    raise _refusal(status, await response.aread(), body)
-                kind = response.headers.get("content-type", "")
-                if not kind.startswith(_AUDIO_TYPES):
-                    raise _UpstreamFailed(f"answered {kind or 'no content type'} instead of a WAV stream")
-                wav = WavStream()
-                async for raw in response.aiter_bytes():
-                    try:
-                        samples = wav.feed(raw)
-                    except ValueError as exc:
-                        if started:
-                            raise EngineError(f"upstream {upstream.url} sent bad audio: {exc}") from exc
-                        raise _UpstreamFailed(str(exc)) from exc
-                    if len(samples) and wav.sample_rate is not None:
-                        started = True
-                        self.sample_rate = wav.sample_rate
-                        yield AudioChunk(samples, wav.sample_rate)
-        except httpx.HTTPError as exc:
-            if started:
-                raise EngineError(f"upstream {upstream.url} failed mid-stream: {exc!r}") from exc
-            raise _UpstreamFailed(repr(exc)) from exc
+        async with self._answer(client, upstream, body, waits) as response:
+            async with contextlib.aclosing(self._audio(response, waits)) as chunks:
+                async for chunk in chunks:
+                    self.sample_rate = chunk.sample_rate
+                    yield chunk
 
     async def ready(self) -> bool:
         return self._client is not None and bool(self.pool.candidates())
@@ -563,7 +547,9 @@ def create(settings: RemoteSettings) -> RemoteEngine:
         model=settings.upstream_model,
         api_key=settings.upstream_api_key,
         connect_timeout_s=settings.upstream_connect_timeout_s,
+        first_byte_timeout_s=settings.upstream_first_byte_timeout_s,
         read_timeout_s=settings.upstream_read_timeout_s,
+        segment_timeout_s=settings.upstream_segment_timeout_s,
         health_interval_s=settings.upstream_health_interval_s,
         breaker_failures=settings.upstream_breaker_failures,
         breaker_cooldown_s=settings.upstream_breaker_cooldown_s,

@@ -95,6 +95,11 @@ class UpstreamPool:
         if upstream.failures >= self.breaker_failures:
             upstream.opened_at = self._clock()
 
+    def down(self, upstream: Upstream, reason: str) -> None:
+        """A probe got no answer: the upstream is not offered until its next health check passes."""
+        upstream.healthy = False
+        upstream.last_error = reason
+
     def describe(self) -> str:
         """One line per upstream, for error messages and logs."""
         return "; ".join(

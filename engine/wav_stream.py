@@ -4,6 +4,11 @@ The remote engine asks upstreams for ``response_format: "wav"``, so every answer
 rate in its header: a streamed one (vllm-omni 0.30 with ``stream_format: "audio"``, another voxgate)
 has placeholder sizes and ends when the body ends; a whole one (a non-streamed request) has true
 sizes. Pieces may split the header, a sample or a frame anywhere, as a network does.
+
+An upstream is not trusted to say something playable: a rate outside ``MIN_RATE_HZ``..``MAX_RATE_HZ``
+(1 Hz made 21 s of noise of a 0.3 s answer; 2 GHz made silence that resampled to nothing), more channels
+than ``MAX_CHANNELS``, or a sample format other than 16-bit integers or 32-bit floats is a ``WavError``,
+which the remote engine counts as that upstream's failure.
 """
 
 from __future__ import annotations
@@ -18,12 +23,20 @@ _UNKNOWN_SIZES = (0, 0xFFFFFFFF)
 _PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
 # A header that has not ended after this many bytes is not one a speech server would send.
 _MAX_HEADER_BYTES = 64 * 1024
+#: Telephone audio is 8 kHz and studio masters 192 kHz; a speech server answers within them.
+MIN_RATE_HZ, MAX_RATE_HZ = 8000, 192000
+#: 7.1 surround has 8; a speech server sends 1 (more are averaged to mono).
+MAX_CHANNELS = 8
+
+
+class WavError(ValueError):
+    """The data is not a WAV the gateway can play (not a WAV, or a format or rate outside the bounds)."""
 
 
 class WavStream:
     """Feed body pieces with ``feed``; it returns the mono float32 samples each piece completes.
 
-    Raises ``ValueError`` from ``feed`` when the data is not a PCM16 or float32 WAV.
+    Raises ``WavError`` from ``feed`` when the data is not a PCM16 or float32 WAV at a sane rate.
     """
 
     def __init__(self) -> None:
@@ -34,6 +47,11 @@ class WavStream:
         self._float = False
         self._remaining: int | None = None  # data bytes still to come, when the header says
         self._in_data = False
+
+    @property
+    def done(self) -> bool:
+        """Whether the data chunk's stated size has all come (never for a streamed WAV): read no more."""
+        return self._remaining == 0
 
     def feed(self, data: bytes) -> npt.NDArray[np.float32]:
         """Take the next piece of the body; returns the samples it completes (possibly none)."""
@@ -62,14 +80,14 @@ class WavStream:
     def _parse_header(self) -> None:
         buf = self._buffer
         if len(buf) >= 12 and (buf[:4] != b"RIFF" or buf[8:12] != b"WAVE"):
-            raise ValueError(f"not a WAV stream: starts with {bytes(buf[:12])!r}")
+            raise WavError(f"not a WAV stream: starts with {bytes(buf[:12])!r}")
         offset = 12
         while len(buf) >= offset + 8:
             chunk_id, size = bytes(buf[offset : offset + 4]), struct.unpack_from("<I", buf, offset + 4)[0]
             body = offset + 8
             if chunk_id == b"data":
                 if self.sample_rate is None:
-                    raise ValueError("WAV data came before its fmt chunk")
+                    raise WavError("WAV data came before its fmt chunk")
                 self._remaining = None if size in _UNKNOWN_SIZES else size
                 del buf[:body]
                 self._in_data = True
@@ -80,15 +98,17 @@ class WavStream:
                 self._read_format(bytes(buf[body : body + size]))
             offset = body + size + size % 2  # chunks are padded to even sizes
         if len(buf) > _MAX_HEADER_BYTES:
-            raise ValueError("WAV header did not end within 64 KiB")
+            raise WavError("WAV header did not end within 64 KiB")
 
     def _read_format(self, fmt: bytes) -> None:
         if len(fmt) < 16:
-            raise ValueError("WAV fmt chunk is too short")
+            raise WavError("WAV fmt chunk is too short")
         tag, channels, rate, _, _, bits = struct.unpack_from("<HHIIHH", fmt)
         if tag == _EXTENSIBLE and len(fmt) >= 26:
             tag = struct.unpack_from("<H", fmt, 24)[0]  # the sub-format GUID starts with the real tag
-        if (tag, bits) not in ((_PCM, 16), (_FLOAT, 32)) or channels < 1 or rate < 1:
-            raise ValueError(f"unsupported WAV format: tag {tag}, {bits} bits, {channels} channels")
+        if (tag, bits) not in ((_PCM, 16), (_FLOAT, 32)) or not 1 <= channels <= MAX_CHANNELS:
+            raise WavError(f"unsupported WAV format: tag {tag}, {bits} bits, {channels} channels")
+        if not MIN_RATE_HZ <= rate <= MAX_RATE_HZ:
+            raise WavError(f"unplayable WAV sample rate {rate} Hz (not within {MIN_RATE_HZ}..{MAX_RATE_HZ})")
         self.sample_rate, self._channels = rate, channels
         self._float, self._width = tag == _FLOAT, bits // 8

@@ -150,8 +150,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         int,
         option("unsynthesized text a session may hold; more is refused (`text_backlog_full`)", flag=True),
     ] = 20_000
-    # vllm-omni's defaults (``--tts-max-instructions-length``, ``tts_batch_max_items``), so a client that works
-    # against one works against the other.
+    # vllm-omni's defaults (``--tts-max-instructions-length``, ``tts_batch_max_items``), so a client that
+    # works against one works against the other.
     max_instructions_chars: Annotated[
         int, option("characters `instructions` may have; more is refused (400 `invalid_message`)")
     ] = 500

@@ -2,7 +2,8 @@
 
 ``POST /v1/audio/voices`` takes ``multipart/form-data`` (or, for embeddings, urlencoded) with
 ``name`` and ``consent``, then ``audio_sample`` (a wav, flac, ogg/opus or mp3 file of 1 to 30 s) or
-``speaker_embedding`` (a JSON list of at most 4096 numbers, vllm-omni's bound), with optional ``ref_text`` and ``speaker_description``.
+``speaker_embedding`` (a JSON list of at most 4096 numbers, vllm-omni's bound), with optional ``ref_text``
+and ``speaker_description``.
 The body is parsed while it streams in, and reading stops at the first part over its limit. The clip's
 rate, channels and length are checked from its header before it is decoded; it is then decoded block by
 block and stored in its canonical form: mono, at most 24 kHz, 16-bit PCM (``gateway.clips``,

@@ -50,6 +50,7 @@ READ_TIMEOUT_S = 1.0
 FAST: dict[str, object] = {
     "upstream_read_timeout_s": READ_TIMEOUT_S,
     "upstream_connect_timeout_s": 1.0,
+    "upstream_first_byte_timeout_s": READ_TIMEOUT_S,
     "upstream_health_interval_s": 0.2,
     "upstream_breaker_failures": 2,
     "upstream_breaker_cooldown_s": 30.0,

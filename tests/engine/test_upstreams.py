@@ -154,3 +154,12 @@ def test_describe() -> None:
         "http://a:1: down (status 500: b'boom'); http://b:2: down (health check failed: ConnectError()); "
         "http://c:3: up"
     )
+
+
+def test_an_upstream_marked_down_is_offered_again_once_healthy() -> None:
+    p, _ = pool()
+    a = p.upstreams[0]
+    p.down(a, "voice list: no answer within 5 s")
+    assert a not in p.candidates() and "no answer within 5 s" in p.describe()
+    a.healthy = True  # its next health check passed
+    assert a in p.candidates()

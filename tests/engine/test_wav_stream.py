@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import struct
 
 import numpy as np
 import numpy.typing as npt
@@ -10,7 +11,7 @@ import pytest
 import soundfile
 from hypothesis import given
 from hypothesis import strategies as st
-from voxgate.engine.wav_stream import WavStream
+from voxgate.engine.wav_stream import MAX_RATE_HZ, MIN_RATE_HZ, WavError, WavStream
 from voxgate.protocol.audio import wav_header
 
 RATE = 24000
@@ -78,3 +79,39 @@ def test_nothing_comes_out_until_the_header_is_complete() -> None:
     assert len(wav.feed(wav_header(RATE)[:30])) == 0 and wav.sample_rate is None
     assert len(wav.feed(wav_header(RATE)[30:] + b"\x01")) == 0  # half a sample
     assert len(wav.feed(b"\x00")) == 1
+
+
+@pytest.mark.parametrize(
+    ("rate", "channels", "why"),
+    [
+        (1, 1, "sample rate 1 Hz"),  # 0.3 s at 24 kHz read as 2 hours of noise
+        (MIN_RATE_HZ - 1, 1, "sample rate"),
+        (MAX_RATE_HZ + 1, 1, "sample rate"),
+        (2_000_000_000, 1, "sample rate 2000000000 Hz"),  # resampled to silence
+        (RATE, 9, "9 channels"),
+        (RATE, 0, "0 channels"),
+    ],
+)
+def test_a_rate_or_layout_nobody_can_play_is_refused(rate: int, channels: int, why: str) -> None:
+    block = channels * 2
+    fmt = struct.pack("<HHIIHH", 1, channels, rate, (rate * block) & 0xFFFFFFFF, block, 16)
+    header = b"RIFF\xff\xff\xff\xffWAVEfmt \x10\x00\x00\x00" + fmt + b"data\xff\xff\xff\xff"
+    with pytest.raises(WavError, match=why):
+        WavStream().feed(header + bytes(100))
+
+
+@pytest.mark.parametrize("rate", [MIN_RATE_HZ, MAX_RATE_HZ])
+def test_the_bounds_themselves_are_playable(rate: int) -> None:
+    samples, got = read(wav_header(rate) + pcm16(SIGNAL), [])
+    assert got == rate and len(samples) == len(SIGNAL)
+
+
+def test_done_once_the_stated_data_has_come() -> None:
+    wav = WavStream()
+    wav.feed(wav_header(RATE, 200) + pcm16(SIGNAL)[:100])
+    assert not wav.done
+    wav.feed(pcm16(SIGNAL)[100:200])
+    assert wav.done
+    streamed = WavStream()
+    streamed.feed(wav_header(RATE) + pcm16(SIGNAL))
+    assert not streamed.done  # a streamed WAV ends when its body does

@@ -60,7 +60,13 @@ def gateway(custom_voice: RealUpstream) -> Iterator[str]:
 def front(upstream: RealUpstream) -> contextlib.AbstractContextManager[str]:
     """Gateway B (the remote engine) in front of ``upstream``."""
     return serve_engine(
-        None, engine="remote", upstreams=(upstream.url,), upstream_read_timeout_s=READ_TIMEOUT_S
+        None,
+        engine="remote",
+        upstreams=(upstream.url,),
+        # A cold GPU's first answer (compilation, warm-up) takes far longer than a warm one's.
+        upstream_read_timeout_s=READ_TIMEOUT_S,
+        upstream_first_byte_timeout_s=READ_TIMEOUT_S,
+        upstream_segment_timeout_s=READ_TIMEOUT_S,
     )
 
 

@@ -41,7 +41,13 @@ def aligned(real: RealUpstreams) -> RealUpstream:
 def front(upstream: RealUpstream) -> Iterator[str]:
     """Gateway B (the remote engine) in front of ``upstream``."""
     with serve_engine(
-        None, engine="remote", upstreams=(upstream.url,), upstream_read_timeout_s=READ_TIMEOUT_S
+        None,
+        engine="remote",
+        upstreams=(upstream.url,),
+        # A cold GPU's first answer (compilation, warm-up) takes far longer than a warm one's.
+        upstream_read_timeout_s=READ_TIMEOUT_S,
+        upstream_first_byte_timeout_s=READ_TIMEOUT_S,
+        upstream_segment_timeout_s=READ_TIMEOUT_S,
     ) as address:
         yield address
 
