@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Iterable, Mapping, MutableMapping
@@ -53,13 +54,16 @@ from ..protocol.messages import (
 )
 from ..protocol.output import Audio, Configure, Finish, Message, OutputFormat
 from ..protocol.session import Session, State
+from ..protocol.speech import check_limits
 from .catalog import Catalog, Resolved
 from .deadline import Deadline as Deadline  # re-exported: its tests import it from here
+from .errorlog import ErrorLog
 from .failures import REFUSALS, error_for
 from .jobs import AudioCap, Utterance
 from .metrics import Metrics, SessionMeter
 from .outbox import Outbox, SlowConsumer
 from .pump import Pump
+from .ratelimit import TokenBuckets
 from .receipts import ReadReceipts
 from .sessions import Sessions, shutdown_error
 from .settings import Settings
@@ -69,6 +73,9 @@ logger = logging.getLogger(__name__)
 
 # The least time a fatal error and the close get to go out before the connection is dropped.
 CLOSE_TIMEOUT_S = 1.0
+# Inline ``ref_audio`` clips a session may have decoded: this many at once, then one every so often.
+REFERENCES_BURST = 3
+REFERENCE_EVERY_S = 10.0
 
 
 class _Stop(Exception):
@@ -126,7 +133,12 @@ class Connection:
         self.core = Core(OutputFormat("pcm", 24000), session)  # the first session.config sets the format
         self.session = session
         self.log = _SessionLog(logger, {"session": self.id})
-        self.outbox = Outbox(s.max_buffered_audio_s)
+        self.errors = ErrorLog(self.log)  # non-fatal errors' lines, rate-limited
+        self.outbox = Outbox(
+            s.max_buffered_audio_s,
+            max_messages=s.max_buffered_messages,
+            max_message_bytes=s.max_buffered_message_bytes,
+        )
         self.pump = Pump(
             self.core,
             self.outbox,
@@ -144,6 +156,7 @@ class Connection:
         self.last_activity = time.monotonic()
         self.wire: Codec = self.codec or SessionCodec(extensions=self.extensions)  # adopt() may wrap it
         self.held_s = 0.0  # audio the codec took and holds back (counted when it goes out)
+        self._references = TokenBuckets(1.0 / REFERENCE_EVERY_S, REFERENCES_BURST)  # inline ref_audio
         self.cap = AudioCap(s.max_segment_audio_base_s, s.max_segment_audio_per_char_s)  # a segment's audio
         if self.receipts is not None:
             self.receipts.watch(s.send_timeout_s)
@@ -183,15 +196,35 @@ class Connection:
 
     async def _watch_reader(self, receipts: ReadReceipts) -> None:
         """End the session once the client has answered no ping for the send timeout: it stopped reading,
-        though its buffers (compressed, or behind a proxy) may still take what is written."""
-        await receipts.stalled.wait()
-        raise SlowConsumer(f"the client read nothing for {self.settings.send_timeout_s:g} s (no pong)")
+        though its buffers (compressed, or behind a proxy) may still take what is written. Each receipt
+        shows it still reads what was sent, however far behind: a send blocked meanwhile gets the send
+        timeout again, and the idle clock starts over."""
+        timeout_s = self.settings.send_timeout_s
+
+        def receipted() -> None:
+            self.last_activity = time.monotonic()
+            self.send_deadline.extend(timeout_s)
+
+        receipts.on_receipt = receipted
+        try:
+            await receipts.stalled.wait()
+        finally:
+            receipts.on_receipt = None
+        raise SlowConsumer(f"the client read nothing for {timeout_s:g} s (no pong)")
 
     # -- reader -------------------------------------------------------------------------------
 
     async def _read(self) -> None:
+        try:
+            await self._read_messages()
+        finally:
+            self.errors.flush()  # the count of errors left out of the log, as the reader ends
+
+    async def _read_messages(self) -> None:
         await self._apply(self.wire.opening())
         while True:
+            # A client whose answers pile up unread is not read either: TCP pushes back (gateway.outbox).
+            await self.outbox.room_to_read()
             message = await self._receive()
             if message["type"] == "websocket.disconnect":
                 raise _Stop()
@@ -289,6 +322,9 @@ class Connection:
         voice_field = "$.speaker" if config.voice is None and config.speaker is not None else "$.voice"
         try:
             config = self.wire.check(config, self.session.config)
+            check_limits(config, self.settings.max_instructions_chars)
+            if config.ref_audio is not None:
+                self._admit_reference()
         except ProtocolError as err:
             raise self.core.reject_config(err) from None
         try:
@@ -359,6 +395,22 @@ class Connection:
             self.log.info("ignored unknown config fields: %s", ", ".join(ignored_fields))
         self.log.info("configured: %s", effective)
 
+    def _admit_reference(self) -> None:
+        """Take one of the session's inline-reference tokens: each ``ref_audio`` is decoded on the
+        process's few decode threads (tens of ms of CPU for a 30 s clip), so a socket that resends
+        configs with clips would keep them busy for every other session's uploads.
+
+        Raises:
+            ProtocolError: ``rate_limited`` (non-fatal after the first config) on ``$.ref_audio``.
+        """
+        wait = self._references.take("", time.monotonic())
+        if wait:
+            message = (
+                f"at most {REFERENCES_BURST} inline ref_audio clips at once and one every "
+                f"{REFERENCE_EVERY_S:g} s per session; retry in {math.ceil(wait)} s or upload the voice"
+            )
+            raise ProtocolError(ErrorCode.RATE_LIMITED, message, field="$.ref_audio")
+
     def _utterance(self, index: int) -> Utterance:
         config, resolved = self.session.config, self.resolved
         assert config is not None and resolved is not None  # utterances start only once configured
@@ -367,7 +419,10 @@ class Connection:
         )
 
     def _report(self, err: ProtocolError, utterance: int | None = None) -> None:
-        self.log.info("error %s: %s", err.code, err.message)
+        if err.fatal:
+            self.log.info("error %s: %s", err.code, err.message)
+        else:
+            self.errors.refused(err.code, err.message)
         self._send(
             Error(
                 code=err.code,
@@ -404,8 +459,12 @@ class Connection:
             self.last_activity = time.monotonic()
 
     async def _send_now(self, payload: Payload, audio_s: float = 0.0) -> None:
-        # A send blocks only while the client does not read; past the send timeout it is closed. A send
-        # that did not block is followed by read receipts (``_watch_reader``).
+        # A send blocks while the client reads slower than it is written to, or not at all: it is closed
+        # once neither the send nor its read receipts made progress for the send timeout (each receipt
+        # moves the deadline on: ``_watch_reader``). Every send is followed by read receipts, and the
+        # writer waits while more than ``max_buffered_audio_s`` of what it wrote is unread, so the engine
+        # runs ahead of the client by at most that twice (the outbox's bound, then this one), whatever the
+        # socket's buffers hold.
         self.sending = True
         self.meter.wrote(payload)
         try:
@@ -413,6 +472,11 @@ class Connection:
                 await self.send_deadline.within(self.ws.send_bytes(payload), self.settings.send_timeout_s)
             else:
                 await self.send_deadline.within(self.ws.send_text(payload), self.settings.send_timeout_s)
+            if self.receipts is not None:
+                self.receipts.wrote(audio_s)
+                lead_s = self.settings.max_buffered_audio_s
+                if self.receipts.unread_s > lead_s:  # receipts come in only while the reader reads
+                    await self.outbox.unless_reader_stops(self.receipts.read_up_to(lead_s))
         except WebSocketDisconnect:
             raise _Stop() from None
         except RuntimeError as exc:
@@ -424,8 +488,6 @@ class Connection:
             raise SlowConsumer(f"the client read nothing for {self.settings.send_timeout_s:g} s") from None
         finally:
             self.sending = False
-        if self.receipts is not None:
-            self.receipts.wrote(audio_s)
 
     async def _abort(self, err: ProtocolError) -> None:
         """Report a fatal error and close. A client that stopped reading gets one more send timeout

@@ -25,7 +25,7 @@ import asyncio
 import collections
 import inspect
 import time
-from collections.abc import AsyncGenerator, Callable, Container
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -163,6 +163,7 @@ class Segment:
             options=u.options,
             reference=u.reference,
             deadline=u.playback.deadline(time.monotonic()),
+            max_audio_s=u.cap.seconds(self.text, u.config.speed),
         )
 
     def open(self) -> CappedStream:
@@ -193,33 +194,67 @@ class Segment:
 
 
 class JobQueue:
-    """FIFO of segments that the synthesizer can peek into and a cancel can empty."""
+    """FIFO of segments that the synthesizer can peek into and a cancel can empty.
+
+    Segments are kept per utterance, with one queue of utterance indices giving their order: a cancel
+    takes its utterances' segments out at their own cost, and leaves their places in the order to be
+    skipped (an utterance's index is never used again), however many other segments wait.
+    """
 
     def __init__(self) -> None:
-        self._jobs: collections.deque[Segment] = collections.deque()
+        self._order: collections.deque[int] = collections.deque()  # one entry per segment put
+        self._by_utterance: dict[int, collections.deque[Segment]] = {}
+        self._len = 0
         self._ready = asyncio.Event()
 
     def __len__(self) -> int:
-        return len(self._jobs)
+        return self._len
 
     def put(self, job: Segment) -> None:
-        self._jobs.append(job)
+        index = job.utterance.index
+        self._by_utterance.setdefault(index, collections.deque()).append(job)
+        self._order.append(index)
+        self._len += 1
         self._ready.set()
 
     async def get(self) -> Segment:
-        while not self._jobs:
+        while not self._len:
             self._ready.clear()
             await self._ready.wait()
-        return self._jobs.popleft()
+        self._skip()
+        index = self._order.popleft()
+        jobs = self._by_utterance[index]
+        job = jobs.popleft()
+        if not jobs:
+            del self._by_utterance[index]
+        self._len -= 1
+        return job
 
     def peek(self) -> Segment | None:
-        return self._jobs[0] if self._jobs else None
+        if not self._len:
+            return None
+        self._skip()
+        return self._by_utterance[self._order[0]][0]
 
-    def drain(self, utterances: Container[int] | None = None) -> list[Segment]:
+    def drain(self, utterances: Iterable[int] | None = None) -> list[Segment]:
         """Remove and return the queued segments of ``utterances`` (all of them when None)."""
         if utterances is None:
-            jobs, self._jobs = list(self._jobs), collections.deque()
+            jobs = [self._by_utterance[i].popleft() for i in self._order if i in self._by_utterance]
+            self._order.clear()
+            self._by_utterance.clear()
+            self._len = 0
             return jobs
-        jobs = [job for job in self._jobs if job.utterance.index in utterances]
-        self._jobs = collections.deque(job for job in self._jobs if job.utterance.index not in utterances)
-        return jobs
+        drained: list[Segment] = []
+        for index in utterances:
+            drained.extend(self._by_utterance.pop(index, ()))
+        self._len -= len(drained)
+        if not self._len:
+            self._order.clear()
+        elif len(self._order) > 2 * self._len + 64:  # mostly skipped places: rebuild, amortised
+            self._order = collections.deque(i for i in self._order if i in self._by_utterance)
+        return drained
+
+    def _skip(self) -> None:
+        """Drop the places of cancelled utterances from the head of the order."""
+        while self._order[0] not in self._by_utterance:
+            self._order.popleft()

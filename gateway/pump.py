@@ -11,8 +11,11 @@ ElevenLabs) all build one. It owns what every surface must get the same:
 - the audio cap (``CappedStream``): a segment's audio is at most ``AudioCap.seconds`` of its text, and a
   cut is reported as ``audio_truncated``;
 - deadlines (``SynthesisRequest.deadline``, from the utterance's ``Playback``);
-- cancel: a ``Drop`` of the utterance being spoken cancels its task, which closes the engine stream;
-- backpressure: after each chunk the pump waits for room in the outbox (``Outbox.room``);
+- cancel: a ``Drop`` of the utterance being spoken cancels its task, which closes the engine stream; a
+  ``Drop`` costs what it cancels, not what is queued (``Outbox.drop``, ``JobQueue.drain``);
+- backpressure: after each chunk the pump waits for room in the outbox (``Outbox.room``: its audio bound,
+  and half its bound on other outputs, so that the reader, which waits at the whole, is never held by the
+  engine's own messages);
 - first bytes first: when nothing is queued (the listener waits), a long chunk's first ``FIRST_SLICE_S``
   goes to the writer before the rest is encoded, so a compressed format's encoder (about 8 ms of CPU per
   second of audio for mp3 and Opus) delays the first byte by a slice's encoding, not a sentence's;
@@ -109,14 +112,16 @@ class Pump:
                     if self._current is not None and (following := self.jobs.peek()) is not None:
                         following.open()
                 case Drop(utterances=victims):
-                    # Only the victims' segments: a cancel of one context leaves the others queued.
-                    dropped.extend(self.jobs.drain(victims))
-                    if self._current is not None and self._current_utterance in victims:
-                        self._current.cancel()
-                    self.outbox.drop(victims)
+                    # Only the victims' segments: a cancel of one context leaves the others queued. A cancel
+                    # costs what it cancels (a flood of cancels with nothing in flight costs nothing here).
+                    if victims:
+                        dropped.extend(self.jobs.drain(victims))
+                        if self._current is not None and self._current_utterance in victims:
+                            self._current.cancel()
+                        self.outbox.drop(victims)
+                        self.log.info("cancelled utterances %s", list(victims))
                     if self._dropped is not None:
                         self._dropped()
-                    self.log.info("cancelled utterances %s", list(victims))
                 case Message(msg=msg) if not sends(msg, extensions=self.extensions):
                     pass
                 case _:

@@ -19,7 +19,8 @@ The rules it owns:
   comes last.
 - A cancel drops every utterance (of its context, or of every context) the client has not yet been
   told is done (``session.done`` not yet written): the core forgets them, so engine work that still
-  reports on them produces nothing.
+  reports on them produces nothing. A cancel costs what it cancels: utterances are also indexed by
+  context, so a cancel of one context never walks the others' (a flood of cancels stays linear).
 - An utterance is forgotten once its ``session.done`` is written (``sending``).
 - Contexts (``protocol.session``): messages of a named context's utterances carry its ``context_id``
   and its frames its ``context_number``; ``context.closed`` follows its last ``session.done`` (a
@@ -30,6 +31,7 @@ The rules it owns:
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -143,6 +145,11 @@ class Core:
         self.session = session or Session()
         self._format = fmt
         self._utterances: dict[int, _Utterance] = {}
+        # The same, by context number: a cancel of one context costs its utterances, not the session's.
+        self._by_context: dict[int, dict[int, _Utterance]] = {}
+        # Utterances whose session.done is not handed out yet, in order, by context: ``_settle`` looks at the
+        # head of each, so an utterance ended behind a long one costs nothing until that one is done.
+        self._unreported: dict[int, collections.deque[_Utterance]] = {}
         self._out: list[Output] = []
         self._closing = False
         self._contexts: dict[int, _Context] = {0: _Context(None, 0)}
@@ -394,8 +401,11 @@ class Core:
                     seg.first_sent_t = now if seg.first_sent_t is None else seg.first_sent_t
                     u.first_audio_t = now if u.first_audio_t is None else u.first_audio_t
             case Report(utterance=index, sentence=None):
-                u = self._utterances.pop(index, None)
-                return None if u is None else Message(self._session_done(u), index)
+                u = self._utterances.get(index)
+                if u is None:
+                    return None
+                self._remove(u)
+                return Message(self._session_done(u), index)
             case Report(utterance=index, sentence=int(sentence)):
                 u = self._utterances.get(index)
                 if u is None:
@@ -425,12 +435,8 @@ class Core:
 
     def _busy(self, context: int) -> bool:
         """Whether audio of the context is still being made or sent (an ``audio.done`` not yet written)."""
-        return any(
-            not seg.reported
-            for u in self._utterances.values()
-            if u.context == context
-            for seg in u.segments.values()
-        )
+        utterances = self._by_context.get(context, {}).values()
+        return any(not seg.reported for u in utterances for seg in u.segments.values())
 
     def _wire_id(self, context: int) -> str | msgspec.UnsetType:
         ctx = self._contexts.get(context)
@@ -439,11 +445,20 @@ class Core:
     def _forget(self, victims: tuple[_Utterance, ...]) -> None:
         for u in victims:
             self.session.backlog -= sum(len(seg.text) for seg in u.segments.values() if not seg.started)
-            del self._utterances[u.index]
+            self._remove(u)
+            # A cancel takes every utterance of its contexts (``_drop``) or of all (``cancel``).
+            self._unreported.pop(u.context, None)
+
+    def _remove(self, u: _Utterance) -> None:
+        del self._utterances[u.index]
+        group = self._by_context[u.context]
+        del group[u.index]
+        if not group:
+            del self._by_context[u.context]
 
     def _drop(self, context_id: str, number: int | None, *, confirm: bool) -> None:
         """Cancel one context's utterances; ``confirm``: answer even when there were none."""
-        victims = () if number is None else tuple(u for u in self._utterances.values() if u.context == number)
+        victims = () if number is None else tuple(self._by_context.get(number, {}).values())
         self._cancel(victims, AudioCancelled(context_id=context_id) if confirm else None)
 
     def _cancel(self, victims: tuple[_Utterance, ...], otherwise: AudioCancelled | None) -> None:
@@ -478,6 +493,8 @@ class Core:
         ctx = self._contexts.get(context)
         cid = None if ctx is None else ctx.context_id
         u = self._utterances[index] = _Utterance(index, packer, fmt.streamed, now, context, cid)
+        self._by_context.setdefault(context, {})[index] = u
+        self._unreported.setdefault(context, collections.deque()).append(u)
         return u
 
     def _utterance(self, index: int, context: int = 0) -> _Utterance:
@@ -522,13 +539,14 @@ class Core:
     def _settle(self) -> None:
         """Hand out the ``session.done`` of finished utterances in order within each context, then the
         ``context.closed`` of contexts closing with nothing left, then ``Finish`` when closing."""
-        blocked: set[int] = set()  # contexts with an utterance still speaking
-        for u in self._utterances.values():
-            if u.reported or u.context in blocked:
-                continue
-            if u.total is None or u.done < u.total:
-                blocked.add(u.context)
-                continue
+        finished: list[_Utterance] = []
+        for context, queue in list(self._unreported.items()):
+            while queue and queue[0].total is not None and queue[0].done >= queue[0].total:
+                finished.append(queue.popleft())
+            if not queue:
+                del self._unreported[context]
+        blocked = self._unreported.keys()  # contexts with an utterance still speaking
+        for u in sorted(finished, key=lambda u: u.index):  # across contexts, in the order they opened
             u.reported = True
             if u.segments and (tail := u.packer.finish()):  # a compressed stream's end
                 last = max(u.segments)

@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 import soundfile
 from voxgate.engine.fake import FakeEngine
+from voxgate.gateway import catalog as catalog_module
+from voxgate.gateway import clips
+from voxgate.gateway.connection import REFERENCES_BURST
 
 from tests.conftest import recv_message, recv_until, send, serve_engine, session, voxgate_connect
 
@@ -91,7 +94,7 @@ def test_ref_audio_is_not_decoded_for_an_engine_that_cannot_clone(monkeypatch: p
     from voxgate.gateway import catalog
 
     decoded: list[str] = []
-    real = catalog.inline_reference
+    real = clips.inline_reference
 
     def spy(ref_audio: str, ref_text: str | None) -> object:
         decoded.append(ref_audio[:16])
@@ -115,3 +118,31 @@ def test_ref_audio_is_not_decoded_for_an_engine_that_cannot_clone(monkeypatch: p
     with serve_engine(FakeEngine(clones=True)) as address, session(address, ref_audio=data_url(clip())):
         pass
     assert len(decoded) == 1
+
+
+def test_a_session_that_resends_clips_is_rate_limited_and_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each inline clip is decoded on the process's few decode threads: past the session's burst, a
+    config carrying one is refused (non-fatal ``rate_limited``, nothing decoded) and the session goes on
+    with its config; one without a clip is still taken."""
+    decoded: list[str] = []
+    real = clips.inline_reference
+
+    def counting(ref_audio: str, ref_text: str | None) -> object:
+        decoded.append(ref_audio)
+        return real(ref_audio, ref_text)
+
+    monkeypatch.setattr(catalog_module, "inline_reference", counting)
+    with serve_engine(FakeEngine(clones=True)) as address, session(address, ref_audio=data_url(clip())) as ws:
+        for _ in range(REFERENCES_BURST - 1):
+            send(ws, type="session.config", ref_audio=data_url(clip()))
+            assert recv_message(ws)["type"] == "session.ready"
+        send(ws, type="session.config", ref_audio=data_url(clip()))
+        error = recv_message(ws)
+        assert error["type"] == "error" and error["code"] == "rate_limited", error
+        assert error["field"] == "$.ref_audio" and error["fatal"] is False
+        send(ws, type="session.config", speed=1.5)
+        assert recv_message(ws)["type"] == "session.ready"
+        send(ws, type="input.text", text="Still speaking.")
+        send(ws, type="input.done")
+        assert recv_until(ws, "session.done").frames()
+    assert len(decoded) == REFERENCES_BURST

@@ -300,6 +300,22 @@ def test_instructions_at_the_limit_pass() -> None:
     assert response.status_code == 200
 
 
+def test_the_websocket_holds_instructions_to_the_same_limit() -> None:
+    """One limit on every surface: a first session.config with 501 characters of instructions is refused
+    (fatal, as any refused first config), one of 500 is taken."""
+    with serve_engine(FakeEngine()) as address:
+        for size, refused in ((501, True), (500, False)):
+            uri = f"ws://{address}/v1/audio/speech/stream"
+            with voxgate_connect(uri, open_timeout=TIMEOUT_S) as ws:
+                send(ws, type="session.config", instructions="x" * size)
+                answer = recv_message(ws)
+            if refused:
+                assert answer["type"] == "error" and answer["code"] == "invalid_message", answer
+                assert answer["field"] == "$.instructions" and answer["fatal"] is True
+            else:
+                assert answer["type"] == "session.ready", answer
+
+
 def test_word_timestamps_come_in_the_x_word_timestamps_header_of_a_whole_answer() -> None:
     engine = WordEngine()
     text = "Hello there. How are you?"
