@@ -112,7 +112,11 @@ async def start(
     def utterance(index: int) -> Utterance:
         return Utterance(index, config, engine, voice, reference, options, cap)
 
-    outbox = Outbox(settings.max_buffered_audio_s)
+    outbox = Outbox(
+        settings.max_buffered_audio_s,
+        max_messages=settings.max_buffered_messages,
+        max_message_bytes=settings.max_buffered_message_bytes,
+    )
     pump = Pump(core, outbox, meter, utterance, logger)
     producer = Producer(core, pump, meter)
     await pump.route(core.data_to_send())

@@ -451,6 +451,7 @@ class Core:
 
     def _remove(self, u: _Utterance) -> None:
         del self._utterances[u.index]
+        self.session.in_flight = len(self._utterances)
         group = self._by_context[u.context]
         del group[u.index]
         if not group:
@@ -493,6 +494,7 @@ class Core:
         ctx = self._contexts.get(context)
         cid = None if ctx is None else ctx.context_id
         u = self._utterances[index] = _Utterance(index, packer, fmt.streamed, now, context, cid)
+        self.session.in_flight = len(self._utterances)
         self._by_context.setdefault(context, {})[index] = u
         self._unreported.setdefault(context, collections.deque()).append(u)
         return u

@@ -66,6 +66,8 @@ MAX_MESSAGE_BYTES = 128 * 1024
 #: Named contexts open at once when a session names no cap: ElevenLabs allows 5; a few more leave room
 #: for contexts a barge-in has closed while the client already opens the next ones.
 MAX_CONTEXTS = 8
+#: Utterances a session may have queued at once (far more than any turn-taking client sends ahead).
+MAX_IN_FLIGHT = 256
 
 _decode_client = msgspec.json.Decoder(ClientMessage).decode
 _decode_any = msgspec.json.Decoder().decode
@@ -215,6 +217,9 @@ class Session:
             (``too_many_contexts``). 0 refuses every named context.
         context_idle_timeout_s: seconds a named context may go without a message before the core
             closes it (``Core.tick``); 0 for never.
+        max_in_flight: utterances queued at once (started, their ``session.done`` not yet out); a
+            message that would start one more is refused (``text_backlog_full``). Empty utterances
+            (``input.done`` alone) count too: each holds a little state until its turn.
     """
 
     def __init__(
@@ -226,6 +231,7 @@ class Session:
         extensions: bool = True,
         max_contexts: int = MAX_CONTEXTS,
         context_idle_timeout_s: float = 0.0,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.extensions = extensions
         self.state = State.AWAITING_CONFIG
@@ -245,6 +251,9 @@ class Session:
         self._numbers = 0  # context numbers handed out (never reused within a session)
         self.max_buffer_delay_s = DEFAULT_MAX_BUFFER_DELAY_MS / 1000.0
         self._refusal: ProtocolError | None = None  # ``refuse_new``: new utterances get this error
+        #: Utterances whose ``session.done`` is not out yet (the ``Core`` keeps it), and their cap.
+        self.in_flight = 0
+        self.max_in_flight = max_in_flight
 
     @property
     def _segmenter(self) -> Segmenter:
@@ -405,11 +414,19 @@ class Session:
         self._refusal = error
 
     def _check_admitted(self, context_id: str | None) -> None:
-        if self._refusal is None:
-            return
+        """Refuse a message that would start an utterance while draining, or past ``max_in_flight``."""
         stream = self._default if context_id is None else self._named.get(context_id)
-        if stream is None or stream.utterance is None:
+        if stream is not None and stream.utterance is not None:
+            return  # it goes to an utterance already open
+        if self._refusal is not None:
             raise self._error(self._refusal.code, self._refusal.message, context_id=context_id)
+        if self.in_flight >= self.max_in_flight:
+            raise self._error(
+                ErrorCode.TEXT_BACKLOG_FULL,
+                f"{self.in_flight} utterances are waiting to be spoken, the most a session may queue: "
+                "send the next once one is done",
+                context_id=context_id,
+            )
 
     def _check_backlog(self, text: str, context_id: str | None) -> None:
         cap = self.max_pending_text_chars

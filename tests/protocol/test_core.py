@@ -317,6 +317,29 @@ def test_text_past_the_backlog_cap_is_refused_without_changing_anything() -> Non
         core.receive_message(InputText(text="y"), 6.0)
 
 
+def test_utterances_past_max_in_flight_are_refused_until_one_is_done() -> None:
+    """Empty utterances (``input.done`` alone) behind one still speaking each hold state until their turn:
+    past ``max_in_flight`` a message that would start one more is refused, text or not."""
+    core = Core(PCM, Session(max_in_flight=3))
+    core.receive_message(SessionConfig(), 0.0)
+    (configure,) = core.data_to_send()
+    assert isinstance(configure, Configure)
+    core.accept_config(configure.config, PCM)
+    core.receive_message(InputText(text="Still speaking."), 1.0)
+    core.receive_message(InputDone(), 1.0)
+    core.receive_message(InputDone(), 1.0)
+    core.receive_message(InputDone(), 1.0)
+    assert core.in_flight == (0, 1, 2) and core.session.in_flight == 3
+    for refused in (InputDone(), InputText(text="More.")):
+        with pytest.raises(ProtocolError) as full:
+            core.receive_message(refused, 2.0)
+        assert full.value.code is ErrorCode.TEXT_BACKLOG_FULL and not full.value.fatal
+    core.cancel()  # a cancel frees every place
+    assert core.session.in_flight == 0
+    core.receive_message(InputText(text="Again."), 3.0)
+    assert core.session.in_flight == 1
+
+
 def test_word_timings_go_out_before_their_audio_in_ms_on_the_utterance_clock() -> None:
     core = Core(OutputFormat("pcm", 16000, frame_ms=100))  # the engine speaks at 8 kHz: resampled
     core.receive(UtteranceStarted(0), 0.0)
