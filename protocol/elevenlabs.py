@@ -18,26 +18,33 @@ Client -> server, one JSON text message each (every field optional)::
 
 Server -> client::
 
-    {"audio": "<base64>", "isFinal": null, "alignment": {...}, "normalizedAlignment": {...},
-     "contextId": "c1"}                                  one per segment; contextId on multi only
+    {"audio": "<base64>", "isFinal": null, "alignment": {...} | null, "normalizedAlignment": {...} | null,
+     "contextId": "c1"}                                  audio as it comes; contextId on multi only
+    {"audio": "", "isFinal": null, "alignment": {...}, ...}  a segment's characters not sent by its end
     {"isFinal": true, "contextId": "c1"}                 after a context's last audio
     {"message": "...", "error": "<code>", "code": 1008}  an error (contextId when it is a context's); the
                                                          close code only on a fatal one, as it closes
 
-Alignment times are milliseconds relative to the start of the message's own audio (``Alignment`` in the
-SDK); the REST ``with-timestamps`` shapes use seconds from the start of the response.
+Each character of a segment goes out once, in order, with the first audio message by which it is known
+(``known_alignment``: a word's characters once the next word is timed; all of them at the segment's
+``audio.done`` when the engine times no words) and has started (``Stream.audio``). Alignment times are
+milliseconds from where the segment's previous alignment ended, so that the spans add up to the audio
+(pipecat's clock), which is the message's own audio start when its alignment covers it (``Alignment`` in
+the SDK). The REST routes send a segment whole with its alignment (``hold`` / ``take_segment``); their
+``with-timestamps`` shapes use seconds from the start of the response.
 """
 
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
 
-from .audio import AudioFormat
+from .audio import BYTES_PER_SAMPLE, AudioFormat
 from .errors import FAILURES, MALFORMED_JSON, CloseCode, ErrorCode, ProtocolError, field_path
 from .messages import (
     AudioDone,
@@ -57,7 +64,8 @@ from .messages import (
 )
 
 #: ElevenLabs' ``output_format`` values voxgate produces: our format, rate and bit rate (None: not compressed)
-#: for each. Every one works on every route; the compressed ones come as one complete file per segment.
+#: for each. Every one works on every route; the compressed ones come as one encoder stream per utterance
+#: on the WebSockets, as one complete file per segment on REST.
 OUTPUT_FORMATS: dict[str, tuple[AudioFormat, int, int | None]] = {
     **{f"pcm_{rate}": ("pcm", rate, None) for rate in (8000, 16000, 22050, 24000, 32000, 44100, 48000)},
     "ulaw_8000": ("mulaw", 8000, None),
@@ -236,7 +244,8 @@ def session_config(
         params: the query parameters.
         settings: the first message's ``voice_settings`` (its ``speed`` is honoured, for the whole session).
         words: ask the engine for word timings (``word_timestamps``), which the alignment follows.
-        whole_segments: one audio message per segment, so the alignment of each spans exactly its audio.
+        whole_segments: one audio message per segment (REST, which sends each with its alignment); the
+            sockets stream (False).
 
     Raises:
         ProtocolError: a ``speed`` out of range (``invalid_message``).
@@ -305,6 +314,27 @@ def word_alignment(text: str, words: list[WordTimestamp], offset_ms: float, dura
         duration_ms: the segment's audio; the last span reaches its end, so that a client adding up
             each message's span (pipecat) stays on the audio's clock.
     """
+    return _aligned(text, words, offset_ms, duration_ms)[0]
+
+
+def known_alignment(text: str, words: list[WordTimestamp], offset_ms: float) -> tuple[Alignment, float]:
+    """The part of a segment's ``word_alignment`` that is final while its audio still comes.
+
+    The last word found is left out with everything after it: how many characters it spans waits for
+    the next word, and where it ends for the segment's end. The characters before it keep the times
+    ``word_alignment`` gives them once the segment is done.
+
+    Returns:
+        The alignment of the first characters of ``text`` (none before the first word), and where the
+        first character left out starts, in ms from the segment's start (0 with no word found).
+    """
+    return _aligned(text, words, offset_ms, None)
+
+
+def _aligned(
+    text: str, words: list[WordTimestamp], offset_ms: float, duration_ms: float | None
+) -> tuple[Alignment, float]:
+    """``word_alignment`` (``duration_ms`` None: ``known_alignment``), and where its open part starts."""
     spans: list[tuple[int, float, float]] = []  # each word found: where it starts in text, its times
     folded = text.lower() if len(text.lower()) == len(text) else text
     cursor = 0
@@ -320,23 +350,31 @@ def word_alignment(text: str, words: list[WordTimestamp], offset_ms: float, dura
         else:
             cursor = at + len(word.word)
         spans.append((at, word.start_ms, word.end_ms))
-    if not spans:
-        return spread_alignment(text, duration_ms)
+    if duration_ms is None and not spans:
+        return Alignment([], [], []), 0.0
+    if duration_ms is None:
+        limit = math.inf
+    elif not spans:
+        return spread_alignment(text, duration_ms), duration_ms
+    else:
+        limit = duration_ms
     chars: list[str] = []
     starts: list[int] = []
     durations: list[int] = []
     bounds = [0, *(at for at, _, _ in spans[1:]), len(text)]
     for n, (start_ms, end_ms) in enumerate((s, e) for _, s, e in spans):
         piece = text[bounds[n] : bounds[n + 1]]
+        start = min(max(start_ms - offset_ms, 0.0), limit)
+        if n == len(spans) - 1 and duration_ms is None:  # still open: the next word bounds it
+            return Alignment(chars, starts, durations), start
         if not piece:  # two words found at one place: the first adds no character
             continue
-        start = min(max(start_ms - offset_ms, 0.0), duration_ms)
-        end = duration_ms if n == len(spans) - 1 else min(max(end_ms - offset_ms, start), duration_ms)
+        end = limit if n == len(spans) - 1 else min(max(end_ms - offset_ms, start), limit)
         spread_starts, spread_durations = _spread(len(piece), start, end)
         chars += piece
         starts += spread_starts
         durations += spread_durations
-    return Alignment(chars, starts, durations)
+    return Alignment(chars, starts, durations), limit
 
 
 #: The session's context for ``stream-input``'s messages, and for ``multi-stream-input``'s that name none
@@ -348,8 +386,8 @@ class Stream:
     """One ``stream-input`` or ``multi-stream-input`` socket over one voxgate session and its contexts.
 
     ``start`` opens the session; ``receive`` maps the client's messages to the session's (docs/protocol.md
-    §11.1); ``render`` maps the session's typed server messages and audio back, routing each by its
-    context: a message by its ``context_id``, a segment's audio by the ``audio.start`` before it.
+    §11.1); ``render`` maps the session's typed server messages back and ``audio`` its audio as it comes,
+    routing each by its context: a message by its ``context_id``, audio by the ``audio.start`` before it.
 
     Args:
         voice_id: the voice of the path.
@@ -370,13 +408,17 @@ class Stream:
         self._start_ms = 0.0  # where that segment starts on its utterance's clock
         self._text = ""  # that segment's text
         self._format, self._rate = params.audio
-        self._held: bytes | None = None  # a segment's audio, until its audio.done says how long it is
-        self._ready: tuple[bytes, Alignment, float] | None = None  # a segment with its alignment
+        self._held: bytes | None = None  # REST: a segment's audio, until its audio.done says how long it is
+        self._ready: tuple[bytes, Alignment, float] | None = None  # REST: a segment with its alignment
+        self._speaking = False  # between a segment's audio.start and its audio.done
+        self._sent = 0  # that segment's characters already sent
+        self._sent_ms = 0.0  # that segment's audio already sent
+        self._origin_ms = 0.0  # where the next alignment's times count from, from the segment's start
 
     def start(self) -> list[ClientMessage]:
         """The session's ``session.config``, sent as the socket opens (the first message may add a speed)."""
         self.configured = True
-        return [session_config(self.voice_id, self.params, words=self.words)]
+        return [session_config(self.voice_id, self.params, words=self.words, whole_segments=False)]
 
     def context_of(self, msg: Inbound) -> str:
         """The session's context for a client message."""
@@ -395,7 +437,10 @@ class Stream:
         if not self.settled:
             settings = msg.voice_settings
             if not self.configured or (settings is not None and settings.speed is not None):
-                out.append(session_config(self.voice_id, self.params, settings, words=self.words))
+                config = session_config(
+                    self.voice_id, self.params, settings, words=self.words, whole_segments=False
+                )
+                out.append(config)
             self.configured = self.settled = True
         if msg.close_socket or (msg.text == "" and not self.multi):
             self.ended = True
@@ -419,24 +464,60 @@ class Stream:
             self._open.discard(context)
         return out
 
-    def render(self, data: ServerMessage | bytes) -> list[bytes]:
-        """The client messages for one output of the session: a server message, or a whole segment's audio
-        (bytes), sent with its alignment once its ``audio.done`` tells its length, whatever its format."""
-        if isinstance(data, bytes):
-            self.hold(data)
-            return []
-        msg = self._take(data)
-        if (segment := self.take_segment()) is not None:
-            return [self.audio_message(segment[0], segment[1])]
-        match msg:
+    def render(self, msg: ServerMessage) -> list[bytes]:
+        """The client messages for one server message of the session: ``isFinal`` for a context's end, an
+        error, and at a segment's ``audio.done`` the alignment of its characters not sent yet."""
+        rest = self._rest(msg.duration_ms) if isinstance(msg, AudioDone) and self._speaking else []
+        match self._take(msg):
             case ContextClosed(context_id=context):
                 self._open.discard(context)
                 return [self._shape({"isFinal": True}, context)]
             case Error(code=code, message=message, fatal=fatal, context_id=context):
                 named = None if isinstance(context, msgspec.UnsetType) else context
                 close = _CLOSE_CODES.get(code, CloseCode.INTERNAL_ERROR) if fatal else None
-                return [self._shape(ws_error(code, message, close), named)]
-        return []
+                return [*rest, self._shape(ws_error(code, message, close), named)]
+        return rest
+
+    def audio(self, data: bytes, audio_s: float) -> bytes:
+        """One audio message as the audio comes: ``data`` (a piece of the segment whose ``audio.start`` came
+        last, ``audio_s`` long: a frame, or what the compressed stream's encoder gave), with the alignment
+        of the characters known by now that start before the end of the audio sent (null: none yet).
+
+        An alignment's times count from where the segment's previous alignment ended (its first from the
+        segment's start), and its last character lasts until the end of the audio it covers, so that a
+        client adding up each alignment's span (pipecat) stays on the audio's clock; a message whose
+        alignment is its own audio's starts at that audio's start.
+        """
+        width = BYTES_PER_SAMPLE.get(self._format)
+        self._sent_ms += len(data) / width * 1000.0 / self._rate if width else audio_s * 1000.0
+        alignment = None
+        if self._speaking and self._timed:
+            known, open_ms = known_alignment(self._text + " ", self._timed, self._start_ms)
+            alignment = self._next(known, min(self._sent_ms, open_ms), last=False)
+        return self._audio_payload(data, alignment)
+
+    def _rest(self, duration_ms: float) -> list[bytes]:
+        """At a segment's ``audio.done``: its characters not sent yet, in an audio message with no audio
+        (the segment's whole alignment when its engine times no words: only its length places them)."""
+        self._speaking = False
+        alignment = self._next(self._alignment(duration_ms), duration_ms, last=True)
+        return [] if alignment is None else [self._audio_payload(b"", alignment)]
+
+    def _next(self, known: Alignment, until_ms: float, *, last: bool) -> Alignment | None:
+        """The characters of ``known`` not sent yet that start before ``until_ms`` (every one: ``last``),
+        timed from the previous alignment's end to ``until_ms``; None if there are none."""
+        stop = self._sent
+        while stop < len(known.chars) and (last or known.charStartTimesMs[stop] < until_ms):
+            stop += 1
+        if stop == self._sent:
+            return None
+        origin, until = round(self._origin_ms), round(until_ms)
+        starts = [max(t - origin, 0) for t in known.charStartTimesMs[self._sent : stop]]
+        durations = known.charDurationsMs[self._sent : stop]
+        durations[-1] = max(until - origin - starts[-1], 0)
+        chars = known.chars[self._sent : stop]
+        self._sent, self._origin_ms = stop, until_ms
+        return Alignment(chars, starts, durations)
 
     def hold(self, data: bytes) -> None:
         """A whole segment's audio (one binary message of the session); its ``audio.done`` follows."""
@@ -458,6 +539,7 @@ class Stream:
             case AudioStart(sentence_text=sentence, format=fmt, sample_rate=rate, start_sample=start):
                 self._text, self._format, self._rate = sentence, fmt, rate
                 self._start_ms, self._timed = start * 1000.0 / rate, []
+                self._speaking, self._sent, self._sent_ms, self._origin_ms = True, 0, 0.0, 0.0
                 self._context = (
                     FIXED_CONTEXT if isinstance(msg.context_id, msgspec.UnsetType) else msg.context_id
                 )
@@ -474,10 +556,10 @@ class Stream:
             return word_alignment(self._text + " ", self._timed, self._start_ms, duration_ms)
         return spread_alignment(self._text + " ", duration_ms)
 
-    def audio_message(self, data: bytes, alignment: Alignment) -> bytes:
-        """One audio message: base64 audio with its alignment (also as ``normalizedAlignment``), for the
-        context of the ``audio.start`` seen last."""
-        shape = msgspec.to_builtins(alignment)
+    def _audio_payload(self, data: bytes, alignment: Alignment | None) -> bytes:
+        """One audio message: base64 audio with its alignment (also as ``normalizedAlignment``; null when it
+        has none), for the context of the ``audio.start`` seen last."""
+        shape = None if alignment is None else msgspec.to_builtins(alignment)
         payload: dict[str, object] = {
             "audio": base64.b64encode(data).decode(),
             "isFinal": None,

@@ -3,8 +3,9 @@
 The WebSocket shell (``gateway.connection``) drives it over the real socket, as it drives the session's own
 codec: ``ElevenLabsSocket`` decodes each client message into voxgate client messages
 (``protocol.elevenlabs.Stream.receive``) and encodes the session's typed outputs into ElevenLabs' messages
-(``Stream.render``): one base64 audio message with its alignment per segment, ``isFinal`` at a context's
-end, errors in ElevenLabs' shape. Close codes are ElevenLabs' (``close_code``).
+(``Stream.audio``, ``Stream.render``): base64 audio messages as the audio comes, each with the alignment of
+the characters known by then, ``isFinal`` at a context's end, errors in ElevenLabs' shape. Close codes are
+ElevenLabs' (``close_code``).
 """
 
 from __future__ import annotations
@@ -56,10 +57,11 @@ class ElevenLabsSocket:
             raise
 
     def encode(self, output: Audio | Message) -> list[Payload]:
-        """A segment's audio is held until its ``audio.done``, then sent with its alignment; a message as
-        ElevenLabs' counterpart, if it has one."""
-        data = output.data if isinstance(output, Audio) else output.msg
-        return [message.decode() for message in self.stream.render(data)]
+        """Audio as it comes, each piece with the alignment known by then (``Stream.audio``); a message as
+        ElevenLabs' counterpart, if it has one (``Stream.render``)."""
+        if isinstance(output, Audio):
+            return [self.stream.audio(output.data, output.audio_s).decode()]
+        return [message.decode() for message in self.stream.render(output.msg)]
 
     def check(self, config: SessionConfig, previous: SessionConfig | None) -> SessionConfig:
         """The config as ``Stream`` made it."""

@@ -44,7 +44,7 @@ pytestmark = pytest.mark.slow
 
 KEY = "eleven-test-key"
 SENTENCE = "The quick brown fox jumps over the lazy dog."
-# Two sentences: the gateway sends mp3 one whole file a sentence, so a single one would come in one piece.
+# Two sentences: REST sends mp3 one whole file a sentence, so a single one would come in one piece.
 SENTENCES = "Hello, and welcome to the voice gateway. Please hold while I transfer your call."
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
 

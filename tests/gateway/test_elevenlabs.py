@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import signal
 import ssl
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from elevenlabs.client import ElevenLabs
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
+from voxgate.engine.base import AudioChunk, SynthesisRequest, WordTiming
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
 from voxgate.gateway.app import create_app
 from voxgate.gateway.settings import Settings
@@ -62,6 +66,23 @@ def _until_closed(ws: ClientConnection) -> tuple[list[dict[str, Any]], int | Non
         return got, closed.rcvd.code if closed.rcvd else None
 
 
+def _sentences(messages: list[dict[str, Any]]) -> list[tuple[bytes, dict[str, Any]]]:
+    """Audio messages as sentences, for an engine that times no words (the fake one): each sentence's audio
+    comes as it is made with ``alignment`` null, then its whole alignment in a message of no audio."""
+    sentences: list[tuple[bytes, dict[str, Any]]] = []
+    audio = b""
+    for m in messages:
+        if "audio" not in m:
+            continue
+        audio += base64.b64decode(m["audio"])
+        if m["alignment"] is not None:
+            assert m["audio"] == "" and m["normalizedAlignment"] == m["alignment"]
+            sentences.append((audio, m["alignment"]))
+            audio = b""
+    assert audio == b""  # nothing after the last alignment
+    return sentences
+
+
 def _audio_seconds(messages: list[dict[str, Any]], bytes_per_sample: int, rate: int) -> float:
     return (
         sum(len(base64.b64decode(m["audio"])) for m in messages if m.get("audio")) / bytes_per_sample / rate
@@ -78,11 +99,11 @@ def test_stream_input_speaks_each_sentence_with_alignment_then_is_final(address:
     assert code == 1000
     *audio, final = got
     assert final == {"isFinal": True}
-    assert [set(m) for m in audio] == [{"audio", "isFinal", "alignment", "normalizedAlignment"}] * 2
-    assert ["".join(m["alignment"]["chars"]) for m in audio] == ["Hello there. ", "How are you? "]
-    for m in audio:
-        duration_ms = len(base64.b64decode(m["audio"])) / 2 / 16000 * 1000
-        alignment = m["alignment"]
+    assert all(set(m) == {"audio", "isFinal", "alignment", "normalizedAlignment"} for m in audio)
+    sentences = _sentences(audio)
+    assert ["".join(alignment["chars"]) for _, alignment in sentences] == ["Hello there. ", "How are you? "]
+    for data, alignment in sentences:
+        duration_ms = len(data) / 2 / 16000 * 1000
         assert alignment["charStartTimesMs"][0] == 0
         assert alignment["charStartTimesMs"][-1] + alignment["charDurationsMs"][-1] == round(duration_ms)
     # The fake engine speaks SECONDS_PER_CHAR a character: the audio is the sentences', nothing lost.
@@ -104,12 +125,13 @@ def test_multi_stream_input_keeps_contexts_apart(address: str) -> None:
         got, code = _until_closed(ws)
     assert code == 1000
     by_context = {c: [m for m in got if m["contextId"] == c] for c in ("a", "b")}
-    assert len(got) == 4 and {m["contextId"] for m in got} == {"a", "b"}
+    assert {m["contextId"] for m in got} == {"a", "b"}
     for context, text in (("a", "First context speaks. "), ("b", "Second one. ")):
-        audio, final = by_context[context]
-        assert "".join(audio["alignment"]["chars"]) == text
+        *audio, final = by_context[context]
+        [(data, alignment)] = _sentences(audio)
+        assert "".join(alignment["chars"]) == text
         assert final == {"isFinal": True, "contextId": context}
-        assert _audio_seconds([audio], 1, 8000) == pytest.approx(len(text.strip()) * SECONDS_PER_CHAR)
+        assert len(data) / 8000 == pytest.approx(len(text.strip()) * SECONDS_PER_CHAR)
 
 
 def test_multi_stream_input_caps_the_contexts(address: str) -> None:
@@ -251,14 +273,15 @@ def test_websocket_streams_compressed_segments_with_alignments(address: str, que
         _send(ws, text="")
         got, code = _until_closed(ws)
     assert code == 1000
-    audio = [m for m in got if m.get("audio")]
-    assert len(audio) == 2 and got[-1] == {"isFinal": True}
-    # Each message's audio is a complete file of its segment, decodable on its own.
-    for message, text in zip(audio, ["One.", "Two three."], strict=True):
-        samples, got_rate = decoded(base64.b64decode(message["audio"]))
-        assert got_rate == rate
-        assert len(samples) / rate == pytest.approx(len(text) * SECONDS_PER_CHAR, abs=0.08)
-        assert message["alignment"]["chars"][: len(text)] == list(text)
+    *audio, final = got
+    assert final == {"isFinal": True} and len([m for m in audio if m["audio"]]) > 2  # pieces as they come
+    # The pieces make one stream of the encoder, which decodes whole; each sentence's characters follow its
+    # audio, in order.
+    samples, got_rate = decoded(b"".join(base64.b64decode(m["audio"]) for m in audio))
+    assert got_rate == rate
+    assert len(samples) / rate == pytest.approx(len("One.Two three.") * SECONDS_PER_CHAR, abs=0.12)
+    aligned = ["".join(m["alignment"]["chars"]) for m in audio if m["alignment"] is not None]
+    assert aligned == ["One. ", "Two three. "]
 
 
 @pytest.mark.parametrize(
@@ -336,7 +359,8 @@ def test_a_context_refused_as_it_opens_is_not_kept(address: str) -> None:
         _send(ws, close_socket=True)
         got, code = _until_closed(ws)
     assert code == 1000
-    assert [m["contextId"] for m in got] == ["b", "b"] and got[-1]["isFinal"] is True
+    assert {m["contextId"] for m in got} == {"b"} and got[-1] == {"isFinal": True, "contextId": "b"}
+    assert ["".join(a["chars"]) for _, a in _sentences(got[:-1])] == ["Fine. "]
 
 
 def test_a_drain_closes_a_socket_with_no_context_left() -> None:
@@ -374,8 +398,9 @@ def test_each_socket_is_one_session_under_the_session_caps() -> None:
             # Two contexts on one socket: one session of key-a, both speak.
             _send(a, text="One. ", context_id="x", flush=True)
             _send(a, text="Two. ", context_id="y", flush=True)
-            spoken = [json.loads(a.recv(timeout=TIMEOUT_S)) for _ in range(2)]
-            assert sorted(m["contextId"] for m in spoken) == ["x", "y"]
+            spoken: set[str] = set()
+            while spoken != {"x", "y"}:  # each context's audio comes
+                spoken.add(json.loads(a.recv(timeout=TIMEOUT_S))["contextId"])
             for path in (multi, single, "/v1/audio/speech/stream"):
                 refused = _refused_ws(address, path, "key-a")
                 assert refused.response.status_code == 429 and b"too_many_sessions" in refused.response.body
@@ -422,8 +447,8 @@ def test_a_draining_server_refuses_new_elevenlabs_sockets_and_ends_the_open_one(
             _send(ws, context_id="a", flush=True)
             got, code = _until_closed(ws)
         *audio, error = got
-        assert audio and all(m["contextId"] == "a" and m["audio"] for m in audio)
-        said = "".join("".join(m["alignment"]["chars"]) for m in [first, *audio])
+        assert audio and all(m["contextId"] == "a" and "audio" in m for m in audio)
+        said = "".join("".join(a["chars"]) for _, a in _sentences([first, *audio]))
         assert said.split() == text.split()
         assert error == {"message": "the server is shutting down", "error": "server_shutdown", "code": 1001}
         assert code == 1001
@@ -454,3 +479,103 @@ def test_the_first_voice_settings_set_the_speed_of_every_context(address: str) -
         audio = [m for m in got if m["contextId"] == context and m.get("audio")]
         assert _audio_seconds(audio, 2, 16000) == pytest.approx(len(text) * SECONDS_PER_CHAR / 2.0)
     assert sorted(m["contextId"] for m in got if m["isFinal"]) == ["a", "b"]
+
+
+class _HeldEngine(FakeEngine):
+    """The fake engine, holding each segment after its first chunk until ``released`` is set (from the test's
+    thread): what the client has by then is what was sent as the audio came."""
+
+    def __init__(self) -> None:
+        super().__init__(chunk_s=0.25)
+        self.released = threading.Event()
+
+    async def synthesize(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
+        first = True
+        async for chunk in super().synthesize(req):
+            if not first:
+                await asyncio.to_thread(self.released.wait, TIMEOUT_S)
+            first = False
+            yield chunk
+
+
+@pytest.mark.parametrize(("fmt", "bytes_per_sample"), [("pcm_16000", 2), ("ulaw_8000", 1)])
+def test_audio_goes_out_as_it_comes_and_every_character_once(fmt: str, bytes_per_sample: int) -> None:
+    engine = _HeldEngine()
+    text = "Streaming audio comes chunk by chunk."  # about 2.2 s: nine chunks of 250 ms
+    with (
+        serve_engine(engine, api_keys=KEY) as address,
+        _ws(address, "tone/stream-input", f"output_format={fmt}") as ws,
+    ):
+        _send(ws, text=" ")
+        _send(ws, text=text + " ", flush=True)
+        first = json.loads(ws.recv(timeout=TIMEOUT_S))  # the first chunk's audio, while the rest is held
+        assert first.get("audio") and first["isFinal"] is None
+        engine.released.set()
+        _send(ws, text="")
+        rest, code = _until_closed(ws)
+        url = f"http://{address}/v1/text-to-speech/tone?output_format={fmt}"
+        whole = httpx.post(url, json={"text": text}, headers={"xi-api-key": KEY}, timeout=TIMEOUT_S)
+    assert code == 1000
+    *messages, final = [first, *rest]
+    # Byte for byte the audio of the segment at once (REST answers each segment whole).
+    assert b"".join(base64.b64decode(m["audio"]) for m in messages) == whole.content
+    assert final == {"isFinal": True}
+    assert all(set(m) == {"audio", "isFinal", "alignment", "normalizedAlignment"} for m in messages)
+    # Every character of the sentence exactly once, in order; the audio is the sentence's, nothing lost.
+    aligned = [m["alignment"] for m in messages if m["alignment"] is not None]
+    assert "".join(c for a in aligned for c in a["chars"]) == text + " "
+    rate = int(fmt.split("_")[1])
+    total_ms = _audio_seconds(messages, bytes_per_sample, rate) * 1000
+    assert total_ms == pytest.approx(len(text) * SECONDS_PER_CHAR * 1000, abs=1)
+    # The alignments tile the audio: added up as pipecat does, they end where it ends.
+    assert sum(a["charStartTimesMs"][-1] + a["charDurationsMs"][-1] for a in aligned) == round(total_ms)
+
+
+class _TimedWords(FakeEngine):
+    """An engine that times its words and streams them one chunk a word (300 ms each), as vLLM streams its
+    chunks; it holds the rest of a segment after the first word until ``released`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(supported=frozenset({"speed", "seed", "language", "word_timestamps"}))
+        self.released = threading.Event()
+
+    async def synthesize(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
+        per_word = int(0.3 * self.sample_rate)
+        for n, word in enumerate(req.text.split()):
+            if n:
+                await asyncio.to_thread(self.released.wait, TIMEOUT_S)
+            tone = np.full(per_word, 0.1, dtype=np.float32)
+            yield AudioChunk(tone, self.sample_rate, (WordTiming(word, 0, per_word),))
+
+
+def test_word_timings_align_the_audio_as_it_goes_out() -> None:
+    engine = _TimedWords()
+    text = "Each word comes in its own chunk."
+    with serve_engine(engine) as address, _ws(address, "tone/multi-stream-input") as ws:
+        _send(ws, text=" ", context_id="c")
+        _send(ws, text=text + " ", context_id="c", flush=True)
+        first = json.loads(ws.recv(timeout=TIMEOUT_S))  # the first word's audio, while the rest is held
+        assert first["audio"] and first["contextId"] == "c"
+        engine.released.set()
+        _send(ws, close_socket=True)
+        rest, code = _until_closed(ws)
+    assert code == 1000
+    *messages, final = [first, *rest]
+    assert final == {"isFinal": True, "contextId": "c"}
+    aligned = [m["alignment"] for m in messages if m["alignment"] is not None]
+    assert "".join(c for a in aligned for c in a["chars"]) == text + " "  # every character once, in order
+    # The words' characters go out with the audio as the next word bounds them, not all at the end: only
+    # the last word waits for the segment's length, in a message of no audio.
+    assert len([m for m in messages if m["alignment"] is not None and m["audio"]]) >= len(text.split()) - 1
+    assert messages[-1]["audio"] == "" and "".join(messages[-1]["alignment"]["chars"]) == "chunk. "
+    total_ms = _audio_seconds(messages, 2, 16000) * 1000
+    assert total_ms == pytest.approx(0.3 * len(text.split()) * 1000, abs=1)
+    # Added up as pipecat does, the alignments' spans end where the audio ends, and each word starts at
+    # its own time on that clock (300 ms a word).
+    clock, starts = 0, []
+    for a in aligned:
+        starts += [clock + t for c, t in zip(a["chars"], a["charStartTimesMs"], strict=True) if c != " "]
+        clock += a["charStartTimesMs"][-1] + a["charDurationsMs"][-1]
+    assert clock == round(total_ms)
+    word_starts = [starts[i] for i in (0, len("Each"), len("Eachword"))]
+    assert word_starts == [0, 300, 600]

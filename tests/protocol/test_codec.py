@@ -107,8 +107,8 @@ def _eleven(multi: bool = False) -> ElevenLabsSocket:
 
 def test_elevenlabs_decodes_its_messages_into_the_sessions() -> None:
     codec = _eleven()
-    assert codec.opening() == [session_config("joe", Params("pcm_16000"))]
-    fast = session_config("joe", Params("pcm_16000"), VoiceSettings(speed=1.2))
+    assert codec.opening() == [session_config("joe", Params("pcm_16000"), whole_segments=False)]
+    fast = session_config("joe", Params("pcm_16000"), VoiceSettings(speed=1.2), whole_segments=False)
     assert codec.decode('{"text": " ", "voice_settings": {"speed": 1.2}}')[0] == fast
     assert codec.decode(b'{"text": "Hi. "}') == [InputText(text="Hi. ", context_id=FIXED_CONTEXT)]
     assert codec.decode('{"text": ""}') == [SessionClose()]
@@ -131,16 +131,18 @@ def test_elevenlabs_refusals_are_fatal_only_for_what_is_not_its_wire() -> None:
     assert isinstance(codec.decode('{"text": " ", "context_id": "c1"}')[0], SessionConfig)
 
 
-def test_elevenlabs_encodes_a_segment_with_its_alignment_once_its_length_is_known() -> None:
+def test_elevenlabs_encodes_audio_as_it_comes_and_the_alignment_once_it_is_known() -> None:
     codec = _eleven(multi=True)
     start = AudioStart(sentence_text="Hi.", sample_rate=16000, context_id="c1")
     assert codec.encode(Message(start, 0)) == []
-    assert codec.encode(Audio(bytes(3200), 0, 0, 0.1)) == []  # held until its audio.done
-    (segment,) = codec.encode(Message(AudioDone(duration_ms=100.0, context_id="c1"), 0))
-    assert isinstance(segment, str)
-    got = json.loads(segment)
+    (audio,) = codec.encode(Audio(bytes(3200), 0, 0, 0.1))  # sent as it comes
+    assert isinstance(audio, str)
+    got = json.loads(audio)
     assert got["contextId"] == "c1" and base64.b64decode(got["audio"]) == bytes(3200)
-    assert got["alignment"]["chars"] == ["H", "i", ".", " "]
+    assert got["alignment"] is None  # no word timings: the characters wait for the segment's length
+    (aligned,) = codec.encode(Message(AudioDone(duration_ms=100.0, context_id="c1"), 0))
+    got = json.loads(aligned)
+    assert got["audio"] == "" and got["alignment"]["chars"] == ["H", "i", ".", " "]
     (final,) = codec.encode(Message(ContextClosed(context_id="c1", context_number=1)))
     assert json.loads(final) == {"isFinal": True, "contextId": "c1"}
     assert codec.encode(Message(SessionReady(session_id="s"))) == []  # no counterpart

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import msgspec
 import pytest
@@ -19,6 +20,7 @@ from voxgate.protocol.elevenlabs import (
     decode_body,
     decode_inbound,
     http_error,
+    known_alignment,
     parse_params,
     seconds_alignment,
     session_config,
@@ -182,7 +184,7 @@ F = FIXED_CONTEXT
 
 def test_stream_input_maps_messages_to_one_fixed_context() -> None:
     codec = Stream("joe", Params(), multi=False)
-    assert codec.start() == [session_config("joe", Params())]
+    assert codec.start() == [session_config("joe", Params(), whole_segments=False)]  # audio as it comes
     first = codec.receive(Inbound(text=" ", try_trigger_generation=True, context_id="ignored"))
     assert first == [Keepalive(context_id=F)]  # the init message opens the context
     assert codec.receive(Inbound(text=" ")) == [InputText(text=" ", context_id=F)]  # a space between words
@@ -209,7 +211,7 @@ def test_the_first_message_may_set_the_speed_of_the_whole_session() -> None:
     assert codec.receive(slow) == [InputText(text="Hi. ", context_id="c")]
     # Without a start (REST), the first message configures the session itself.
     rest = Stream("joe", Params(), multi=False)
-    assert rest.receive(Inbound(text="Hi."))[0] == session_config("joe", Params())
+    assert rest.receive(Inbound(text="Hi."))[0] == session_config("joe", Params(), whole_segments=False)
 
 
 def test_multi_stream_input_names_contexts_keeps_alive_and_closes_them() -> None:
@@ -236,17 +238,23 @@ def test_render_routes_each_segment_and_each_end_to_its_context() -> None:
     start = AudioStart(sentence_text="Hi.", format="pcm", sample_rate=16000, context_id="c1")
     assert codec.render(_server(start)) == []
     audio = bytes(2 * 1600)  # 100 ms
-    assert codec.render(audio) == []  # held until its audio.done tells its length
+    # The audio goes out as it comes; with no word timings its characters wait for its length.
+    got = _json(codec.audio(audio, 0.0))  # a frame's length is its bytes' (0.0: Audio.audio_s unused)
+    assert got == {
+        "audio": base64.b64encode(audio).decode(),
+        "isFinal": None,
+        "normalizedAlignment": None,
+        "alignment": None,
+        "contextId": "c1",
+    }
     (message,) = codec.render(_server(AudioDone(duration_ms=100.0, context_id="c1")))
-    got = _json(message)
-    assert base64.b64decode(str(got["audio"])) == audio
     alignment = {
         "chars": ["H", "i", ".", " "],
         "charStartTimesMs": [0, 25, 50, 75],
         "charDurationsMs": [25] * 4,
     }
-    assert got == {
-        "audio": got["audio"],
+    assert _json(message) == {
+        "audio": "",
         "isFinal": None,
         "normalizedAlignment": alignment,
         "alignment": alignment,
@@ -254,37 +262,85 @@ def test_render_routes_each_segment_and_each_end_to_its_context() -> None:
     }
     other = AudioStart(sentence_text="Yo.", format="pcm", sample_rate=16000, context_id="c2")
     codec.render(_server(other))
-    assert _json(_segment(codec, audio, "c2"))["contextId"] == "c2"
+    assert {_json(m)["contextId"] for m in _segment(codec, audio, "c2")} == {"c2"}
     closed = codec.render(_server(ContextClosed(context_id="c1", context_number=1)))
     assert [_json(m) for m in closed] == [{"isFinal": True, "contextId": "c1"}]
     # The fixed context (text that named none) and the default context have no id.
     codec.render(_server(AudioStart(sentence_text="A.", sample_rate=16000, context_id=F)))
-    assert _json(_segment(codec, audio, F))["contextId"] is None
+    assert {_json(m)["contextId"] for m in _segment(codec, audio, F)} == {None}
     codec.render(_server(AudioStart(sentence_text="B.", sample_rate=16000)))
-    assert _json(_segment(codec, audio))["contextId"] is None
+    assert {_json(m)["contextId"] for m in _segment(codec, audio)} == {None}
+    # Audio after the segment's audio.done (a compressed stream's last bytes) goes out with no alignment.
+    assert _json(codec.audio(b"tail", 0.0))["alignment"] is None
 
 
-def test_compressed_segments_are_sent_whole_with_the_length_their_audio_done_states() -> None:
+def test_compressed_pieces_go_out_as_the_encoder_gives_them() -> None:
     codec = Stream("joe", Params("mp3_44100_128"), multi=False)
     codec.render(_server(AudioStart(sentence_text="Hi.", format="mp3", sample_rate=44100)))
-    mp3 = b"\xff\xfb" + bytes(415)  # its length says nothing of its duration
-    assert codec.render(mp3) == []
-    (message,) = codec.render(_server(AudioDone(total_bytes=len(mp3), duration_ms=300.0)))
-    got = _json(message)
-    assert base64.b64decode(str(got["audio"])) == mp3
-    alignment = got["alignment"]
+    pieces = [b"\xff\xfb" + bytes(415), b"\xff\xfb" + bytes(200)]  # their lengths say nothing of time
+    sent = [_json(codec.audio(piece, 0.15)) for piece in pieces]  # each piece's audio_s does
+    assert [base64.b64decode(str(m["audio"])) for m in sent] == pieces
+    assert all(m["alignment"] is None for m in sent)
+    (message,) = codec.render(_server(AudioDone(total_bytes=616, duration_ms=300.0)))
+    alignment = _json(message)["alignment"]
     assert isinstance(alignment, dict) and alignment["chars"] == ["H", "i", ".", " "]
     assert alignment["charStartTimesMs"] == [0, 75, 150, 225]
-    # An audio.done with no audio held before it (an empty segment) sends nothing.
+    # An audio.done with no segment started before it (a cancelled one) sends nothing.
     assert codec.render(_server(AudioDone(duration_ms=0.0))) == []
 
 
-def _segment(codec: Stream, audio: bytes, context: object = msgspec.UNSET) -> bytes:
-    """The one message of a segment: its audio, then its audio.done."""
-    assert codec.render(audio) == []
+def test_word_timings_align_each_piece_as_it_goes_out() -> None:
+    codec = Stream("joe", Params("pcm_16000"), multi=False, words=True)
+    codec.render(AudioStart(sentence_text="Hi you all.", sample_rate=16000, start_sample=16000))
+    frame = bytes(2 * 640)  # 40 ms
+    assert _json(codec.audio(frame, 0.0))["alignment"] is None  # no word timed yet
+    timed = [
+        WordTimestamp(word="Hi", start_ms=1000.0, end_ms=1090.0),
+        WordTimestamp(word="you", start_ms=1090.0, end_ms=1180.0),
+    ]
+    assert codec.render(WordTimestamps(timestamps=timed)) == []
+    # "Hi " is known (the next word bounds it) and starts in the audio sent (0-80 ms): it goes out, its
+    # last character lasting to the end of that audio. "you" waits for the word after it.
+    first = _json(codec.audio(frame, 0.0))["alignment"]
+    assert first == {
+        "chars": ["H", "i", " "],
+        "charStartTimesMs": [0, 30, 60],
+        "charDurationsMs": [30, 30, 20],
+    }
+    assert _json(codec.audio(frame, 0.0))["alignment"] is None  # 80-120 ms: "you" starts at 90, unknown
+    last_word = WordTimestamp(word="all.", start_ms=1180.0, end_ms=1300.0)
+    assert codec.render(WordTimestamps(timestamps=[last_word])) == []
+    rest = [_json(codec.audio(frame, 0.0))["alignment"] for _ in range(5)]  # up to 320 ms
+    (last,) = codec.render(AudioDone(duration_ms=320.0))
+    alignments: list[Any] = [first, *(a for a in rest if a is not None), _json(last)["alignment"]]
+    assert "".join(c for a in alignments for c in a["chars"]) == "Hi you all. "  # each character once
+    # Added up as pipecat does, the spans reach the end of the segment's audio.
+    assert sum(a["charStartTimesMs"][-1] + a["charDurationsMs"][-1] for a in alignments) == 320
+
+
+def test_the_known_alignment_is_word_alignment_up_to_the_last_word_found() -> None:
+    text = "Good morning, all. "
+    words = [
+        WordTimestamp(word="Good", start_ms=500.0, end_ms=700.0),
+        WordTimestamp(word="morning", start_ms=700.0, end_ms=1000.0),
+        WordTimestamp(word="all.", start_ms=1100.0, end_ms=1300.0),
+    ]
+    whole = word_alignment(text, words, 400.0, 1000.0)
+    for n, until in ((1, 0), (2, len("Good ")), (3, len("Good morning, "))):
+        known, open_ms = known_alignment(text, words[:n], 400.0)
+        assert known == Alignment(
+            whole.chars[:until], whole.charStartTimesMs[:until], whole.charDurationsMs[:until]
+        )
+        assert open_ms == words[n - 1].start_ms - 400.0  # where the characters left out start
+    assert known_alignment(text, [], 0.0) == (Alignment([], [], []), 0.0)  # nothing is known yet
+
+
+def _segment(codec: Stream, audio: bytes, context: object = msgspec.UNSET) -> list[bytes]:
+    """The messages of a segment: its audio, then its alignment at its audio.done."""
+    sent = codec.audio(audio, 0.0)
     duration_ms = len(audio) / 2 / 16000 * 1000
-    (message,) = codec.render(_server(AudioDone(duration_ms=duration_ms, context_id=context)))  # type: ignore[arg-type]
-    return message
+    done = AudioDone(duration_ms=duration_ms, context_id=context)  # type: ignore[arg-type]
+    return [sent, *codec.render(_server(done))]
 
 
 def test_render_reports_errors_and_skips_what_has_no_counterpart() -> None:
