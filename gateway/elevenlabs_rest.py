@@ -25,14 +25,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..protocol.alignment import Alignment, seconds_alignment
 from ..protocol.elevenlabs import (
-    Alignment,
     Params,
     Stream,
     decode_body,
     http_error,
     parse_params,
-    seconds_alignment,
     session_config,
 )
 from ..protocol.encoders import MEDIA_TYPES as COMPRESSED_MEDIA_TYPES

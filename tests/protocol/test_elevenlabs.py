@@ -8,10 +8,16 @@ from typing import Any
 
 import msgspec
 import pytest
+from voxgate.protocol.alignment import (
+    Alignment,
+    known_alignment,
+    seconds_alignment,
+    spread_alignment,
+    word_alignment,
+)
 from voxgate.protocol.elevenlabs import (
     DEFAULT_INACTIVITY_TIMEOUT_S,
     FIXED_CONTEXT,
-    Alignment,
     Inbound,
     Params,
     Stream,
@@ -20,12 +26,8 @@ from voxgate.protocol.elevenlabs import (
     decode_body,
     decode_inbound,
     http_error,
-    known_alignment,
     parse_params,
-    seconds_alignment,
     session_config,
-    spread_alignment,
-    word_alignment,
     ws_error,
 )
 from voxgate.protocol.errors import ErrorCode, ProtocolError
