@@ -25,11 +25,13 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qs, quote, quote_plus, unquote_plus, urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .logs import rewrite_record
 
 #: Routes that never need a key: the probes; everything outside API_PREFIX (the demo page) is public too.
 PUBLIC_PATHS = frozenset({"/healthz", "/health", "/readyz"})
@@ -58,7 +60,6 @@ _KEY_PROTOCOL = re.compile(r"(?i)(\bvoxgate\.key\.)[^\s,\"')\]]+")
 _known: set[str] = set()
 _known_pattern: re.Pattern[str] | None = None
 _factory_installed = False
-_FORMATTER = logging.Formatter()
 
 
 def _secret_param(name: str, value: str) -> bool:
@@ -103,18 +104,7 @@ def _redact_arg(arg: object) -> object:
 def redact_record(record: logging.LogRecord) -> None:
     """Redact keys from a record's message, arguments, traceback and stack, keeping the arguments' shape
     (uvicorn's access formatter unpacks them)."""
-    if isinstance(record.msg, str):
-        record.msg = redact(record.msg)
-    if isinstance(record.args, tuple):
-        record.args = tuple(_redact_arg(a) for a in record.args)
-    elif isinstance(record.args, Mapping):
-        record.args = {k: _redact_arg(v) for k, v in record.args.items()}
-    if record.exc_info and not record.exc_text:
-        record.exc_text = _FORMATTER.formatException(record.exc_info)
-    if record.exc_text:
-        record.exc_text = redact(record.exc_text)
-    if record.stack_info:
-        record.stack_info = redact(record.stack_info)
+    rewrite_record(record, redact, _redact_arg, redact)
 
 
 class RedactKeys(logging.Filter):

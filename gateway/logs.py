@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -56,22 +56,36 @@ def _escape_arg(arg: object) -> object:
     return arg if _CONTROL.search(text) is None else escape(text)
 
 
-def escape_record(record: logging.LogRecord) -> None:
-    """Escape control characters in a record's message, arguments, traceback and stack."""
-    if isinstance(record.msg, str):
-        record.msg = escape(record.msg)
-    else:
-        record.msg = _escape_arg(record.msg)
+def rewrite_record(
+    record: logging.LogRecord,
+    text: Callable[[str], str],
+    arg: Callable[[object], object],
+    block: Callable[[str], str],
+) -> None:
+    """Rewrite a record's message and arguments (keeping their shape: uvicorn's access formatter unpacks
+    them), its traceback and its stack, each as it is made (escaping here, ``gateway.auth``'s redaction).
+
+    Args:
+        text: for a message that is a string.
+        arg: for each argument, and a message of another type.
+        block: for the traceback and the stack (several lines).
+    """
+    record.msg = text(record.msg) if isinstance(record.msg, str) else arg(record.msg)
     if isinstance(record.args, tuple):
-        record.args = tuple(_escape_arg(a) for a in record.args)
+        record.args = tuple(arg(a) for a in record.args)
     elif isinstance(record.args, Mapping):
-        record.args = {k: _escape_arg(v) for k, v in record.args.items()}
+        record.args = {k: arg(v) for k, v in record.args.items()}
     if record.exc_info and not record.exc_text:
         record.exc_text = _FORMATTER.formatException(record.exc_info)
     if record.exc_text:
-        record.exc_text = _escape_lines(record.exc_text)
+        record.exc_text = block(record.exc_text)
     if record.stack_info:
-        record.stack_info = _escape_lines(record.stack_info)
+        record.stack_info = block(record.stack_info)
+
+
+def escape_record(record: logging.LogRecord) -> None:
+    """Escape control characters in a record's message, arguments, traceback and stack."""
+    rewrite_record(record, escape, _escape_arg, _escape_lines)
 
 
 def install_escaping() -> None:
