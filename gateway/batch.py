@@ -46,7 +46,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..protocol.errors import ErrorCode, ProtocolError, field_path
 from ..protocol.speech import BatchItem, BatchRequest, decode_batch_request, merge
-from .http import BodyTooLarge, error_response, read_body
+from .http import error_response, read_json
 from .metrics import REST_DIALECT, Metrics
 from .sessions import Sessions
 from .speech import MAX_BODY_BYTES, MEDIA_TYPES, OUTPUT_TOKENS_PER_S, prepare, speak, whole
@@ -88,14 +88,7 @@ class ItemResult(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 async def _decoded(request: Request) -> BatchRequest:
     """The body as a ``BatchRequest``; raises ``ProtocolError`` for one that is not."""
-    try:
-        return decode_batch_request(await read_body(request, MAX_BODY_BYTES))
-    except BodyTooLarge as exc:
-        raise ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc), field="$") from exc
-    except msgspec.ValidationError as exc:
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)) from exc
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON body: {exc}") from exc
+    return await read_json(request, MAX_BODY_BYTES, decode_batch_request)
 
 
 async def _item(request: Request, batch: BatchRequest, index: int, item: BatchItem) -> ItemResult:

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
 
+import msgspec
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..protocol.errors import ProtocolError
+from ..protocol.errors import ErrorCode, ProtocolError, field_path
+
+_T = TypeVar("_T")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -55,6 +60,23 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise BodyTooLarge(f"body is over the {limit} byte limit")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def read_json(request: Request, limit: int, decode: Callable[[bytes], _T]) -> _T:
+    """Read the body (``read_body``) and decode it with ``decode`` (a msgspec decoder).
+
+    Raises:
+        ProtocolError: ``request_too_large``, ``invalid_message`` (with the field at fault) or
+            ``invalid_json``.
+    """
+    try:
+        return decode(await read_body(request, limit))
+    except BodyTooLarge as exc:
+        raise ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc), field="$") from exc
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)) from exc
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON body: {exc}") from exc
 
 
 class RequestIdMiddleware:

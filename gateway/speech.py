@@ -25,14 +25,13 @@ import logging
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ..protocol.audio import wav_header
 from ..protocol.encoders import MEDIA_TYPES as COMPRESSED_MEDIA_TYPES
-from ..protocol.errors import ErrorCode, ProtocolError, field_path
+from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.messages import SessionConfig, SessionDone, WordTimestamps
 from ..protocol.output import Audio, Message, OutputFormat
 from ..protocol.speech import (
@@ -44,7 +43,7 @@ from ..protocol.speech import (
 )
 from .catalog import Catalog, Resolved
 from .failures import REFUSALS, error_for
-from .http import BodyTooLarge, error_response, read_body
+from .http import error_response, read_json
 from .metrics import REST_DIALECT, Metrics
 from .rest import Producer, pieces, start
 
@@ -95,14 +94,7 @@ async def _pieces(stream: Producer) -> AsyncIterator[_Piece]:
 
 async def _decoded(request: Request) -> SpeechRequest:
     """The request's body as a ``SpeechRequest``; raises ``ProtocolError`` for one that is not."""
-    try:
-        return decode_speech_request(await read_body(request, MAX_BODY_BYTES))
-    except BodyTooLarge as exc:
-        raise ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc), field="$") from exc
-    except msgspec.ValidationError as exc:
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)) from exc
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON body: {exc}") from exc
+    return await read_json(request, MAX_BODY_BYTES, decode_speech_request)
 
 
 async def prepare(request: Request, req: SpeechRequest) -> Prepared:
