@@ -26,7 +26,8 @@ from .metrics import Metrics, metrics_endpoint
 from .ratelimit import RateLimitMiddleware
 from .sessions import Admission, Sessions
 from .settings import Settings
-from .store import VoiceStore
+from .shared_limits import SharedLimits
+from .voicestore import VoiceBackend, open_store, parse_location
 from .ws import speech_stream
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class State(TypedDict):
     metrics: Metrics
     sessions: Sessions
     settings: Settings
-    voices: VoiceStore
+    voices: VoiceBackend
 
 
 async def healthz(request: Request) -> JSONResponse:
@@ -80,11 +81,16 @@ def create_app(
         unknown = [n for n in engine_names(settings) if n not in ENGINES]
         if unknown:
             raise ValueError(f"unknown engine(s) {unknown}; choose from {sorted(ENGINES)}")
+    if settings.voice_store:
+        parse_location(settings.voice_store)  # a malformed location fails here, not at the first request
     metrics = Metrics()
+    # Per-key caps and rate limits across the fleet (unset: per process).
+    shared = SharedLimits(settings.redis_url, lease_s=settings.redis_lease_s) if settings.redis_url else None
     sessions = Sessions(
         drain_timeout_s=settings.drain_timeout_s,
         max_sessions=settings.max_sessions,
         max_sessions_per_key=settings.max_sessions_per_key,
+        shared=shared,
     )
 
     @contextlib.asynccontextmanager
@@ -93,13 +99,13 @@ def create_app(
             engines = [ENGINES[name](settings.engine_settings(name)) for name in engine_names(settings)]
         else:
             engines = [engine] if not isinstance(engine, Sequence) else list(engine)
-        store = VoiceStore(
-            settings.resolved_voices_dir(), max_voices=settings.max_voices, max_bytes=settings.max_voice_bytes
-        )
+        store = open_store(settings)
         catalog = Catalog(engines, aliases=settings.voice_aliases, store=store)
         await catalog.start()
         metrics.watch(engines)
         sessions.start()
+        if shared is not None:
+            await shared.start()
         for e in engines:
             logger.info("engine %s ready at %d Hz", e.name, e.sample_rate)
         try:
@@ -111,6 +117,8 @@ def create_app(
                 "voices": store,
             }
         finally:
+            if shared is not None:
+                await shared.aclose()
             await catalog.aclose()
 
     routes: list[BaseRoute] = [
@@ -135,7 +143,12 @@ def create_app(
             server=(settings.host, settings.port),
             keyed_paths=() if settings.metrics_public else ("/metrics",),
         ),
-        Middleware(RateLimitMiddleware, rate=settings.rate_limit_per_s, burst=settings.rate_limit_burst),
+        Middleware(
+            RateLimitMiddleware,
+            rate=settings.rate_limit_per_s,
+            burst=settings.rate_limit_burst,
+            shared=shared,
+        ),
         Middleware(Admission, sessions=sessions),
     ]
     app = Starlette(

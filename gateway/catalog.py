@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..engine.base import TTSEngine, UnknownVoice, UnsupportedOption, Voice, VoiceReference
 from .clips import decoding, inline_reference
 from .http import Rejected
-from .store import VoiceStore
+from .voicestore import VoiceBackend
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class Catalog:
         engines: list[TTSEngine],
         *,
         aliases: dict[str, str] | None = None,
-        store: VoiceStore | None = None,
+        store: VoiceBackend | None = None,
     ) -> None:
         if not engines:
             raise ValueError("at least one engine is needed")

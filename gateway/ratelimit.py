@@ -10,6 +10,10 @@ Memory is bounded: a bucket that has refilled to full holds nothing a fresh buck
 dropped; buckets are kept in least-recently-used order, so the idle ones are found first, at the front.
 Past ``max_entries`` the least recently used bucket is dropped even if not full (its caller then starts
 again with a full burst): a flood of distinct addresses cannot grow the table.
+
+With ``redis_url`` set, the bucket is the fleet's, in Redis (``gateway.shared_limits``: the same
+arithmetic in a Lua script, on Redis' clock): a caller gets ``rate`` across all replicas, not per replica.
+While Redis is down, each process's own buckets apply again (fail open to the per-process limit).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..protocol.errors import ErrorCode, ProtocolError
 from .auth import API_PREFIX
 from .http import error_response
+from .shared_limits import SharedLimits
 
 #: Buckets kept at most (about 100 bytes each).
 MAX_BUCKETS = 10_000
@@ -100,6 +105,7 @@ class RateLimitMiddleware:
         rate: requests per second per caller; 0 turns the limit off.
         burst: requests a caller may make at once.
         clock: seconds, monotonic (tests pass a fake one).
+        shared: the fleet's buckets in Redis; the process's own are used while it is down.
     """
 
     def __init__(
@@ -110,8 +116,11 @@ class RateLimitMiddleware:
         burst: int,
         clock: Callable[[], float] = time.monotonic,
         max_entries: int = MAX_BUCKETS,
+        shared: SharedLimits | None = None,
     ) -> None:
         self.app = app
+        self.shared = shared
+        self.burst = max(1, burst)
         self.buckets = TokenBuckets(rate, max(1, burst), max_entries=max_entries) if rate > 0 else None
         self.clock = clock
 
@@ -122,7 +131,9 @@ class RateLimitMiddleware:
         owner = str(scope.get("state", {}).get("owner", ""))
         client = scope.get("client")
         key = f"key:{owner}" if owner else f"addr:{client[0] if client else ''}"
-        wait_s = self.buckets.take(key, self.clock())
+        wait_s = None if self.shared is None else await self.shared.take(key, self.buckets.rate, self.burst)
+        if wait_s is None:
+            wait_s = self.buckets.take(key, self.clock())
         if not wait_s:
             await self.app(scope, receive, send)
             return

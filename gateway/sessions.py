@@ -12,6 +12,12 @@ is known) refuses one before it starts, a WebSocket before it is accepted:
 
 each with ``Retry-After``. Otherwise it holds a place for the session's whole life.
 
+With ``redis_url`` set, the per-key cap holds across the fleet (``gateway.shared_limits``): past the
+process's own checks, ``place`` takes a lease in Redis under the cap, atomically, and gives it back when
+the session ends; the process's own count is still checked first, so while Redis is down the cap is
+per process, as without Redis. (``POST /v1/audio/speech/batch`` holds its places with ``hold``: its leases
+count in Redis from the next renewal, but its admission checks the process's count only.)
+
 The drain (``Sessions.drain``, started on SIGTERM by ``voxgate serve``): ``/readyz`` turns 503 and new
 sessions are refused at once; a WebSocket session refuses new utterances (non-fatal ``server_shutdown``:
 the utterances it has open go on) and ends as soon as nothing is in flight (``Connection`` waits on
@@ -24,12 +30,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..protocol.errors import ErrorCode, ProtocolError
 from .http import error_response
+from .shared_limits import SharedLimits, new_lease
 
 #: The paths, and the path prefixes, whose ``POST`` requests are sessions (every WebSocket is one).
 SESSION_POSTS = frozenset({"/v1/audio/speech"})
@@ -50,14 +57,21 @@ class Sessions:
         max_sessions: sessions allowed in the process (0: no cap).
         max_sessions_per_key: sessions allowed per API key (0: no cap; the anonymous owner ``""`` of a
             gateway without keys is only capped by ``max_sessions``).
+        shared: the fleet's leases in Redis, which ``place`` takes under ``max_sessions_per_key``.
     """
 
     def __init__(
-        self, *, drain_timeout_s: float, max_sessions: int = 0, max_sessions_per_key: int = 0
+        self,
+        *,
+        drain_timeout_s: float,
+        max_sessions: int = 0,
+        max_sessions_per_key: int = 0,
+        shared: SharedLimits | None = None,
     ) -> None:
         self.drain_timeout_s = drain_timeout_s
         self.max_sessions = max_sessions
         self.max_sessions_per_key = max_sessions_per_key
+        self.shared = shared
         self.draining = False
         self.count = 0
         self._per_owner: collections.Counter[str] = collections.Counter()
@@ -82,19 +96,41 @@ class Sessions:
             message = f"the server holds its maximum of {self.max_sessions} sessions"
             return ProtocolError(ErrorCode.SERVER_BUSY, message), BUSY_RETRY_AFTER_S
         if owner and self.max_sessions_per_key and self._per_owner[owner] >= self.max_sessions_per_key:
-            message = f"this API key holds its maximum of {self.max_sessions_per_key} sessions"
-            return ProtocolError(ErrorCode.TOO_MANY_SESSIONS, message), BUSY_RETRY_AFTER_S
+            return _too_many(self.max_sessions_per_key), BUSY_RETRY_AFTER_S
         return None
 
+    @contextlib.asynccontextmanager
+    async def place(self, owner: str) -> AsyncIterator[tuple[ProtocolError, int] | None]:
+        """Hold a place for a session of ``owner`` while the block runs, the fleet's lease included;
+        yields None then, or, holding nothing, the refusal with its ``Retry-After`` seconds."""
+        refused = self.refusal(owner)
+        lease = new_lease()
+        if refused is None and self.shared is not None and owner and self.max_sessions_per_key:
+            if not await self.shared.acquire(owner, lease, self.max_sessions_per_key):
+                refused = _too_many(self.max_sessions_per_key), BUSY_RETRY_AFTER_S
+            elif (refused := self.refusal(owner)) is not None:  # a drain or a cap reached meanwhile
+                self.shared.release(owner, lease)
+        if refused is not None:
+            yield refused
+            return
+        with self.hold(owner, lease):
+            yield None
+
     @contextlib.contextmanager
-    def hold(self, owner: str) -> Iterator[None]:
-        """Count one session of ``owner`` while the block runs."""
+    def hold(self, owner: str, lease: str | None = None) -> Iterator[None]:
+        """Count one session of ``owner`` while the block runs (and its lease in Redis, if shared)."""
         self.count += 1
         self._per_owner[owner] += 1
         self._idle.clear()
+        shared = self.shared if owner and self.max_sessions_per_key else None
+        lease = lease or new_lease()
+        if shared is not None:
+            shared.hold(owner, lease)
         try:
             yield
         finally:
+            if shared is not None:
+                shared.release(owner, lease)
             self.count -= 1
             self._per_owner[owner] -= 1
             if not self._per_owner[owner]:
@@ -130,6 +166,10 @@ class Sessions:
                     await self._expired.wait()
 
 
+def _too_many(cap: int) -> ProtocolError:
+    return ProtocolError(ErrorCode.TOO_MANY_SESSIONS, f"this API key holds its maximum of {cap} sessions")
+
+
 def shutdown_error() -> ProtocolError:
     """The error that refuses a session, or ends one (fatal), when the server drains."""
     return ProtocolError(ErrorCode.SERVER_SHUTDOWN, "the server is shutting down", fatal=True)
@@ -147,11 +187,11 @@ class Admission:
             await self.app(scope, receive, send)
             return
         owner = str(scope.get("state", {}).get("owner", ""))
-        refused = self.sessions.refusal(owner)
-        if refused is None:
-            with self.sessions.hold(owner):
+        async with self.sessions.place(owner) as refused:
+            if refused is None:
                 await self.app(scope, receive, send)
-            return
+                return
+        assert refused is not None
         error, retry_after = refused
         await _refuse(scope, receive, send, error, retry_after)
 

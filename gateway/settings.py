@@ -1,7 +1,8 @@
 """Server settings: the gateway's own fields composed with the settings each engine declares.
 
-The only place the server reads the environment. ``options()`` lists every setting once; the ``voxgate
-serve`` flags (``voxgate.cli``) and the README's configuration table (``python -m
+The only place the server reads the environment (but for the S3 client of ``voice_store``, which reads
+the standard ``AWS_*`` variables itself, as every AWS client does). ``options()`` lists every setting
+once; the ``voxgate serve`` flags (``voxgate.cli``) and the README's configuration table (``python -m
 voxgate.gateway.settings``) are generated from it.
 """
 
@@ -184,6 +185,25 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rate_limit_burst: Annotated[
         int, option("REST requests a key (or address) may make at once, above the rate", flag=True)
     ] = 50
+    # Unset: each process counts alone (a fleet of N allows N times each cap). Set: the caps hold fleet-wide,
+    # falling back to per process while Redis is down (gateway/shared_limits.py).
+    redis_url: Annotated[
+        str,
+        option(
+            "`redis://HOST:PORT/DB` shared by every replica: `max_sessions_per_key` and the rate limit hold "
+            "across them (per process while Redis is down); empty for per process",
+            shown="none",
+        ),
+    ] = ""
+    # A replica killed without a goodbye (SIGKILL, a lost node) holds its key's places this long: short
+    # enough to be under Kubernetes' 30 s, long enough that a few missed renewals (every third of it) do
+    # not drop a live session's place.
+    redis_lease_s: Annotated[
+        float,
+        option(
+            "seconds a session's place in Redis lasts unrenewed: how long a dead replica's sessions count"
+        ),
+    ] = 10.0
     # A client that trickles its request headers (slowloris) holds a connection: cut it after this.
     header_timeout_s: Annotated[
         float,
@@ -236,6 +256,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     log_level: Annotated[str, option("`debug`, `info`, `warning`, `error`", flag=True)] = "info"
     voices_dir: Annotated[
         str, option("where uploaded voices are stored", flag=True, shown="`~/.cache/voxgate/voices`")
+    ] = ""
+    # Replicas on different machines share voices through object storage instead of a shared file system.
+    voice_store: Annotated[
+        str,
+        option(
+            "`s3://BUCKET/PREFIX` keeps uploaded voices in S3-compatible object storage (endpoint and "
+            "credentials from `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, "
+            "`AWS_REGION`; needs the `fleet` extra) instead of `voices_dir`; empty for the local folder",
+            shown="empty",
+        ),
     ] = ""
     # A cap on the count keeps listings short; the disk is capped by max_voice_bytes.
     max_voices: Annotated[int, option("uploaded voices allowed per API key", flag=True)] = 1000

@@ -90,6 +90,10 @@ class VoiceQuotaExceeded(VoiceError):
         )
 
 
+class VoiceStoreUnavailable(Exception):
+    """A shared store (S3) did not answer, or refused the gateway's credentials: try again later."""
+
+
 class _Unreadable(Exception):
     """A file in the store that is not a voice we wrote (torn, foreign or hand-edited)."""
 
@@ -239,6 +243,50 @@ def _float32(tensor: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
     return np.asarray(tensor, dtype=np.float32)
 
 
+def encode(
+    owner: str,
+    name: str,
+    *,
+    audio: npt.NDArray[np.float32] | None,
+    sample_rate: int,
+    embedding: npt.NDArray[np.float32] | None,
+    consent: str,
+    ref_text: str | None,
+    speaker_description: str | None,
+    mime_type: str | None,
+) -> tuple[bytes, VoiceInfo]:
+    """The safetensors bytes of a voice and what they describe; every backend stores exactly these bytes.
+
+    ``name`` has passed ``check_name``. Raises ``ValueError`` as ``VoiceStore.save`` documents.
+    """
+    if (audio is None) == (embedding is None):
+        raise ValueError("give exactly one of audio and embedding")
+    kind: Kind = "audio" if audio is not None else "embedding"
+    values = np.asarray(audio if audio is not None else embedding)
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError(f"{kind} must be a non-empty 1-D array")
+    if not np.isfinite(values).all():
+        raise ValueError(f"{kind} has NaN or infinite values")
+    if kind == "audio" and sample_rate <= 0:
+        raise ValueError("audio needs a positive sample rate")
+    tensor = _pcm16(values) if kind == "audio" else np.ascontiguousarray(values, dtype=np.float32)
+    meta = {
+        "format": FORMAT,
+        "name": name,
+        "owner": owner,
+        "kind": kind,
+        "consent": consent,
+        "created_at": repr(time.time()),
+        "sample_rate": str(sample_rate if kind == "audio" else 0),
+    }
+    optional = {"ref_text": ref_text, "speaker_description": speaker_description, "mime_type": mime_type}
+    meta.update({key: value for key, value in optional.items() if value is not None})
+    payload = safetensors.numpy.save({kind: tensor}, meta)
+    dtype = "I16" if kind == "audio" else "F32"
+    tensors: dict[str, _Tensor] = {kind: _Tensor(dtype=dtype, shape=tensor.shape)}
+    return payload, _info(meta, tensors, size=len(payload), owner=owner, file_name=_file_name(name))
+
+
 class VoiceStore:
     """One safetensors file per voice under ``directory``, partitioned by owner.
 
@@ -338,29 +386,17 @@ class VoiceStore:
                 infinite values, or no sample rate.
         """
         name = check_name(name)
-        if (audio is None) == (embedding is None):
-            raise ValueError("give exactly one of audio and embedding")
-        kind: Kind = "audio" if audio is not None else "embedding"
-        values = np.asarray(audio if audio is not None else embedding)
-        if values.ndim != 1 or values.size == 0:
-            raise ValueError(f"{kind} must be a non-empty 1-D array")
-        if not np.isfinite(values).all():
-            raise ValueError(f"{kind} has NaN or infinite values")
-        if kind == "audio" and sample_rate <= 0:
-            raise ValueError("audio needs a positive sample rate")
-        tensor = _pcm16(values) if kind == "audio" else np.ascontiguousarray(values, dtype=np.float32)
-        meta = {
-            "format": FORMAT,
-            "name": name,
-            "owner": owner,
-            "kind": kind,
-            "consent": consent,
-            "created_at": repr(time.time()),
-            "sample_rate": str(sample_rate if kind == "audio" else 0),
-        }
-        optional = {"ref_text": ref_text, "speaker_description": speaker_description, "mime_type": mime_type}
-        meta.update({key: value for key, value in optional.items() if value is not None})
-        payload = safetensors.numpy.save({kind: tensor}, meta)
+        payload, info = encode(
+            owner,
+            name,
+            audio=audio,
+            sample_rate=sample_rate,
+            embedding=embedding,
+            consent=consent,
+            ref_text=ref_text,
+            speaker_description=speaker_description,
+            mime_type=mime_type,
+        )
         folder = self._folder(owner, create=True)
         path = folder / _file_name(name)
         quota = self.max_bytes if max_bytes is None else max_bytes
@@ -379,9 +415,7 @@ class VoiceStore:
             self._write_atomic(path, payload)
         if replacing:
             logger.info("voice %r of owner %r replaced", name, owner or PUBLIC_DIR)
-        dtype = "I16" if kind == "audio" else "F32"
-        tensors: dict[str, _Tensor] = {kind: _Tensor(dtype=dtype, shape=tensor.shape)}
-        return _info(meta, tensors, size=len(payload), owner=owner, file_name=path.name)
+        return info
 
     def delete(self, owner: str, name: str) -> bool:
         """Remove a voice, its name matched in any case; False when there was none."""

@@ -26,6 +26,7 @@ Every failure is an OpenAI-style ``{"error": {"message", "type", "param", "code"
       name_taken (a built-in voice has that name, and sessions would speak it instead)
 413   request_too_large, audio_too_large, field_too_large
 415   unsupported_content_type, unsupported_audio (soundfile cannot decode the sample)
+503   voice_store_unavailable (``voice_store`` is S3 and it did not answer; ``Retry-After: 5``)
 ====  ==================================================================================
 """
 
@@ -53,12 +54,15 @@ from .store import (
     VoiceInfo,
     VoiceLimitReached,
     VoiceQuotaExceeded,
-    VoiceStore,
+    VoiceStoreUnavailable,
     check_name,
 )
+from .voicestore import VoiceBackend
 
 logger = logging.getLogger(__name__)
 
+# The shared store (S3) usually comes back within seconds, and a client that retries sooner only adds load.
+STORE_RETRY_AFTER_S = 5
 #: vllm-omni's cap on an uploaded embedding (serving_speech.py ``upload_voice_embedding``), below the 8192
 #: a request's ``speaker_embedding`` may have: the largest speaker encoders give 2048 values.
 MAX_UPLOAD_EMBEDDING_DIM = 4096
@@ -138,7 +142,7 @@ def _check_form(parts: dict[str, Part]) -> _Upload:
     )
 
 
-def _save(store: VoiceStore, owner: str, upload: _Upload) -> VoiceInfo:
+def _save(store: VoiceBackend, owner: str, upload: _Upload) -> VoiceInfo:
     """Decode the clip (if any) and store the voice; run on a decode thread (``clips.decoding``), so a
     clip's decoded samples and its voice file are made and dropped there, and uploads wait their turn."""
     audio, rate, mime = decode_audio(upload.audio) if upload.audio is not None else (None, 0, None)
@@ -204,6 +208,19 @@ def _check_length(headers: Headers) -> None:
         raise Rejected(413, "request_too_large", f"a voice upload is at most {MAX_BODY_BYTES} bytes")
 
 
+def _unavailable(exc: VoiceStoreUnavailable) -> JSONResponse:
+    """503 for a shared store that did not answer; the details (its address) go to the log, not the client."""
+    logger.error("%s", exc)
+    response = api_error(
+        503,
+        "the voice store is unavailable; try again shortly",
+        code="voice_store_unavailable",
+        kind="server_error",
+    )
+    response.headers["Retry-After"] = str(STORE_RETRY_AFTER_S)
+    return response
+
+
 async def _drain(chunks: AsyncIterator[bytes]) -> None:
     drained = 0
     try:
@@ -217,7 +234,7 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
 
 async def upload_voice(request: Request) -> JSONResponse:
     """Store (or replace) one of the caller's voices from a reference clip or a speaker embedding."""
-    store: VoiceStore = request.state.voices
+    store: VoiceBackend = request.state.voices
     chunks = request.stream()
     try:
         _check_length(request.headers)
@@ -237,6 +254,8 @@ async def upload_voice(request: Request) -> JSONResponse:
         return api_error(409, str(exc), code="voice_limit_reached", param="name")
     except VoiceQuotaExceeded as exc:
         return api_error(409, str(exc), code="voice_quota_exceeded", param="audio_sample")
+    except VoiceStoreUnavailable as exc:
+        return _unavailable(exc)
     except ClientDisconnect:
         logger.debug("client left during a voice upload")
         return api_error(400, "the request body was cut short", code="client_disconnected")
@@ -249,11 +268,14 @@ async def upload_voice(request: Request) -> JSONResponse:
 
 async def list_voices(request: Request) -> JSONResponse:
     """The built-in voices' names and the caller's uploaded voices, and the engines that can clone."""
-    store: VoiceStore = request.state.voices
+    store: VoiceBackend = request.state.voices
     catalog = _catalog(request)
     builtin = await catalog.builtin_voices() if catalog else []
     engines = catalog.cloning_engines() if catalog else []
-    uploaded = await run_in_threadpool(store.list, _owner(request))
+    try:
+        uploaded = await run_in_threadpool(store.list, _owner(request))
+    except VoiceStoreUnavailable as exc:
+        return _unavailable(exc)
     # ``voices`` stays a list of names, as vllm-omni's clients expect, uploaded ones too (vllm-omni lists
     # every name a request may use there); the details sit beside it.
     # ``cloning_engines`` (empty: no engine here can speak an uploaded voice) lets a page say so up front.
@@ -269,9 +291,12 @@ async def list_voices(request: Request) -> JSONResponse:
 
 async def voice_details(request: Request) -> JSONResponse:
     """One of the caller's uploaded voices."""
-    store: VoiceStore = request.state.voices
+    store: VoiceBackend = request.state.voices
     name: str = request.path_params["name"]
-    info = await run_in_threadpool(store.info, _owner(request), name)
+    try:
+        info = await run_in_threadpool(store.info, _owner(request), name)
+    except VoiceStoreUnavailable as exc:
+        return _unavailable(exc)
     catalog = _catalog(request)
     if info is None:
         builtin = [
@@ -285,9 +310,13 @@ async def voice_details(request: Request) -> JSONResponse:
 
 async def delete_voice(request: Request) -> JSONResponse:
     """Delete one of the caller's uploaded voices."""
-    store: VoiceStore = request.state.voices
+    store: VoiceBackend = request.state.voices
     name: str = request.path_params["name"]
-    if not await run_in_threadpool(store.delete, _owner(request), name):
+    try:
+        deleted = await run_in_threadpool(store.delete, _owner(request), name)
+    except VoiceStoreUnavailable as exc:
+        return _unavailable(exc)
+    if not deleted:
         return api_error(404, f"voice {name!r} not found", code="voice_not_found", param="name")
     return JSONResponse({"success": True, "message": f"Voice '{name}' deleted successfully"})
 
