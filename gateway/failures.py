@@ -6,13 +6,18 @@ each renders the result from ``protocol.errors.FAILURES``, so the same failure g
 
 from __future__ import annotations
 
+import logging
+
 from ..engine.base import EngineError, RequestRefused, UnknownVoice, UnsupportedOption, UnsupportedText
 from ..protocol.errors import INTERNAL_ERROR_MESSAGE, ErrorCode, ProtocolError
 from .catalog import VoiceNotServable
 from .http import Rejected
+from .store import VoiceStoreUnavailable
+
+logger = logging.getLogger(__name__)
 
 #: What ``Catalog.prepare`` raises when it refuses a request's voice, reference or options.
-REFUSALS = (Rejected, UnknownVoice, VoiceNotServable, UnsupportedOption)
+REFUSALS = (Rejected, UnknownVoice, VoiceNotServable, UnsupportedOption, VoiceStoreUnavailable)
 
 
 def error_for(exc: Exception, *, voice_field: str = "$.voice", ref_audio: bool = False) -> ProtocolError:
@@ -38,6 +43,10 @@ def error_for(exc: Exception, *, voice_field: str = "$.voice", ref_audio: bool =
             return ProtocolError(ErrorCode.VOICE_REQUIRES_CLONING, str(exc), field=field)
         case UnsupportedOption(field=name):
             return ProtocolError(ErrorCode.UNSUPPORTED_OPTION, str(exc), field=f"$.{name}")
+        case VoiceStoreUnavailable():
+            logger.error("%s", exc)  # its address stays in the log
+            message = "the voice store is unavailable; try again shortly"
+            return ProtocolError(ErrorCode.VOICE_STORE_UNAVAILABLE, message, field=voice_field)
     # While synthesizing: text the voice cannot read is the client's to fix; an upstream's refusal keeps its
     # own status and field; any other EngineError is an engine_error; anything else is a bug, an
     # internal_error (the details go to the log).

@@ -68,6 +68,8 @@ class ErrorCode(enum.StrEnum):
     VOICE_NOT_FOUND = "voice_not_found"
     VOICE_REQUIRES_CLONING = "voice_requires_cloning"
     INVALID_REF_AUDIO = "invalid_ref_audio"
+    #: The shared voice store (``voice_store``: object storage) did not answer: try again shortly.
+    VOICE_STORE_UNAVAILABLE = "voice_store_unavailable"
     ENGINE_ERROR = "engine_error"
     #: The engine's upstream refused a segment as invalid (its 4xx); ``field`` names what it is about.
     REQUEST_REFUSED = "request_refused"
@@ -126,6 +128,7 @@ FAILURES: dict[ErrorCode, Failure] = {
     ErrorCode.VOICE_NOT_FOUND: Failure(_POLICY, 400, "$.voice"),
     ErrorCode.VOICE_REQUIRES_CLONING: Failure(_POLICY, 400, "$.voice"),
     ErrorCode.INVALID_REF_AUDIO: Failure(_POLICY, 400, "$.ref_audio"),
+    ErrorCode.VOICE_STORE_UNAVAILABLE: Failure(CloseCode.INTERNAL_ERROR, 503, "$.voice"),
     ErrorCode.ENGINE_ERROR: Failure(CloseCode.INTERNAL_ERROR, 502),
     # The upstream's own 4xx replaces the 400 (``ProtocolError.status``).
     ErrorCode.REQUEST_REFUSED: Failure(_POLICY, 400),

@@ -31,7 +31,7 @@ from voxgate.gateway import store_s3
 from voxgate.gateway.store import FORMAT, PUBLIC_DIR, SUFFIX, VoiceStore
 from voxgate.gateway.store_s3 import S3VoiceStore
 
-from tests.conftest import TIMEOUT_S, recv, send, serve_engine, session, voxgate_connect
+from tests.conftest import TIMEOUT_S, recv, recv_message, send, serve_engine, session, voxgate_connect
 from tests.gateway.test_voice_crash import NAMES, Possible, checksum, run_until_killed
 from tests.redis_server import free_port
 from tests.seaweed_server import BUCKET, SeaweedServer, location, seaweed_server
@@ -330,6 +330,15 @@ def test_a_store_that_cannot_be_reached_is_a_503_not_a_crash(
             httpx.get(f"http://{address}{URL}/maria", timeout=TIMEOUT_S),
             httpx.delete(f"http://{address}{URL}/maria", timeout=TIMEOUT_S),
         ]
+        # The speaking routes name an uploaded voice: the same code, not an internal error.
+        speech = httpx.post(
+            f"http://{address}/v1/audio/speech", json={"input": "Hi.", "voice": "maria"}, timeout=TIMEOUT_S
+        )
+        with voxgate_connect(f"ws://{address}/v1/audio/speech/stream", open_timeout=TIMEOUT_S) as ws:
+            send(ws, type="session.config", voice="maria")
+            refused = recv_message(ws)
+    assert refused["code"] == "voice_store_unavailable" and refused["field"] == "$.voice", refused
+    assert speech.status_code == 503 and speech.json()["error"]["code"] == "voice_store_unavailable"
     for response in answers:
         assert response.status_code == 503, response.text
         assert response.json()["error"]["code"] == "voice_store_unavailable"
