@@ -165,12 +165,12 @@ class _Answer(StreamingResponse):
     """The streamed answer, holding the batch's session places until it is sent or the client is gone
     (Starlette cancels the body then, which cancels the items' engine work)."""
 
-    def __init__(self, body: AsyncIterator[bytes], places: contextlib.ExitStack) -> None:
+    def __init__(self, body: AsyncIterator[bytes], places: contextlib.AsyncExitStack) -> None:
         super().__init__(body, media_type="application/json")
         self.places = places
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        with self.places:
+        async with self.places:
             await super().__call__(scope, receive, send)
 
 
@@ -188,16 +188,16 @@ async def create_speech_batch(request: Request) -> Response:
         return _refused(request, ProtocolError(ErrorCode.INVALID_MESSAGE, message, field="$.items"))
     sessions: Sessions = request.state.sessions
     owner: str = request.state.owner
-    places = contextlib.ExitStack()
+    places = contextlib.AsyncExitStack()  # each a session's place, the fleet's lease included (Redis)
     held, refused = 0, None
     while held < min(ITEMS_AT_ONCE, len(batch.items)):
-        refused = sessions.refusal(owner)
+        refused = await places.enter_async_context(sessions.place(owner))
         if refused is not None:
             break
-        places.enter_context(sessions.hold(owner))
         held += 1
     if not held:
         assert refused is not None
+        await places.aclose()
         error, retry_after = refused
         response = _refused(request, error)
         response.headers["retry-after"] = str(retry_after)
