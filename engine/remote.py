@@ -20,9 +20,16 @@ request whose client went away. Uploaded voices travel inline: ``ref_audio`` as 
 stored clip plus ``ref_text`` (or ``x_vector_only_mode`` when there is no transcript), so upstreams
 need no voice store of their own.
 
-What is sent follows vllm-omni 0.30's rules for Qwen3-TTS (``entrypoints/openai/serving_speech.py``
-and ``tts_adapters/qwen3_tts.py``): language codes become the names it accepts, and a ``speed`` other
-than 1 is served by a whole (non-streamed) answer per segment, since it refuses streaming with one.
+What is sent follows the rules of the model family upstream (``engine.families``: one row per vllm-omni
+serving adapter, detected from the model id or set with ``upstream_family``): which options it takes (the
+rest are refused by name at session config), whether ``voice`` names a preset, how a clone travels and
+which clones it cannot make (refused before any upstream call), Qwen3-TTS's ``task_type`` and language
+names. A family that speaks only from a reference (Qwen3-TTS Base, CosyVoice3, GLM-TTS, MOSS-TTS) gets the
+default reference voice with a plain request: a clip and its transcript shipped in the package
+(``engine/data/reference.wav``), or the ones ``upstream_reference_audio`` / ``_text`` name. A reference clip
+is sent at its own rate up to the family's (Fish Speech's codec runs at 44.1 kHz, the others at 24 kHz).
+A ``speed`` other than 1 is served by a whole (non-streamed) answer per segment, since vllm-omni refuses
+streaming with one.
 
 Word timestamps come from vllm-omni's own path: a server launched with ``--forced-aligner`` runs the
 Qwen3-ForcedAligner stage after the audio, and its non-streamed ``POST /v1/audio/speech`` with
@@ -46,12 +53,15 @@ import json
 import logging
 import re
 from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import Annotated
 
 import httpx
 import msgspec
 import numpy as np
 import numpy.typing as npt
+import soundfile
+import soxr
 
 from ..protocol.audio import encode, wav_header
 from ..protocol.messages import ENGINE_OPTION_FIELDS
@@ -66,6 +76,7 @@ from .base import (
     VoiceReference,
 )
 from .deadlines import UpstreamTimeout, Waits, bounded_read
+from .families import FAMILIES, GENERIC, Clip, Family, Presets
 from .options import option
 from .qwen3_tts import qwen_language, word_timings, word_triples
 from .survey import ALIGNER_FLAG, Survey
@@ -79,6 +90,9 @@ DEFAULT_VOICE = "vivian"
 DEFAULT_SAMPLE_RATE = 24000
 # Options sent upstream as they are (``word_timestamps`` turns the segment into a whole answer too).
 _FORWARDED = frozenset(ENGINE_OPTION_FIELDS)
+# The default reference voice (3.7 s of the embedded Piper voice, 24 kHz 16-bit mono) and its transcript.
+DEFAULT_REFERENCE_AUDIO = str(Path(__file__).with_name("data") / "reference.wav")
+DEFAULT_REFERENCE_TEXT = "The quick brown fox jumps over the lazy dog, and then it rests."
 _NO_ALIGNER = (
     "no upstream can time words: vllm-omni times them only when launched with --forced-aligner "
     "(Qwen/Qwen3-ForcedAligner-0.6B, an extra model stage); use engine piper for word timestamps"
@@ -133,6 +147,22 @@ class RemoteSettings(msgspec.Struct, frozen=True, kw_only=True):
     upstream_model: Annotated[str, option("`model` sent to the upstreams", flag=True)] = ""
     # Sent as "Authorization: Bearer" to every upstream (a gateway with API keys, or a vllm-omni --api-key).
     upstream_api_key: Annotated[str, option("sent as `Authorization: Bearer` to every upstream")] = ""
+    # vllm-omni detects the family from configs an HTTP client cannot read; voxgate from the model id.
+    upstream_family: Annotated[
+        str,
+        option(
+            "the upstreams' model family (docs/deploy.md's table: fish_tts, cosyvoice3, ...); empty: "
+            "detected from the model id"
+        ),
+    ] = ""
+    upstream_reference_audio: Annotated[
+        str,
+        option(
+            "WAV the upstream speaks a plain request from when its family needs a reference voice; "
+            "empty: the one voxgate ships"
+        ),
+    ] = ""
+    upstream_reference_text: Annotated[str, option("the transcript of `upstream_reference_audio`")] = ""
     # A TTS server on a warm GPU answers within a few hundred ms; 5 s is a loaded one, not a working one.
     upstream_connect_timeout_s: Annotated[
         float, option("seconds to connect to an upstream (or wait for a pooled connection)")
@@ -208,6 +238,8 @@ class RemoteEngine:
         segment_timeout_s: the overall deadline of a request, beyond its segment's audio cap.
         health_interval_s: period of the ``/health`` checks.
         breaker_failures / breaker_cooldown_s: the per-upstream circuit breaker.
+        family: the upstreams' model family (a ``FAMILIES`` key); empty: detected from the model id.
+        reference_audio / reference_text: the default reference voice (a WAV file and its transcript).
     """
 
     name = "remote"
@@ -226,6 +258,9 @@ class RemoteEngine:
         health_interval_s: float = 5.0,
         breaker_failures: int = 3,
         breaker_cooldown_s: float = 30.0,
+        family: str = "",
+        reference_audio: str = DEFAULT_REFERENCE_AUDIO,
+        reference_text: str = DEFAULT_REFERENCE_TEXT,
     ) -> None:
         self.pool = UpstreamPool(
             urls, breaker_failures=breaker_failures, breaker_cooldown_s=breaker_cooldown_s
@@ -247,9 +282,30 @@ class RemoteEngine:
         #: What is known of the upstreams: voices, checkpoint, which time words.
         self.survey = Survey(self.pool, self._http, model=model, probe_s=first_byte_timeout_s)
         self._health: asyncio.Task[None] | None = None
-        self._ref_cache: dict[tuple[bytes, int], str] = {}
+        self._ref_cache: dict[tuple[bytes, int, int], str] = {}
+        self._family = FAMILIES[family] if family else None
+        self._reference_path, self._reference_text = reference_audio, reference_text
+        self._reference: VoiceReference | None = None
+
+    @property
+    def family(self) -> Family:
+        """The upstreams' model family: the configured one, else the detected one, else ``GENERIC``."""
+        return self._family or self.survey.family or GENERIC
+
+    def _default_reference(self) -> VoiceReference:
+        """The reference a plain request carries to a family that speaks only from one (read once)."""
+        if self._reference is None:
+            audio, rate = soundfile.read(self._reference_path, dtype="float32", always_2d=True)
+            self._reference = VoiceReference(
+                name="default",
+                audio=np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32),
+                sample_rate=int(rate),
+                ref_text=self._reference_text,
+            )
+        return self._reference
 
     async def start(self) -> None:
+        self._default_reference()  # a missing or unreadable file fails the start, not a request
         self._client = httpx.AsyncClient(
             timeout=self._timeout, limits=httpx.Limits(max_keepalive_connections=64), headers=self._headers
         )
@@ -279,11 +335,12 @@ class RemoteEngine:
 
     def check(self, voice: str, options: dict[str, object]) -> None:
         names = self.survey.names
-        if names and voice not in names:
+        if names and voice not in names and self.family.presets is Presets.LISTED:
             raise UnknownVoice(voice, self.name, names)
         for field in options:
             if field not in _FORWARDED:
                 raise UnsupportedOption(field, self.name)
+        self.family.check(options)
         if options.get("word_timestamps") and not self.survey.may_time_words():
             raise UnsupportedOption("word_timestamps", self.name, _NO_ALIGNER)
 
@@ -294,6 +351,8 @@ class RemoteEngine:
         options: dict[str, object],
         reference: VoiceReference | None = None,
     ) -> dict[str, object]:
+        """The request body of one segment, shaped by the upstreams' family (``engine.families``)."""
+        family = self.family
         body: dict[str, object] = {"input": text, "response_format": "wav"}
         # vllm-omni refuses a streamed answer with speed adjustment (serving_speech.py
         # ``_validate_speech_streaming_request``) or with word timestamps (``create_speech``), but makes a
@@ -302,41 +361,52 @@ class RemoteEngine:
             body.update(stream=True, stream_format="audio")
         if self.model:
             body["model"] = self.model
-        # An upstream that lists no voices (a Base or VoiceDesign checkpoint) has no speakers to name.
-        if voice is not None and reference is None and self.survey.names != []:
+        if reference is None and family.reference_only and options.get("speaker_embedding") is None:
+            reference = self._default_reference()
+        # A checkpoint that lists no voices (Qwen3-TTS Base or VoiceDesign) has no speakers to name; a
+        # family with unlisted presets (Ming-flash-omni) is named any voice but the default.
+        named = {
+            Presets.LISTED: self.survey.names != [],
+            Presets.NAMED: voice != self.default_voice,
+            Presets.NONE: False,
+        }[family.presets]
+        if voice is not None and reference is None and named:
             body["voice"] = voice
         body.update({k: v for k, v in options.items() if k in _FORWARDED})
-        # vllm-omni takes a request without ``task_type`` as CustomVoice, which a VoiceDesign or Base
-        # checkpoint refuses (tts_adapters/qwen3_tts.py ``validate``): name the task it runs, so that
-        # what is missing (instructions, a voice to clone) is what its refusal says.
-        if reference is None and self.survey.variant in ("VoiceDesign", "Base"):
-            body.setdefault("task_type", self.survey.variant)
+        # vllm-omni takes a Qwen3-TTS request without ``task_type`` as CustomVoice, which a VoiceDesign or
+        # Base checkpoint refuses (tts_adapters/qwen3_tts.py ``validate``): name the task it runs.
+        task_type = family.task_type or (family.clone_task_type if reference is not None else None)
+        if task_type is not None:
+            body.setdefault("task_type", task_type)
         # vllm-omni title-cases ``language`` and accepts Qwen3-TTS's names (tts_adapters/qwen3_tts.py
         # ``validate``): codes and tags (``en``, ``en-US``) become those names; others go as they are.
-        if isinstance(body.get("language"), str):
+        if family.qwen_languages and isinstance(body.get("language"), str):
             body["language"] = qwen_language(str(body["language"]))
         if reference is not None:
-            body.setdefault("task_type", "Base")  # vllm-omni clones with the Base task
             if reference.audio is not None:
-                body["ref_audio"] = self._data_url(reference)
+                body["ref_audio"] = self._data_url(reference, family.reference_rate_hz)
                 if reference.ref_text:
                     body["ref_text"] = reference.ref_text
-                else:
-                    # A clone without a transcript is refused unless it asks for the speaker
+                elif family.clip is Clip.X_VECTOR:
+                    # A Qwen3-TTS clone without a transcript is refused unless it asks for the speaker
                     # embedding alone (tts_adapters/qwen3_tts.py ``validate``, Base task).
                     body.setdefault("x_vector_only_mode", True)
             elif reference.embedding is not None:
                 body["speaker_embedding"] = [float(x) for x in reference.embedding]
         return body
 
-    def _data_url(self, ref: VoiceReference) -> str:
+    def _data_url(self, ref: VoiceReference, max_rate: int) -> str:
+        """The clip as a WAV data URL, at its own rate or ``max_rate`` when that is lower."""
         assert ref.audio is not None
         # Keyed by content, not name: a voice may be replaced, and each API key has its own namespace.
         audio = np.ascontiguousarray(ref.audio, dtype=np.float32)
-        key = (hashlib.blake2b(audio.tobytes(), digest_size=16).digest(), ref.sample_rate)
+        rate = min(ref.sample_rate, max_rate)
+        key = (hashlib.blake2b(audio.tobytes(), digest_size=16).digest(), ref.sample_rate, rate)
         if key not in self._ref_cache:
+            if rate != ref.sample_rate:
+                audio = soxr.resample(audio, ref.sample_rate, rate).astype(np.float32)
             pcm = encode(audio, "pcm")
-            wav = wav_header(ref.sample_rate, len(pcm)) + pcm
+            wav = wav_header(rate, len(pcm)) + pcm
             if len(self._ref_cache) > 64:  # a handful of voices are in use at a time
                 self._ref_cache.clear()
             self._ref_cache[key] = "data:audio/wav;base64," + base64.b64encode(wav).decode()
@@ -344,12 +414,9 @@ class RemoteEngine:
 
     async def synthesize(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
         client = self._http()
-        body = self._body(
-            req.text,
-            req.voice,
-            {**req.options, **({"seed": req.seed} if req.seed is not None else {})},
-            reference=req.reference,
-        )
+        options = {**req.options, **({"seed": req.seed} if req.seed is not None else {})}
+        self.family.check_request(req.reference, options)  # before any upstream call
+        body = self._body(req.text, req.voice, options, reference=req.reference)
         words = bool(body.get("word_timestamps"))
         max_audio_s = req.max_audio_s
         if max_audio_s is None:
@@ -537,6 +604,10 @@ def invalid(settings: RemoteSettings) -> str | None:
     """Why ``--engine remote`` cannot start with ``settings`` (one line), else None."""
     if not settings.upstreams:
         return "needs an upstream speech server: --upstream URL (repeatable) or VOXGATE_UPSTREAMS"
+    if settings.upstream_family and settings.upstream_family not in FAMILIES:
+        return f"upstream_family must be one of {', '.join(FAMILIES)} (or empty: detected)"
+    if bool(settings.upstream_reference_audio) != bool(settings.upstream_reference_text):
+        return "upstream_reference_audio and upstream_reference_text go together (a clip and its transcript)"
     return None
 
 
@@ -553,4 +624,7 @@ def create(settings: RemoteSettings) -> RemoteEngine:
         health_interval_s=settings.upstream_health_interval_s,
         breaker_failures=settings.upstream_breaker_failures,
         breaker_cooldown_s=settings.upstream_breaker_cooldown_s,
+        family=settings.upstream_family,
+        reference_audio=settings.upstream_reference_audio or DEFAULT_REFERENCE_AUDIO,
+        reference_text=settings.upstream_reference_text or DEFAULT_REFERENCE_TEXT,
     )

@@ -8,6 +8,10 @@ one deadline, not the gateway its start-up (the engine's ``start`` runs the firs
 that does not answer a probe in time is marked down (``UpstreamPool.down``) until a health check passes
 again. Voices are taken from the first upstream, in the configured order, that lists them.
 
+The family of the checkpoint served (``engine.families``) is learned with the voices: from the
+configured ``model`` if there is one, else from the model list (``/v1/models``: the served name as ``id`` and
+the checkpoint path as ``root``, the only things of vllm-omni's own detection that an HTTP client can see).
+
 The rate needs no probe: every answer is a WAV whose header says it (a probe that names no voice is
 refused by Base and VoiceDesign checkpoints, which would retry it forever). Which upstreams have the
 aligner is learned from a probe that costs no synthesis (an empty input with ``word_timestamps: true``:
@@ -25,7 +29,7 @@ from collections.abc import Callable
 import httpx
 
 from .deadlines import bounded_read
-from .qwen3_tts import variant_of
+from .families import Family, detect
 from .upstreams import Upstream, UpstreamPool
 
 logger = logging.getLogger(__name__)
@@ -76,8 +80,8 @@ class Survey:
         self.probe_s = probe_s
         #: The voices listed upstream (vllm-omni's placeholder left out); None until some upstream lists.
         self.names: list[str] | None = None
-        #: The Qwen3-TTS checkpoint kind upstream (``CustomVoice``, ``Base``, ``VoiceDesign``), if known.
-        self.variant: str | None = None
+        #: The model family upstream (``engine.families``), if its model id or path names one.
+        self.family: Family | None = None
         #: Per upstream URL: whether it can time words (launched with ``--forced-aligner``); absent: unknown.
         self.aligners: dict[str, bool] = {}
         self._probed: set[str] = set()  # upstreams whose answer to the word-timestamp probe came
@@ -89,16 +93,16 @@ class Survey:
             return
         for upstream, listed in zip(self.pool.upstreams, found, strict=True):
             if listed is not None:
-                self.names, self.variant = listed
+                self.names, self.family = listed
                 logger.info(
-                    "upstream %s lists %d voices (checkpoint: %s)",
+                    "upstream %s lists %d voices (model family: %s)",
                     upstream.url,
                     len(self.names),
-                    self.variant or "unknown",
+                    self.family.label if self.family else "unknown",
                 )
                 return
 
-    async def _one(self, upstream: Upstream) -> tuple[list[str], str | None] | None:
+    async def _one(self, upstream: Upstream) -> tuple[list[str], Family | None] | None:
         """Health, then (until learned) voices and checkpoint, then the aligner probe of one upstream."""
         try:
             status, _ = await self.fetch("GET", f"{upstream.url}/health")
@@ -140,8 +144,8 @@ class Survey:
         except httpx.HTTPError as exc:
             raise ProbeFailed(repr(exc)) from exc
 
-    async def _listed(self, upstream: Upstream) -> tuple[list[str], str | None] | None:
-        """The voices ``upstream`` lists, and its checkpoint kind; None when it lists none."""
+    async def _listed(self, upstream: Upstream) -> tuple[list[str], Family | None] | None:
+        """The voices ``upstream`` lists, and its model family; None when it lists none."""
         status, content = await self.fetch("GET", f"{upstream.url}/v1/audio/voices")
         try:
             if status != 200:
@@ -150,14 +154,15 @@ class Survey:
         except ValueError as exc:  # a voice list that is not one (JSONDecodeError is a ValueError)
             logger.warning("could not learn from upstream %s: %r", upstream.url, exc)
             return None
-        return names, variant_of(self.model) if self.model else await self._served_variant(upstream)
+        return names, detect([self.model]) if self.model else await self._served_family(upstream)
 
-    async def _served_variant(self, upstream: Upstream) -> str | None:
-        """The Qwen3-TTS checkpoint kind the upstream serves, from its model id (``...-VoiceDesign``)."""
+    async def _served_family(self, upstream: Upstream) -> Family | None:
+        """The family the upstream serves, from its model list's first ``id`` and ``root``."""
         try:
             _, content = await self.fetch("GET", f"{upstream.url}/v1/models")
-            return variant_of(str(json.loads(content)["data"][0]["id"]))
-        except (ProbeFailed, ValueError, LookupError, TypeError):  # not an OpenAI model list
+            model = json.loads(content)["data"][0]
+            return detect([str(model["id"]), str(model.get("root") or "")])
+        except (ProbeFailed, ValueError, LookupError, TypeError, AttributeError):  # not an OpenAI model list
             return None
 
     async def _probe_aligner(self, upstream: Upstream) -> None:

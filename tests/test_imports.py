@@ -61,6 +61,7 @@ def test_the_wheel_holds_only_voxgate_with_its_page_and_types(tmp_path: Path) ->
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"voxgate"}
     assert {"voxgate/py.typed", "voxgate/web/index.html", "voxgate/protocol/core.py"} <= set(names)
+    assert "voxgate/engine/data/reference.wav" in names  # the remote engine's default reference voice
     assert "voxgate/engine/piper.py" in names and not any(n.startswith("voxgate/tests") for n in names)
 
 

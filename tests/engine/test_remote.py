@@ -19,6 +19,7 @@ import numpy.typing as npt
 import pytest
 import soundfile
 from voxgate.engine.qwen3_tts import qwen_language
+from voxgate.engine.remote import DEFAULT_REFERENCE_TEXT
 from voxgate.protocol.audio import decode
 from websockets.sync.client import ClientConnection
 
@@ -316,10 +317,10 @@ def test_base_and_voice_design_upstreams_start_without_refusals(kind: Kind) -> N
     # takes a request without one as CustomVoice and refuses it).
     assert "voice" not in stub.requests[0]
     assert stub.requests[0]["task_type"] == kind
-    if kind == "VoiceDesign":
-        assert designed.status_code == 200, designed.text
-    else:  # a Base checkpoint needs a voice to clone: its refusal, passed on
-        assert designed.status_code == 400 and "ref_audio" in designed.json()["error"]["message"]
+    assert designed.status_code == 200, designed.text
+    if kind == "Base":  # a Base checkpoint speaks only from a reference: the default one, transcript and all
+        assert stub.requests[0]["ref_text"] == DEFAULT_REFERENCE_TEXT
+        assert ref_audio(stub.requests[0])[1] == 24000
 
 
 def test_an_upstream_whose_voice_list_is_not_json_still_serves() -> None:

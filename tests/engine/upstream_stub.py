@@ -102,6 +102,9 @@ class StubUpstream:
         voices_html: answer ``GET /v1/audio/voices`` with an HTML page instead of JSON.
         kind: the Qwen3-TTS checkpoint it stands for, which decides the requests it accepts.
         forced_aligner: launched with ``--forced-aligner``: it times words.
+        model_id: the model id it lists, standing for a family other than Qwen3-TTS (engine/families.py):
+            it then lists no speakers and refuses nothing (tests/vllm_omni/ checks those families' rules
+            against vllm-omni's own adapters).
     """
 
     mode: Mode = "ok"
@@ -111,6 +114,7 @@ class StubUpstream:
     pieces_delay_s: float = 0.01
     voices_html: bool = False  # answer the voice list with a web page, as a catch-all web app would
     forced_aligner: bool = False
+    model_id: str = ""
     requests: list[dict[str, object]] = field(default_factory=list)
     probes: list[dict[str, object]] = field(default_factory=list)
     streams: list[Stream] = field(default_factory=list)
@@ -132,7 +136,7 @@ class StubUpstream:
     @property
     def speakers(self) -> list[str]:
         """Built-in speakers: only a CustomVoice checkpoint has them."""
-        return VOICES if self.kind == "CustomVoice" else []
+        return VOICES if self.kind == "CustomVoice" and not self.model_id else []
 
     def wait_closed(self, stream: Stream, timeout: float = TIMEOUT_S) -> float:
         """Wait until the client cut ``stream``; returns when (monotonic seconds)."""
@@ -154,7 +158,8 @@ class StubUpstream:
 
     async def _models(self, request: Request) -> Response:
         # api_server.py:1968: vllm's OpenAI model list, naming the checkpoint served.
-        model = {"id": f"Qwen/Qwen3-TTS-12Hz-0.6B-{self.kind}", "object": "model", "owned_by": "vllm-omni"}
+        model_id = self.model_id or f"Qwen/Qwen3-TTS-12Hz-0.6B-{self.kind}"
+        model = {"id": model_id, "object": "model", "owned_by": "vllm-omni"}
         return JSONResponse({"object": "list", "data": [model]})
 
     async def _speech(self, request: Request) -> Response:
@@ -175,7 +180,7 @@ class StubUpstream:
             return _refused(WORDS_NOT_STREAMED)
         if body.get("word_timestamps") and not self.forced_aligner:
             return _refused(WORDS_NEED_ALIGNER)
-        if (refusal := self._refusal(body)) is not None:
+        if not self.model_id and (refusal := self._refusal(body)) is not None:
             return _refused(refusal)
         fmt = str(body.get("response_format", "wav"))
         # protocol/audio.py:327-331: ``stream_format: "audio"`` streams raw bytes; otherwise

@@ -131,6 +131,41 @@ ALIGNER_MODEL = "Qwen/Qwen3-ForcedAligner-0.6B"
 #: The repository, from which the stand-in aligner imports voxgate's Piper engine.
 ROOT = str(Path(__file__).resolve().parents[2])
 KINDS = ("CustomVoice", "Base", "VoiceDesign")
+#: The other families, by voxgate's name (engine/families.py): the ``model_type`` their checkpoint's
+#: config.json declares (vllm-omni's resolver maps it to the family's pipeline, whose stage configs carry the
+#: ``model_stage`` / ``model_arch`` its speech serving layer detects the adapter from), the deploy config
+#: and the model id a real deployment serves.
+FAMILIES: dict[str, tuple[str, str, str]] = {
+    "fish_tts": ("fish_qwen3_omni", "fish_qwen3_omni.yaml", "fishaudio/s2-pro"),
+    "cosyvoice3": ("cosyvoice3", "cosyvoice3.yaml", "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"),
+    "glm_tts": ("glm_tts", "glm_tts.yaml", "zai-org/GLM-TTS"),
+    "higgs_audio_v2": ("higgs_audio_v2", "higgs_audio_v2.yaml", "bosonai/higgs-audio-v2-generation-3B-base"),
+    "ming_flash_omni_tts": (
+        "ming_flash_omni_tts",
+        "ming_flash_omni_tts.yaml",
+        "inclusionAI/Ming-flash-omni-2.0",
+    ),
+    "voxtral_tts": ("voxtral_tts", "voxtral_tts.yaml", "mistralai/Voxtral-4B-TTS-2603"),
+    "voxcpm2": ("voxcpm2", "voxcpm2.yaml", "openbmb/VoxCPM2"),
+    "covo_audio": ("covo_audio", "covo_audio.yaml", "tencent/Covo-Audio"),
+}
+#: Control tokens a family's prompt builder looks up in the tokenizer (and refuses the request without).
+FAMILY_TOKENS: dict[str, tuple[str, ...]] = {
+    "fish_tts": (
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|voice|>",
+        "<|audio_start|>",
+        "<|audio_end|>",
+        "<|speaker:0|>",
+    ),
+}
+#: What a family's adapter reads of config.json besides its model type: Voxtral's preset speakers.
+FAMILY_CONFIG: dict[str, dict[str, Any]] = {
+    "voxtral_tts": {"audio_config": {"speaker_id": {"casual_male": 0, "neutral_female": 1}}},
+}
+#: Spoken when a family's prompt carries its text where this stand-in does not look (token ids only).
+FALLBACK_TEXT = "This is a test."
 
 
 def repository_voxgate() -> None:
@@ -145,6 +180,19 @@ def repository_voxgate() -> None:
 
     if ROOT not in voxgate.__path__:
         voxgate.__path__.append(ROOT)
+
+
+def write_family_dir(family: str, directory: Path) -> Path:
+    """A checkpoint folder of another family without weights: its config.json ``model_type``, a tokenizer."""
+    model_type = FAMILIES[family][0]
+    config: dict[str, Any] = {"model_type": model_type, "architectures": [], **FAMILY_CONFIG.get(family, {})}
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    _write_tokenizer(directory, FAMILY_TOKENS.get(family, ()))
+    if family == "cosyvoice3":  # its text tokenizer lives in a subfolder (``qwen_pretrain_path``)
+        (directory / "CosyVoice-BlankEN").mkdir(exist_ok=True)
+        _write_tokenizer(directory / "CosyVoice-BlankEN")
+    return directory
 
 
 def write_model_dir(kind: str, directory: Path) -> Path:
@@ -186,15 +234,18 @@ def write_model_dir(kind: str, directory: Path) -> Path:
     return directory
 
 
-def _write_tokenizer(directory: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def _write_tokenizer(directory: Path, control: tuple[str, ...] = ()) -> None:
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     # The adapter only counts tokens (prompt-length estimate and usage); any deterministic tokenizer will do.
     vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    for token in control:
+        vocab.setdefault(token, len(vocab))
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
     )
+    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in control])
     tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(
         json.dumps(
@@ -267,7 +318,12 @@ class CpuTtsEngineClient:
     """Stands in for vllm-omni's AsyncOmni (Qwen3-TTS, talker -> code2wav) with Piper on the CPU."""
 
     def __init__(
-        self, model_dir: Path, async_chunk: bool, deploy_config: str, forced_aligner: str | None = None
+        self,
+        model_dir: Path,
+        async_chunk: bool,
+        deploy_config: str,
+        forced_aligner: str | None = None,
+        family: str | None = None,
     ) -> None:
         from vllm_omni.config.resolver import resolve_omni_config
         from vllm_omni.engine.stage_init_utils import extract_stage_metadata_from_omni_stage_config
@@ -297,7 +353,16 @@ class CpuTtsEngineClient:
         if TIMESTAMPS in self.output_modalities:
             self.aligner = StandInAligner(self.output_modalities.index(TIMESTAMPS), self.audio_stage)
         self.async_chunk = async_chunk
-        hf_config = Qwen3TTSConfig(**json.loads((model_dir / "config.json").read_text()))
+        raw_config = json.loads((model_dir / "config.json").read_text())
+        if family is None:
+            hf_config: Any = Qwen3TTSConfig(**raw_config)
+        else:  # the family's own config class where vllm-omni registers one, with its defaults
+            from transformers import AutoConfig, PretrainedConfig
+
+            try:
+                hf_config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=True)
+            except (ValueError, KeyError):
+                hf_config = PretrainedConfig(**raw_config)
         self.model_config = _ModelConfig(model_dir, hf_config, async_chunk)
         self.vllm_config = None
         self.input_processor = None
@@ -419,6 +484,8 @@ class CpuTtsEngineClient:
             text = str(prompt.get("prompt", ""))
         if not text and isinstance(prompt, str):
             text = prompt
+        if not text:
+            text = FALLBACK_TEXT
         prompt_token_ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
         log(
             f"generate {request_id}: {len(text)} chars, output_kind={getattr(kind, 'name', kind)}, "
@@ -738,6 +805,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--kind", choices=KINDS, default="CustomVoice")
+    parser.add_argument(
+        "--family",
+        choices=sorted(FAMILIES),
+        default=None,
+        help="another family than Qwen3-TTS (--kind unused)",
+    )
     parser.add_argument("--no-async-chunk", action="store_true")
     parser.add_argument(
         "--forced-aligner",
@@ -764,13 +837,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.monotonic()
 
     with tempfile.TemporaryDirectory(prefix="voxgate-qwen3-tts-") as tmp:
-        # The folder's last component names the variant too, as Qwen's checkpoints do.
-        model_dir = write_model_dir(
-            options.kind, options.model_dir or Path(tmp) / f"Qwen3-TTS-12Hz-0.6B-{options.kind}"
-        )
+        family = options.family
+        if family is None:
+            # The folder's last component names the variant too, as Qwen's checkpoints do.
+            model_dir = write_model_dir(
+                options.kind, options.model_dir or Path(tmp) / f"Qwen3-TTS-12Hz-0.6B-{options.kind}"
+            )
+            served_name = options.served_model_name or f"Qwen/Qwen3-TTS-12Hz-0.6B-{options.kind}"
+            deploy = "qwen3_tts.yaml"
+        else:
+            _, deploy, served = FAMILIES[family]
+            model_dir = write_family_dir(family, options.model_dir or Path(tmp) / served.rsplit("/", 1)[-1])
+            served_name = options.served_model_name or served
         # Uploaded voices go to a folder of this run, not to ~/.cache/vllm-omni/speakers.
         os.environ.setdefault("SPEAKER_SAMPLES_DIR", str(Path(tmp) / "speakers"))
-        served_name = options.served_model_name or f"Qwen/Qwen3-TTS-12Hz-0.6B-{options.kind}"
         _serve(
             model_dir,
             served_name,
@@ -779,6 +859,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             not options.no_async_chunk,
             started,
             options.forced_aligner,
+            deploy,
+            family,
         )
 
 
@@ -790,6 +872,8 @@ def _serve(
     async_chunk: bool,
     started: float,
     forced_aligner: str | None = None,
+    deploy: str = "qwen3_tts.yaml",
+    family: str | None = None,
 ) -> None:
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm_omni.entrypoints.cli import serve as omni_serve
@@ -803,18 +887,18 @@ def _serve(
     command = omni_serve.OmniServeCommand()
     command.subparser_init(subparsers)
     argv = ["serve", str(model_dir), "--omni", "--host", host, "--port", str(port)]
-    argv += ["--served-model-name", served_name, "--deploy-config", "qwen3_tts.yaml", "--trust-remote-code"]
+    argv += ["--served-model-name", served_name, "--deploy-config", deploy, "--trust-remote-code"]
     if not async_chunk:
         argv.append("--no-async-chunk")
     if forced_aligner:
         argv += ["--forced-aligner", forced_aligner]
     args = parser.parse_args(argv)
     command.validate(args)
-    deploy_config = str(Path(api_server.__file__).parents[2] / "deploy" / "qwen3_tts.yaml")
+    deploy_config = str(Path(api_server.__file__).parents[2] / "deploy" / deploy)
 
     @asynccontextmanager
     async def build_cpu_engine_client(*_args: Any, **_kwargs: Any) -> AsyncIterator[CpuTtsEngineClient]:
-        client = CpuTtsEngineClient(model_dir, async_chunk, deploy_config, forced_aligner)
+        client = CpuTtsEngineClient(model_dir, async_chunk, deploy_config, forced_aligner, family)
         await client.start()
         log(f"CpuTtsEngineClient ready {time.monotonic() - started:.1f} s after start")
         try:

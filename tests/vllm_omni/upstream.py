@@ -29,6 +29,17 @@ DEFAULT_ENV = Path.home() / ".cache" / "voxgate" / "vllm-omni-0.30.0"
 SERVER = Path(__file__).with_name("server.py")
 #: What ``--forced-aligner`` names (server.py stands in for the model; nothing is loaded or downloaded).
 ALIGNER_MODEL = "Qwen/Qwen3-ForcedAligner-0.6B"
+#: The model id each family's server lists (as server.py ``FAMILIES``; this process does not import it).
+FAMILY_MODELS = {
+    "fish_tts": "fishaudio/s2-pro",
+    "cosyvoice3": "FunAudioLLM/Fun-CosyVoice3-0.5B-2512",
+    "glm_tts": "zai-org/GLM-TTS",
+    "higgs_audio_v2": "bosonai/higgs-audio-v2-generation-3B-base",
+    "ming_flash_omni_tts": "inclusionAI/Ming-flash-omni-2.0",
+    "voxtral_tts": "mistralai/Voxtral-4B-TTS-2603",
+    "voxcpm2": "openbmb/VoxCPM2",
+    "covo_audio": "tencent/Covo-Audio",
+}
 # Imports (vLLM, transformers, torch) take 10-20 s on a 2-core machine; give a loaded CI runner room.
 START_TIMEOUT_S = 120.0
 
@@ -114,18 +125,20 @@ def real_upstream(
     async_chunk: bool = True,
     forced_aligner: bool = False,
     *,
+    family: str | None = None,
     timeout: float = START_TIMEOUT_S,
 ) -> Iterator[RealUpstream]:
     """vllm-omni's serving layer with the CPU (Piper) engine client, on a free loopback port.
 
     ``forced_aligner``: launched with vllm-omni's ``--forced-aligner`` (word timestamps), whose model stage
-    is stood in for by server.py's ``StandInAligner``.
+    is stood in for by server.py's ``StandInAligner``. ``family``: another model family than Qwen3-TTS
+    (server.py ``FAMILIES``, by voxgate's name), served under its real model id.
     """
     python = require_vllm_python()
     port = _free_port()
-    model = f"Qwen/Qwen3-TTS-12Hz-0.6B-{kind}"
+    model = FAMILY_MODELS[family] if family else f"Qwen/Qwen3-TTS-12Hz-0.6B-{kind}"
     command = [python, str(SERVER), "--host", "127.0.0.1", "--port", str(port), "--kind", kind]
-    command += ["--served-model-name", model]
+    command += ["--served-model-name", model, *(["--family", family] if family else [])]
     if not async_chunk:
         command.append("--no-async-chunk")
     if forced_aligner:
