@@ -110,6 +110,18 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
             UnsupportedOption: a clone it cannot make (``ref_audio``, ``ref_text``, ``speaker_embedding``).
             RequestRefused: a request it cannot serve without a field the client did not give.
         """
+        self.check_reference(reference)
+        if self.needs_instructions and not options.get("instructions"):
+            raise RequestRefused(
+                f"{self.label} designs the voice from 'instructions': give them", field="instructions"
+            )
+
+    def check_reference(self, reference: VoiceReference | None) -> None:
+        """Refuse a voice (a clip, an embedding) this family cannot clone: at a session's config already.
+
+        Raises:
+            UnsupportedOption: on ``ref_audio``, ``ref_text`` or ``speaker_embedding``.
+        """
         if reference is not None and reference.audio is not None:
             if self.clip is Clip.NONE:
                 raise UnsupportedOption("ref_audio", ENGINE, f"{self.label} does not clone from a clip")
@@ -123,10 +135,6 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
         if reference is not None and reference.embedding is not None and not self.embedding:
             raise UnsupportedOption(
                 "speaker_embedding", ENGINE, f"{self.label} does not clone from a speaker embedding"
-            )
-        if self.needs_instructions and not options.get("instructions"):
-            raise RequestRefused(
-                f"{self.label} designs the voice from 'instructions': give them", field="instructions"
             )
 
 

@@ -344,6 +344,11 @@ class RemoteEngine:
         if options.get("word_timestamps") and not self.survey.may_time_words():
             raise UnsupportedOption("word_timestamps", self.name, _NO_ALIGNER)
 
+    def check_reference(self, reference: VoiceReference) -> None:
+        """Refuse a clone the upstream's family cannot make, when the session is configured (the same
+        check runs again before each request)."""
+        self.family.check_reference(reference)
+
     def _body(
         self,
         text: str,

@@ -125,6 +125,11 @@ class Catalog:
                 del options[exc.field]
                 if exc.field == "instructions":
                     ignored.append(exc.field)
+        # A clone the engine cannot make (a remote family that needs a transcript) is refused now, not
+        # at the first segment.
+        check_reference = getattr(engine, "check_reference", None)
+        if resolved.reference is not None and check_reference is not None:
+            check_reference(resolved.reference)
         return dataclasses.replace(resolved, options=options, ignored=tuple(ignored))
 
     async def resolve(

@@ -104,15 +104,13 @@ def test_fish_speech_clones_only_with_a_transcript_and_is_told_no_qwen_fields() 
         upload(b, "untold", clip(seed=2), ref_text=None)
         with session(b, voice="told") as ws:
             told = speak(ws, "In my voice.")
-        with session(b, voice="untold") as ws:
-            untold = speak(ws, "Not without a transcript.")
+        untold = _refused_at_config(b, voice="untold")  # at the config, not at the first segment
         rest = post_speech(b, "Nor here.", voice="untold")
         plain = post_speech(b, "A plain request.", voice="alloy")
         language = _refused_at_config(b, language="German")
     assert told.frames() and not told.messages("error")
-    (error,) = untold.messages("error")
-    assert (error["code"], error["field"]) == ("unsupported_option", "$.ref_text")
-    assert "transcript" in str(error["message"])
+    assert (untold["code"], untold["field"]) == ("unsupported_option", "$.ref_text")
+    assert "transcript" in str(untold["message"])
     assert rest.status_code == 400 and rest.json()["error"]["param"] == "ref_text", rest.text
     assert plain.status_code == 200, plain.text
     assert (language["code"], language["field"]) == ("unsupported_option", "$.language")
@@ -142,9 +140,7 @@ def test_a_custom_voice_checkpoint_refuses_a_clone_itself() -> None:
     stub = StubUpstream(kind="CustomVoice")
     with stubs(stub) as urls, gateway(*urls) as b:
         upload(b, "mine", clip(seed=1))
-        with session(b, voice="mine") as ws:
-            got = speak(ws, "Not on this checkpoint.")
-    (error,) = got.messages("error")
+        error = _refused_at_config(b, voice="mine")  # at the config, not at the first segment
     assert (error["code"], error["field"]) == ("unsupported_option", "$.ref_audio")
     assert "Qwen3-TTS CustomVoice" in str(error["message"])
     assert stub.speech_requests() == []
