@@ -113,6 +113,7 @@ class _Utterance:
     first_text_t: float | None
     context: int = 0  # its context's number
     context_id: str | None = None
+    words: bool = False  # the config asked for word timings
     first_audio_t: float | None = None
     synthesis_s: float = 0.0
     segments: dict[int, _Segment] = field(default_factory=dict)
@@ -305,9 +306,10 @@ class Core:
             format=u.packer.fmt,
             sample_rate=u.packer.sample_rate,
             start_sample=start,
+            word_timestamps=True if u.words else msgspec.UNSET,
             context_id=wire_context_id(u.context_id),
         )
-        self._out.append(Message(msg, utterance, streamed=u.streamed))
+        self._out.append(Message(msg, utterance, streamed=u.streamed, frame_header=u.packer.frame_header))
 
     def audio(
         self,
@@ -493,7 +495,9 @@ class Core:
         )
         ctx = self._contexts.get(context)
         cid = None if ctx is None else ctx.context_id
-        u = self._utterances[index] = _Utterance(index, packer, fmt.streamed, now, context, cid)
+        u = self._utterances[index] = _Utterance(
+            index, packer, fmt.streamed, now, context, cid, fmt.word_timestamps
+        )
         self.session.in_flight = len(self._utterances)
         self._by_context.setdefault(context, {})[index] = u
         self._unreported.setdefault(context, collections.deque()).append(u)

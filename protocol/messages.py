@@ -358,6 +358,7 @@ class AudioStart(_Server, tag="audio.start"):
     sample_rate: int = 0
     channels: int = 1
     start_sample: int = 0
+    word_timestamps: bool | msgspec.UnsetType = msgspec.UNSET  # true: the config asked for word timings
     context_id: str | msgspec.UnsetType = msgspec.UNSET
 
 

@@ -37,6 +37,8 @@ class OutputFormat:
         streamed: False makes one ``Audio`` of each whole segment (a complete WAV for ``wav``, a complete
             file for the compressed formats).
         bitrate: the compressed formats' bit rate in bit/s; None: the encoder's default for the rate.
+        word_timestamps: the config asked for word timings (``audio.start`` says so: its dialect may then
+            carry the audio inside ``audio.chunk`` messages, ``protocol.dialect``).
     """
 
     fmt: AudioFormat
@@ -45,6 +47,7 @@ class OutputFormat:
     frame_header: bool = False
     streamed: bool = True
     bitrate: int | None = None
+    word_timestamps: bool = False
 
     @classmethod
     def of(cls, config: SessionConfig, sample_rate: int) -> OutputFormat:
@@ -56,6 +59,7 @@ class OutputFormat:
             config.frame_header,
             config.streamed,
             config.bitrate,
+            config.word_timestamps,
         )
 
     def check(self) -> OutputFormat:
@@ -91,11 +95,13 @@ class Speak:
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """A server message; ``streamed`` tells the dialect how ``audio.start``'s audio goes out."""
+    """A server message; ``streamed`` and ``frame_header`` tell the dialect how ``audio.start``'s audio goes
+    out (in frames; each behind the frame header)."""
 
     msg: ServerMessage
     utterance: int | None = None
     streamed: bool = True
+    frame_header: bool = False
 
 
 @dataclass(frozen=True, slots=True)

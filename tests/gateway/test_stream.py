@@ -423,7 +423,6 @@ def test_clients_without_the_subprotocol_get_no_extensions() -> None:
         "sentence_text",
         "format",
         "sample_rate",
-        "channels",
     }
     assert got.messages("session.done") == [
         {"type": "session.done", "utterance_index": 0, "total_sentences": 1}

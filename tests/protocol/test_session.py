@@ -626,7 +626,6 @@ def test_vllm_dialect_writes_vllm_omnis_field_sets() -> None:
         "sentence_text": "Hi.",
         "format": "pcm",
         "sample_rate": 24000,
-        "channels": 1,
     }
     assert "sample_rate" not in json.loads(vllm.send(start, streamed=False))
     done = AudioDone(utterance_index=1, sentence_index=2, total_bytes=10, synthesis_ms=3.0)
