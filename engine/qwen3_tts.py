@@ -1,10 +1,11 @@
 """Qwen3-TTS as vllm-omni 0.30.0 serves it: what differs by checkpoint, as data, and how a prompt is built.
 
 ``PROFILES`` holds the per-variant facts (CustomVoice, VoiceDesign, Base: task type, options, what must be
-set); ``build_info`` fills the ``additional_information`` that vllm-omni's talker rebuilds its embeddings
-from; ``VllmOmniTools`` wraps the vllm-omni helpers that stand alone (prompt length, speakers, codec
-rate, per-stage sampling defaults). Nothing here imports vllm-omni until ``VllmOmniTools`` is built, so
-the module imports without the ``vllm`` extra.
+set, the default voice). The in-process engine builds its requests with vllm-omni's own serving code
+(``engine.omni_requests``); ``build_info`` (the ``additional_information`` vllm-omni's talker rebuilds its
+embeddings from) and ``with_request_params`` are the same building written out, used with the stand-in
+helpers (``Qwen3Tools``) that the engine's unit tests pass, where vllm-omni is not installed. Language
+names and word timings are shared with the remote engine. Nothing here imports vllm-omni.
 """
 
 from __future__ import annotations
@@ -324,92 +325,6 @@ def with_request_params(params: Sequence[Any], *, seed: int | None, max_tokens: 
     return out
 
 
-class VllmOmniTools:
-    """vllm-omni's own Qwen3-TTS helpers, bound to a started ``AsyncOmni`` (imports torch and vllm)."""
-
-    def __init__(self, omni: Any) -> None:
-        from transformers import AutoTokenizer
-        from vllm.inputs import tokens_input
-        from vllm_omni.entrypoints.openai.tts_adapters import capabilities
-        from vllm_omni.entrypoints.utils import coerce_param_message_types
-        from vllm_omni.model_executor.models.qwen3_tts import prompt_embeds_builder
-
-        config = omni.model_config
-        talker = config.hf_config.talker_config
-        self._omni = omni
-        builder = prompt_embeds_builder.Qwen3TTSPromptEmbedsBuilder
-        self._estimate = builder.estimate_prompt_len_from_additional_information
-        self._tokens_input = tokens_input
-        self._coerce = coerce_param_message_types
-        # The tokenizer vllm-omni's serving adapter loads to size prompts, loaded the same way.
-        self._tokenizer = AutoTokenizer.from_pretrained(
-            config.model, trust_remote_code=True, padding_side="left"
-        )
-        self._language_ids = _field(talker, "codec_language_id")
-        self._dialects = _field(talker, "spk_is_dialect")
-        # With async_chunk off Qwen3-TTS has no incremental audio, and vllm-omni keeps FINAL_ONLY output. Read
-        # where its speech server reads it (the talker's model config), else where AsyncOmni mirrors it.
-        self.streaming = bool(getattr(config, "async_chunk", getattr(omni, "async_chunk", True)))
-        self.speakers: list[str] = capabilities.load_supported_speakers(omni)
-        self.codec_frame_rate: float | None = capabilities.load_codec_frame_rate(omni)
-        self.languages: frozenset[str] | None = None
-        if isinstance(self._language_ids, Mapping):
-            self.languages = frozenset(str(k).title() for k in self._language_ids) | {"Auto"}
-        self.variant = variant_of(str(getattr(config.hf_config, "tts_model_type", "") or ""))
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
-        from vllm_omni.model_executor.stage_input_processors.forced_aligner import TIMESTAMPS_MODALITY
-        from vllm_omni.utils.forced_aligner import extract_word_timestamps
-
-        self._timestamps = TIMESTAMPS_MODALITY
-        self._extract_words = extract_word_timestamps
-        self._sampling_params, self._cumulative = SamplingParams, RequestOutputKind.CUMULATIVE
-        # AsyncOmni lists each stage's final output type; --forced-aligner appends a "timestamps" stage.
-        self.word_timestamps = TIMESTAMPS_MODALITY in list(getattr(omni, "output_modalities", None) or [])
-
-    def prompt(self, info: dict[str, list[Any]], task_type: str, cache_salt: str) -> dict[str, Any]:
-        length = self._estimate(
-            info,
-            task_type=task_type,
-            codec_language_id=self._language_ids,
-            spk_is_dialect=self._dialects,
-            tokenize_prompt=lambda text: self._tokenizer(text, padding=False)["input_ids"],
-        )
-        prompt: dict[str, Any] = self._tokens_input(prompt_token_ids=[1] * length, cache_salt=cache_salt)
-        prompt["additional_information"] = info
-        return prompt
-
-    def stream_params(self, *, words: bool = False) -> list[Any]:
-        params = list(self._coerce(list(self._omni.default_sampling_params_list), self.streaming))
-        if words and self.streaming:
-            # As vllm-omni's speech server (``_prepare_speech_generation``): the aligner consumes the
-            # terminal waveform, so earlier audio is kept (CUMULATIVE) rather than drained (DELTA).
-            params = [p.clone() if isinstance(p, self._sampling_params) else p for p in params]
-            for p in params:
-                if isinstance(p, self._sampling_params):
-                    p.output_kind = self._cumulative
-        return params
-
-    def modalities(self, words: bool) -> list[str]:
-        return ["audio", self._timestamps] if words else ["audio"]
-
-    def is_words(self, output: Any) -> bool:
-        return bool(getattr(output, "final_output_type", None) == self._timestamps)
-
-    def words(self, output: Any, text: str, language: str | None) -> list[tuple[str, int, int]] | None:
-        found = self._extract_words(output, text, language)
-        if found is None:
-            return None
-        return word_triples(found)
-
-    def text_tokens(self, text: str) -> int | None:
-        # vllm-omni counts with the tokenizer it sized the prompt with (``_count_usage_text_tokens``).
-        return len(self._tokenizer(text, padding=False)["input_ids"])
-
-
 def word_triples(listed: Any) -> list[tuple[str, int, int]]:
     """vllm-omni's word timestamps (``[{word, start_ms, end_ms}]``) as (word, start ms, end ms)."""
     return [(str(w["word"]), int(w["start_ms"]), int(w["end_ms"])) for w in listed]
-
-
-def _field(config: Any, name: str) -> Any:
-    return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)

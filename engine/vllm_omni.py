@@ -1,13 +1,18 @@
-"""In-process vllm-omni: Qwen3-TTS served by ``vllm_omni.AsyncOmni`` inside the gateway (the ``vllm`` extra).
+"""In-process vllm-omni: any TTS model vllm-omni serves, on ``vllm_omni.AsyncOmni`` inside the gateway (the
+``vllm`` extra).
 
 One segment, in vllm-omni 0.30.0's names:
 
-- ``synthesize()`` submits at once: a task calls ``AsyncOmni.generate`` before the caller reads, so a
-  caller may open segment k+1 while reading segment k and vLLM batches both (as it batches sessions).
-- The prompt is what vllm-omni's Qwen3-TTS serving adapter builds: placeholder token ids, whose length
-  comes from vllm-omni's ``Qwen3TTSPromptEmbedsBuilder``, plus ``additional_information``, from which the
-  talker rebuilds its embeddings. The adapter class needs vllm-omni's whole HTTP serving object, so
-  ``build_info`` fills ``additional_information`` and ``VllmOmniTools`` wraps the helpers that stand alone.
+- ``synthesize()`` submits at once: a task builds the request and calls ``AsyncOmni.generate`` before the
+  caller reads, so a caller may open segment k+1 while reading segment k and vLLM batches both (as it
+  batches sessions).
+- The request is built by vllm-omni's own speech serving code (``engine.omni_requests``): its serving
+  object, made over this ``AsyncOmni`` as its server makes it, detects the model family from the stage
+  configs and its adapter validates the request and builds the prompt and sampling parameters (Qwen3-TTS's
+  placeholder ids and ``additional_information``, Fish Speech's token ids, CosyVoice3's multimodal audio,
+  ...), exactly as vllm-omni's server would submit them. Which options, voices and clones a family takes
+  is its row in ``engine.families``, checked when a session is configured. (Tests that pass stand-in
+  ``tools_factory`` helpers get ``engine.qwen3_tts``'s own Qwen3-TTS prompt building instead.)
 - Audio arrives as ``OmniRequestOutput.multimodal_output["audio"]``, one tensor per step (DELTA, the
   streaming default) or a growing list (CUMULATIVE); ``AudioReader`` reads both. With ``async_chunk: false``
   in the deploy config the request stays FINAL_ONLY and its audio is cumulative snapshots (each one all the
@@ -20,9 +25,9 @@ One segment, in vllm-omni 0.30.0's names:
   output, which comes after the segment's audio, is read with vllm-omni's ``extract_word_timestamps``. The
   segment's audio is held until then and goes out as one chunk carrying its words, so they come first.
 
-Checkpoints differ in data (``PROFILES``, kept with the prompt building in ``engine.qwen3_tts``).
-vllm-omni and torch are imported only in ``start()``, so the module imports without the extra; tests
-pass stand-ins as ``omni_factory`` and ``tools_factory``.
+Families differ in data (``engine.families``; Qwen3-TTS's checkpoint kinds also in ``PROFILES``). vllm-omni
+and torch are imported only in ``start()``, so the module imports without the extra; tests pass stand-ins
+as ``omni_factory`` and ``tools_factory``.
 """
 
 from __future__ import annotations
@@ -34,11 +39,11 @@ import math
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import msgspec
 import numpy as np
-import numpy.typing as npt
+import soundfile
 
 from .base import (
     AudioChunk,
@@ -47,12 +52,12 @@ from .base import (
     UnknownVoice,
     UnsupportedOption,
     Voice,
+    VoiceReference,
     demands,
 )
-
-if TYPE_CHECKING:
-    pass
-
+from .families import FAMILIES, Clip, Family, Presets
+from .omni_audio import AudioReader, to_samples, with_words
+from .omni_requests import DEFAULT_VOICE, ServingTools, Submission, presets_named
 from .options import option
 from .qwen3_tts import (
     CODEC_FRAMES_PER_TEXT_TOKEN,
@@ -66,16 +71,22 @@ from .qwen3_tts import (
     REFUSALS,
     Profile,
     Qwen3Tools,
-    VllmOmniTools,
     build_info,
     cache_salt,
     qwen_language,
     variant_of,
     with_request_params,
-    word_timings,
 )
 
+__all__ = ["AudioReader", "OmniClient", "VllmOmniEngine", "VllmOmniSettings", "create", "to_samples"]
+
 logger = logging.getLogger(__name__)
+
+# vllm-omni's engine speaks at the model's own rate; its HTTP server time-stretches the audio afterwards.
+_NO_SPEED = (
+    "vllm-omni's engine does not change {label}'s speaking rate (its HTTP server stretches the audio "
+    "afterwards); leave speed at 1.0"
+)
 
 
 class VllmOmniSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -122,93 +133,6 @@ class OmniClient(Protocol):
     def shutdown(self) -> None: ...
 
 
-def to_samples(item: Any) -> npt.NDArray[np.float32]:
-    """``tensor.float().cpu().numpy().squeeze()`` for a tensor, arrays as they are; mono only."""
-    value = item
-    for method in ("float", "detach", "cpu", "numpy"):  # float() first: bfloat16 has no numpy dtype
-        if hasattr(value, method):
-            value = getattr(value, method)()
-    samples = np.squeeze(np.asarray(value, dtype=np.float32))
-    if samples.ndim > 1:
-        raise EngineError(f"expected mono audio, got an array of shape {samples.shape}")
-    return samples.reshape(-1)
-
-
-class AudioReader:
-    """Turns one request's ``OmniRequestOutput``s into ``AudioChunk``s.
-
-    It reads what vllm-omni's speech server reads: ``multimodal_output["audio"]`` as one tensor per output
-    (DELTA) or a growing list (CUMULATIVE: new items only), ``"sr"`` as a tensor or a list (its last item).
-    Outputs without audio (other stages, the end marker) are skipped.
-
-    With ``snapshots`` (``async_chunk`` off), each output's audio is all the audio so far: a tensor, or a
-    history list whose last non-empty item is the latest snapshot (what vllm-omni's speech server keeps).
-    Only the samples past those already emitted come out, so a snapshot sent again adds nothing.
-    """
-
-    def __init__(self, default_rate: int, *, snapshots: bool = False) -> None:
-        self._default_rate = default_rate
-        self._snapshots = snapshots
-        self._rate: int | None = None
-        self._seen = 0
-        self._emitted = 0
-
-    def read(self, output: Any) -> list[AudioChunk]:
-        """The new audio in ``output``; EngineError for an output error or a rate change mid-stream."""
-        if error := getattr(output, "error", None):
-            raise EngineError(f"vllm-omni: {error}")
-        mm = getattr(output, "multimodal_output", None)
-        key = next((k for k in ("audio", "model_outputs") if mm and k in mm), None)
-        if mm is None or key is None:
-            return []
-        audio = mm[key]
-        if self._snapshots:
-            return self._read_snapshot(audio, mm)
-        if isinstance(audio, list):
-            new, self._seen = audio[self._seen :], len(audio)
-        else:
-            # Counted as vllm-omni counts it: a cumulative stream's first output is one tensor, not a list.
-            new, self._seen = ([], self._seen) if audio is None else ([audio], self._seen + 1)
-        samples = [s for s in (to_samples(item) for item in new) if s.size]
-        if not samples:
-            return []
-        rate = self._sample_rate(mm.get("sr"))
-        return [AudioChunk(s, rate) for s in samples]
-
-    def _read_snapshot(self, audio: Any, mm: Any) -> list[AudioChunk]:
-        history = audio if isinstance(audio, list) else [audio]
-        latest = next((s for s in map(to_samples, reversed(history)) if s.size), None)
-        if latest is None or latest.size <= self._emitted:
-            return []
-        new, self._emitted = latest[self._emitted :], latest.size
-        return [AudioChunk(new, self._sample_rate(mm.get("sr")))]
-
-    def _sample_rate(self, raw: Any) -> int:
-        if isinstance(raw, list):
-            raw = raw[-1] if raw else None
-        if raw is None:
-            rate = self._rate or self._default_rate
-        else:
-            rate = int(raw.item() if hasattr(raw, "item") else raw)
-        if self._rate is not None and rate != self._rate:
-            raise EngineError(f"the sample rate changed mid-stream from {self._rate} Hz to {rate} Hz")
-        self._rate = rate
-        return rate
-
-
-def _with_words(
-    text: str, chunks: list[AudioChunk], words: list[tuple[str, int, int]] | None, request_id: str
-) -> AudioChunk:
-    """A segment's audio as one chunk, with the aligner's words (ms from its start) in samples."""
-    samples = np.concatenate([c.samples for c in chunks])
-    rate = chunks[0].sample_rate
-    if not words:
-        # vllm-omni's "timestamps: null": the aligner timed nothing (no word in the text, or a mismatch).
-        logger.warning("vllm-omni's aligner timed no word of request %s", request_id)
-        return AudioChunk(samples, rate)
-    return AudioChunk(samples, rate, word_timings(text, words, rate, len(samples)))
-
-
 class _Stream(AsyncGenerator[AudioChunk, None]):
     """One request in flight. Generation starts when the stream is made, not when it is first read."""
 
@@ -248,34 +172,35 @@ class _Stream(AsyncGenerator[AudioChunk, None]):
         await asyncio.wait([self._task])
 
     async def _pump(self, req: SynthesisRequest) -> None:
+        submission: Submission | None = None
         try:
-            omni, prompt, params, snapshots = self._engine._prepare(req)
             tools = self._engine._tools
-            assert tools is not None  # _prepare checked
+            outputs, snapshots, submission = await self._engine._submit(req, self.request_id)
+            assert tools is not None  # _submit checked
+            self._submitted = True
             words = bool(req.options.get("word_timestamps"))
             reader = AudioReader(self._engine.sample_rate, snapshots=snapshots)
-            self._submitted = True
-            outputs = omni.generate(
-                prompt,
-                request_id=self.request_id,
-                sampling_params_list=params,
-                output_modalities=tools.modalities(words),
-            )
             held: list[AudioChunk] = []  # with words: the segment's audio, until the aligner has timed it
             timed: list[tuple[str, int, int]] | None = None
             async with contextlib.aclosing(outputs):
                 async for output in outputs:
+                    if submission is not None:
+                        submission.observe(output)
                     if words and tools.is_words(output):
                         language = req.options.get("language")
                         timed = tools.words(output, req.text, language if isinstance(language, str) else None)
                         continue
                     for chunk in reader.read(output):
+                        self._engine.sample_rate = chunk.sample_rate
                         if words:
                             held.append(chunk)
                         else:
                             self._queue.put_nowait(chunk)
+            finished, submission = submission, None  # finished: not to be finished again as failed
+            if finished is not None:
+                finished.finish(ok=True)
             if held:
-                self._queue.put_nowait(_with_words(req.text, held, timed, self.request_id))
+                self._queue.put_nowait(with_words(req.text, held, timed, self.request_id))
             self._queue.put_nowait(None)
         except asyncio.CancelledError:
             # Closed before the end (cancel, disconnect): the engine must stop too. The abort is its own
@@ -290,19 +215,22 @@ class _Stream(AsyncGenerator[AudioChunk, None]):
             logger.warning("vllm-omni request %s failed: %r", self.request_id, exc)
             self._queue.put_nowait(EngineError(f"vllm-omni failed: {exc}"))
         finally:
+            if submission is not None:
+                submission.finish(ok=False)
             self._engine._streams.discard(self)
 
 
 class VllmOmniEngine:
-    """Qwen3-TTS on vllm-omni's ``AsyncOmni``, in this process.
+    """A TTS model on vllm-omni's ``AsyncOmni``, in this process.
 
     Args:
-        model: Hugging Face id or local path of a Qwen3-TTS checkpoint.
+        model: Hugging Face id or local path of a checkpoint vllm-omni serves speech from.
         deploy_config: vllm-omni deploy YAML (a name under ``vllm_omni/deploy/`` or a path).
         stage_init_timeout_s: how long each stage may take to start.
         forced_aligner: vllm-omni's ``--forced-aligner`` model (word timestamps); empty: none.
         omni_factory: builds the ``AsyncOmni`` (tests pass a stand-in); default: the real one.
-        tools_factory: binds vllm-omni's prompt helpers to it (tests pass a stand-in); default: the real ones.
+        tools_factory: binds vllm-omni's helpers to it (tests pass Qwen3-TTS stand-ins); default: its speech
+            serving object (``omni_requests.ServingTools``).
     """
 
     name = "vllm-omni"
@@ -315,26 +243,41 @@ class VllmOmniEngine:
         stage_init_timeout_s: float = DEFAULT_STAGE_INIT_TIMEOUT_S,
         forced_aligner: str = "",
         omni_factory: Callable[[], OmniClient] | None = None,
-        tools_factory: Callable[[OmniClient], Qwen3Tools] | None = None,
+        tools_factory: Callable[[OmniClient], Qwen3Tools | ServingTools] | None = None,
     ) -> None:
         self.model = model
         self.deploy_config = deploy_config
         self.stage_init_timeout_s = stage_init_timeout_s
         self.forced_aligner = forced_aligner
         self._omni_factory = omni_factory or self._build_omni
-        self._tools_factory: Callable[[OmniClient], Qwen3Tools] = tools_factory or VllmOmniTools
+        self._tools_factory = tools_factory or self._build_tools
         self._use_profile(PROFILES[variant_of(model) or "CustomVoice"])
         self._omni: OmniClient | None = None
-        self._tools: Qwen3Tools | None = None
+        self._tools: Qwen3Tools | ServingTools | None = None
         self._speakers: list[str] = []
         self._languages = DEFAULT_LANGUAGES
+        self._native_speed = False
+        self._reference: VoiceReference | None = None
         self._streams: set[_Stream] = set()
 
     def _use_profile(self, profile: Profile) -> None:
         self.profile = profile
+        self.family: Family = FAMILIES[f"qwen3_tts_{profile.task_type.lower()}"]
         self.sample_rate = profile.sample_rate
         self.default_voice = profile.default_voice
         self.clones = profile.clones
+
+    def _use_family(self, tools: ServingTools) -> None:
+        if tools.variant is not None:
+            self._use_profile(PROFILES[tools.variant])
+        else:
+            self.default_voice = DEFAULT_VOICE
+        rules = self.family = tools.family
+        self.clones = rules.clip is not Clip.NONE or rules.embedding
+        self._native_speed = tools.native_speed
+
+    def _build_tools(self, omni: OmniClient) -> ServingTools:
+        return ServingTools(omni, self.model)
 
     def _build_omni(self) -> OmniClient:
         try:
@@ -369,61 +312,135 @@ class VllmOmniEngine:
         # vllm-omni's own server builds it the same way, on the event loop before it serves; nothing is
         # served here either until the lifespan's start-up returns.
         omni = self._omni_factory()
+        tools: Qwen3Tools | ServingTools | None = None
         try:
             tools = self._tools_factory(omni)
-            if tools.variant is not None:
+            if isinstance(tools, ServingTools):
+                await tools.warmup()  # as vllm-omni's server, before serving (CUDA graphs, compilation)
+                self._use_family(tools)
+            elif tools.variant is not None:
                 self._use_profile(PROFILES[tools.variant])
             self._speakers = [s.lower() for s in tools.speakers]
             self._languages = tools.languages or DEFAULT_LANGUAGES
-            if self.profile.task_type == "CustomVoice":
-                if not self._speakers:
-                    raise EngineError(f"{self.model} is a CustomVoice model whose config lists no speakers")
+            if self.family.presets is Presets.LISTED and self._speakers:
                 self.default_voice = self._speakers[0]
+            elif self.profile.task_type == "CustomVoice" and self.family.task_type == "CustomVoice":
+                raise EngineError(f"{self.model} is a CustomVoice model whose config lists no speakers")
+            if self.family.reference_only:
+                self._default_reference()  # a missing or unreadable file fails the start, not a request
         except BaseException:
+            if isinstance(tools, ServingTools):
+                tools.shutdown()
             omni.shutdown()  # its stage processes hold the GPU
             raise
         self._omni, self._tools = omni, tools
-        logger.info("vllm-omni %s: %s task, voices %s", self.model, self.profile.task_type, self._speakers)
+        logger.info("vllm-omni %s: %s, voices %s", self.model, self.family.label, self._speakers)
+
+    def _default_reference(self) -> VoiceReference:
+        """The reference a plain request carries to a family that speaks only from one (read once)."""
+        if self._reference is None:
+            from .remote import DEFAULT_REFERENCE_AUDIO, DEFAULT_REFERENCE_TEXT
+
+            audio, rate = soundfile.read(DEFAULT_REFERENCE_AUDIO, dtype="float32", always_2d=True)
+            self._reference = VoiceReference(
+                name="default",
+                audio=np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32),
+                sample_rate=int(rate),
+                ref_text=DEFAULT_REFERENCE_TEXT,
+            )
+        return self._reference
 
     async def voices(self) -> list[Voice]:
-        if self.profile.task_type != "CustomVoice":
+        if self.family.presets is not Presets.LISTED:
             return []
         return [
-            Voice(name=s, engine=self.name, sample_rate=self.sample_rate, description="Qwen3-TTS speaker")
+            Voice(
+                name=s,
+                engine=self.name,
+                sample_rate=self.sample_rate,
+                description=f"{self.family.label} speaker",
+            )
             for s in self._speakers
         ]
 
     def check(self, voice: str, options: dict[str, object]) -> None:
-        profile = self.profile
-        if profile.task_type == "CustomVoice":
+        rules = self.family
+        if rules.presets is Presets.LISTED and (self._speakers or rules.task_type == "CustomVoice"):
             if voice.lower() not in self._speakers:
                 raise UnknownVoice(voice, self.name, self._speakers)
-        elif voice != self.default_voice:
+        elif rules.presets is Presets.NONE and voice != self.default_voice:
             raise UnknownVoice(voice, self.name, [self.default_voice])
         for field in demands(options):
             if field == "word_timestamps" and self._tools is not None and self._tools.word_timestamps:
                 continue
-            if field not in profile.options:
-                raise UnsupportedOption(field, self.name, REFUSALS.get(field, ""))
-        for field in profile.requires:
-            if not options.get(field):
-                raise UnsupportedOption(field, self.name, f"a {profile.task_type} model needs it set")
+            if field == "speed" and not self._native_speed:
+                raise UnsupportedOption(field, self.name, _NO_SPEED.format(label=rules.label))
+            if field not in rules.options or field == "word_timestamps":
+                detail = REFUSALS.get(field) or f"{rules.label} does not take {field!r}"
+                raise UnsupportedOption(field, self.name, detail)
+        if rules.needs_instructions and not options.get("instructions"):
+            raise UnsupportedOption("instructions", self.name, f"a {rules.label} model needs it set")
         task = options.get("task_type")
-        if task is not None and task != profile.task_type:
-            raise UnsupportedOption("task_type", self.name, f"the model runs only {profile.task_type}")
+        if task is not None and task != rules.task_type:
+            raise UnsupportedOption("task_type", self.name, f"the model runs only {rules.task_type}")
         language = options.get("language")
-        if isinstance(language, str) and qwen_language(language) not in self._languages:
+        if (
+            rules.qwen_languages
+            and isinstance(language, str)
+            and qwen_language(language) not in self._languages
+        ):
             raise UnsupportedOption("language", self.name, f"it speaks {', '.join(sorted(self._languages))}")
+
+    def check_reference(self, reference: VoiceReference) -> None:
+        """Refuse a clone the model's family cannot make, when the session is configured."""
+        try:
+            self.family.check_reference(reference)
+        except UnsupportedOption as exc:  # the family table names engine 'remote'
+            raise UnsupportedOption(exc.field, self.name, str(exc).split(": ", 1)[-1]) from None
 
     def synthesize(self, req: SynthesisRequest) -> _Stream:
         """Submit ``req`` now and return its audio stream; closing the stream aborts the request."""
         return _Stream(self, req)
 
-    def _prepare(self, req: SynthesisRequest) -> tuple[OmniClient, dict[str, Any], list[Any], bool]:
-        """The client, prompt and per-stage params for ``req``, and whether its audio comes as snapshots."""
-        omni, tools = self._omni, self._tools
-        if omni is None or tools is None:
+    async def _submit(
+        self, req: SynthesisRequest, request_id: str
+    ) -> tuple[AsyncGenerator[Any, None], bool, Submission | None]:
+        """Submit ``req``: its outputs, whether they are cumulative snapshots, and its serving bookkeeping."""
+        tools = self._tools
+        if self._omni is None or tools is None:
             raise EngineError("the vllm-omni engine is not started")
+        if not isinstance(tools, ServingTools):
+            omni, prompt, params, snapshots = self._prepare(req, tools)
+            outputs = omni.generate(
+                prompt,
+                request_id=request_id,
+                sampling_params_list=params,
+                output_modalities=tools.modalities(bool(req.options.get("word_timestamps"))),
+            )
+            return outputs, snapshots, None
+        rules, options = self.family, req.options
+        self.family.check_request(req.reference, dict(options))
+        reference = req.reference
+        if reference is None and rules.reference_only and options.get("speaker_embedding") is None:
+            reference = self._default_reference()
+        submission = await tools.submit(
+            request_id,
+            req.text,
+            req.voice,
+            {k: v for k, v in options.items() if k in rules.options},
+            seed=req.seed,
+            reference=reference,
+            named=presets_named(rules, req.voice, self.default_voice, self._speakers),
+        )
+        return submission.outputs, not tools.streaming, submission
+
+    def _prepare(
+        self, req: SynthesisRequest, tools: Qwen3Tools
+    ) -> tuple[OmniClient, dict[str, Any], list[Any], bool]:
+        """With stand-in helpers: the client, prompt and per-stage params for ``req`` (``engine.qwen3_tts``'s
+        building), and whether its audio comes as snapshots."""
+        omni = self._omni
+        assert omni is not None  # _submit checked
         profile, options = self.profile, req.options
         language = options.get("language")
         info = build_info(
@@ -465,7 +482,9 @@ class VllmOmniEngine:
     async def aclose(self) -> None:
         for stream in list(self._streams):
             await stream.aclose()
-        omni, self._omni, self._tools = self._omni, None, None
+        omni, tools, self._omni, self._tools = self._omni, self._tools, None, None
+        if isinstance(tools, ServingTools):
+            tools.shutdown()  # its request-building thread
         if omni is not None:
             omni.shutdown()
 

@@ -3,6 +3,7 @@
 Run with that env's python; it prints one JSON object on its last stdout line (logs go to stderr):
 
     python tests/vllm_omni/inprocess_probe.py compare    # requests built both ways; async_chunk off
+    python tests/vllm_omni/inprocess_probe.py families   # the same for each other model family
     python tests/vllm_omni/inprocess_probe.py construct  # how far AsyncOmni gets on this CPU; teardown
 
 ``compare`` builds each request twice against one engine client per checkpoint kind (the fake Qwen3-TTS
@@ -11,7 +12,14 @@ parameters come from vllm-omni's own resolver and ``deploy/qwen3_tts.yaml``):
 
 - vllm-omni's side is its own serving path: ``OmniOpenAIServingSpeech._prepare_speech_generation`` (the
   Qwen3-TTS adapter's validate/build/apply_sampling_overrides, ``coerce_param_message_types``, the seed);
-- voxgate's side is ``engine.vllm_omni.VllmOmniEngine`` with its real ``VllmOmniTools``.
+- voxgate's side is ``engine.vllm_omni.VllmOmniEngine`` with its real helpers (``engine.omni_requests``:
+  vllm-omni's serving object over the same engine client, fed the request voxgate shapes for the family).
+
+``families`` does the same for each model family tests/vllm_omni/test_families_real.py makes detectable: the
+family's checkpoint folder and deploy config (server.py ``FAMILIES``), so that vllm-omni's own detection
+picks the family's adapter on both sides, and per case (a plain request, a clone from a transcribed clip,
+from an untranscribed one, from an embedding) the whole prompt, the per-stage parameters and the output
+modalities each side submits, or the error each side's preparation stopped at, or voxgate's refusal.
 
 Both end in ``engine_client.generate(...)``, which records the prompt, the per-stage sampling parameters
 and the output modalities. With ``async_chunk`` off it also feeds real ``OmniRequestOutput`` objects
@@ -42,11 +50,13 @@ sys.path.insert(0, str(ROOT))
 
 from tests.vllm_omni.server import (  # noqa: E402
     ALIGNER_MODEL,
+    FAMILIES,
     SAMPLE_RATE,
     CpuTtsEngineClient,
     install_import_shims,
     omni_output,
     repository_voxgate,
+    write_family_dir,
     write_model_dir,
 )
 
@@ -81,13 +91,6 @@ PARAM_FIELDS = (
     "extra_args",
     "logprobs",
 )
-#: additional_information keys vllm-omni's serving layer adds for its own bookkeeping (reference-audio
-#: artifact caches, the codec-budget check after generation); the talker rebuilds its prompt without them.
-SERVER_ONLY_INFO = (
-    "ref_audio_cache_key",
-    "_qwen3_tts_ref_audio_cache_key",
-    "_qwen3_tts_effective_max_tokens",
-)
 
 
 def log(message: str) -> None:
@@ -99,9 +102,14 @@ class RecordingClient(CpuTtsEngineClient):
     with no script (``None``) generates as the CPU engine client does (Piper, and the stand-in aligner)."""
 
     def __init__(
-        self, model_dir: Path, async_chunk: bool, deploy_config: str, forced_aligner: str | None = None
+        self,
+        model_dir: Path,
+        async_chunk: bool,
+        deploy_config: str,
+        forced_aligner: str | None = None,
+        family: str | None = None,
     ) -> None:
-        super().__init__(model_dir, async_chunk, deploy_config, forced_aligner)
+        super().__init__(model_dir, async_chunk, deploy_config, forced_aligner, family)
         self.calls: list[dict[str, Any]] = []
         self.script: Callable[[str], list[Any]] | None = lambda request_id: []
 
@@ -136,24 +144,25 @@ class RecordingClient(CpuTtsEngineClient):
         return stream()
 
 
-def deploy_config_path() -> str:
+def deploy_config_path(name: str = "qwen3_tts.yaml") -> str:
     import vllm_omni
 
-    return str(Path(vllm_omni.__file__).parent / "deploy" / "qwen3_tts.yaml")
+    return str(Path(vllm_omni.__file__).parent / "deploy" / name)
 
 
-def reference_clip() -> Any:
+def reference_clip(rate: int = SAMPLE_RATE) -> Any:
     import numpy as np
 
-    t = np.arange(int(SAMPLE_RATE * REF_SECONDS)) / SAMPLE_RATE
+    t = np.arange(int(rate * REF_SECONDS)) / rate
     return (0.3 * np.sin(2 * np.pi * 180 * t) * np.sin(2 * np.pi * 3 * t)).astype(np.float32)
 
 
-def wav_data_url(clip: Any) -> str:
+def wav_data_url(clip: Any, rate: int = SAMPLE_RATE) -> str:
+    """The clip as a client sends it: a float WAV data URL at its own rate."""
     import soundfile
 
     buffer = io.BytesIO()
-    soundfile.write(buffer, clip, SAMPLE_RATE, format="WAV", subtype="FLOAT")
+    soundfile.write(buffer, clip, rate, format="WAV", subtype="FLOAT")
     return "data:audio/wav;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
@@ -420,6 +429,186 @@ async def words(root: Path) -> dict[str, Any]:
     return out
 
 
+#: The families test_families_real.py makes detectable (server.py ``FAMILIES``), by voxgate's name.
+DETECTABLE = (
+    "fish_tts",
+    "cosyvoice3",
+    "glm_tts",
+    "higgs_audio_v2",
+    "ming_flash_omni_tts",
+    "voxtral_tts",
+    "voxcpm2",
+    # and two Qwen3-TTS checkpoint kinds (the fake Qwen3-TTS folder and qwen3_tts.yaml)
+    "qwen3_tts_base",
+    "qwen3_tts_customvoice",
+)
+FAMILY_CASES = ("plain", "transcribed", "untranscribed", "embedding", "over budget")
+#: What "over budget" asks for: past vllm-omni's limit (``max_new_tokens_max``), which voxgate leaves to it.
+OVER_BUDGET = 5000
+#: The rate of the clips cloned from: an upload keeps its own rate (up to 48 kHz), and so does what reaches
+#: vllm-omni's preparation (Fish Speech's codec runs at 44.1 kHz).
+CLIP_RATE_HZ = 44100
+#: The length of an uploaded speaker embedding (as test_families_real.py uploads).
+EMBEDDING_DIMS = 192
+#: A list longer than this is compared by its length and a digest of its values (waveforms, token ids).
+_LISTED = 64
+
+
+def view(value: Any) -> Any:
+    """A prompt as JSON, exactly: arrays and long lists become their shape and a digest of their data."""
+    import hashlib
+
+    import numpy as np
+
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor
+        value = value.detach().cpu().numpy()
+    if isinstance(value, np.ndarray):
+        data = np.ascontiguousarray(value)
+        digest = hashlib.sha1(data.tobytes()).hexdigest()[:16]
+        return {"array": list(data.shape), "dtype": str(data.dtype), "sha1": digest}
+    if isinstance(value, dict):
+        return {str(k): view(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        if len(value) > _LISTED and all(isinstance(x, int | float) for x in value):
+            digest = hashlib.sha1(repr(list(value)).encode()).hexdigest()[:16]
+            return {"list": len(value), "sha1": digest}
+        return [view(x) for x in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return repr(value)
+
+
+def family_call_view(call: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "prompt": view(call["prompt"]),
+        "params": [params_view(p) for p in call["params"]],
+        "modalities": call["modalities"],
+    }
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    return {"error": type(exc).__name__, "message": str(exc)[:600]}
+
+
+def family_case(case: str, engine: Any, clip: Any, default: Any) -> tuple[dict[str, Any], Any, str]:
+    """``case`` as a vllm-omni client sends it, and voxgate's reference and voice for it."""
+    import numpy as np
+    from voxgate.engine.base import VoiceReference
+    from voxgate.engine.families import Clip, Presets
+
+    rules = engine.family
+    # A client names the task its Qwen3-TTS checkpoint runs (as voxgate's remote engine does).
+    fields: dict[str, Any] = {"task_type": rules.task_type} if rules.task_type else {}
+    voice = engine.default_voice
+    reference = None
+    if case == "plain":
+        if rules.reference_only:  # voxgate's shipped reference voice, as the client would send it
+            fields.update(
+                ref_audio=wav_data_url(default.audio, default.sample_rate), ref_text=default.ref_text
+            )
+        elif rules.presets is Presets.LISTED and engine._speakers:
+            fields["voice"] = voice
+    elif case == "transcribed":
+        reference = VoiceReference(name="told", audio=clip, sample_rate=CLIP_RATE_HZ, ref_text=REF_TEXT)
+        fields.update(ref_audio=wav_data_url(clip, CLIP_RATE_HZ), ref_text=REF_TEXT)
+    elif case == "untranscribed":
+        reference = VoiceReference(name="untold", audio=clip, sample_rate=CLIP_RATE_HZ)
+        fields["ref_audio"] = wav_data_url(clip, CLIP_RATE_HZ)
+        if rules.clip is Clip.X_VECTOR:  # Qwen3-TTS Base clones a clip without transcript only so
+            fields["x_vector_only_mode"] = True
+    elif case == "over budget":  # a plain request, with a budget past the adapter's limit
+        fields, reference, voice = family_case("plain", engine, clip, default)
+        return {**fields, "max_new_tokens": OVER_BUDGET}, reference, voice
+    else:
+        embedding = np.full(EMBEDDING_DIMS, 0.01, dtype=np.float32)
+        reference = VoiceReference(name="vector", embedding=embedding)
+        fields["speaker_embedding"] = [float(x) for x in embedding]
+    return fields, reference, voice
+
+
+async def compare_family(family: str, root: Path) -> dict[str, Any]:
+    """One family's cases, built by vllm-omni's server and by voxgate's engine on one engine client."""
+    from vllm_omni.entrypoints.openai.protocol.audio import OpenAICreateSpeechRequest
+    from voxgate.engine.base import RequestRefused, SynthesisRequest, UnsupportedOption
+    from voxgate.engine.vllm_omni import VllmOmniEngine
+
+    if family.startswith("qwen3_tts_"):
+        kind = {"base": "Base", "customvoice": "CustomVoice"}[family.rsplit("_", 1)[1]]
+        model_dir = write_model_dir(kind, root / f"Qwen3-TTS-12Hz-0.6B-{kind}")
+        client = RecordingClient(model_dir, True, deploy_config_path())
+    else:
+        _, deploy, served = FAMILIES[family]
+        model_dir = write_family_dir(family, root / served.rsplit("/", 1)[-1])
+        client = RecordingClient(model_dir, True, deploy_config_path(deploy), None, family)
+    server = await serving_layer(client, model_dir)
+    engine = VllmOmniEngine(model=str(model_dir), omni_factory=lambda: client)
+    out: dict[str, Any] = {"adapter": server._tts_model_type}
+    try:
+        await engine.start()
+    except Exception as exc:  # noqa: BLE001 - recorded for the test
+        out["start"] = _error(exc)
+        server.shutdown()
+        return out
+    out.update(family=engine.family.name, default_voice=engine.default_voice, speakers=engine._speakers)
+    default = engine._default_reference()
+    cases: dict[str, Any] = {}
+    try:
+        for case in FAMILY_CASES:
+            fields, reference, voice = family_case(case, engine, reference_clip(CLIP_RATE_HZ), default)
+            result: dict[str, Any] = {}
+            del client.calls[:]
+            try:
+                request = OpenAICreateSpeechRequest(
+                    input=TEXT, stream=True, stream_format="audio", response_format="pcm", seed=SEED, **fields
+                )
+                _, generator, _ = await server._prepare_speech_generation(request)
+                await generator.aclose()
+                (call,) = client.calls
+                result["vllm_omni"] = family_call_view(call)
+            except Exception as exc:  # noqa: BLE001 - where vllm-omni's preparation stopped
+                result["vllm_omni"] = _error(exc)
+            del client.calls[:]
+            try:
+                options: dict[str, object] = {"seed": SEED}
+                if case == "over budget":
+                    options["max_new_tokens"] = OVER_BUDGET
+                engine.check(voice, options)
+                if reference is not None:
+                    engine.check_reference(reference)
+                req = SynthesisRequest(
+                    text=TEXT, voice=voice, seed=SEED, options=options, reference=reference
+                )
+                async with contextlib.aclosing(engine.synthesize(req)) as chunks:
+                    async for _ in chunks:
+                        pass
+                (call,) = client.calls
+                result["voxgate"] = family_call_view(call)
+            except UnsupportedOption as exc:
+                result["voxgate"] = {"refused": exc.field, "message": str(exc)}
+            except RequestRefused as exc:  # vllm-omni's validation, run in voxgate's engine
+                result["voxgate"] = {"refused_by_vllm_omni": str(exc)}
+            except Exception as exc:  # noqa: BLE001 - where voxgate's engine stopped
+                result["voxgate"] = _error(exc)
+            cases[case] = result
+    finally:
+        await engine.aclose()
+        server.shutdown()
+    out["cases"] = cases
+    return out
+
+
+def families() -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="voxgate-probe-") as tmp:
+            results: dict[str, Any] = {}
+            for family in DETECTABLE:
+                log(f"family {family}")
+                results[family] = await compare_family(family, Path(tmp))
+            return results
+
+    return asyncio.run(run())
+
+
 def compare() -> dict[str, Any]:
     async def run() -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="voxgate-probe-") as tmp:
@@ -502,7 +691,9 @@ def main(argv: Sequence[str]) -> None:
     }.items():
         os.environ.setdefault(name, value)
     install_import_shims()
-    result = {"compare": compare, "construct": construct}[mode]()
+    with contextlib.suppress(OSError):  # vllm-omni's speaker store: this run's, not ~/.cache/vllm-omni
+        os.environ.setdefault("SPEAKER_SAMPLES_DIR", tempfile.mkdtemp(prefix="voxgate-probe-speakers-"))
+    result = {"compare": compare, "families": families, "construct": construct}[mode]()
     print(json.dumps(result, default=repr), flush=True)
 
 

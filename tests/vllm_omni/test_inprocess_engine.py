@@ -2,9 +2,10 @@
 
 tests/vllm_omni/inprocess_probe.py runs in the vllm-omni env (the main venv has no vllm) and prints JSON:
 
-- the same requests built by vllm-omni's own speech serving path (``_prepare_speech_generation``: the
-  Qwen3-TTS adapter, ``coerce_param_message_types``, the seed) and by voxgate's engine with its real
-  ``VllmOmniTools``, on one CPU engine client per checkpoint kind; compared here per input kind and field;
+- the same requests built by vllm-omni's own speech server (``_prepare_speech_generation``: the Qwen3-TTS
+  adapter, ``coerce_param_message_types``, the seed) and by voxgate's engine (which runs that serving code
+  in-process, ``engine.omni_requests``), on one CPU engine client per checkpoint kind; compared here per
+  input kind and field (other families: test_inprocess_families.py);
 - with ``async_chunk`` off, real ``OmniRequestOutput``s carrying cumulative snapshots through voxgate's
   engine;
 - ``AsyncOmni`` construction and teardown as voxgate's engine does them, on this CPU.
@@ -32,17 +33,6 @@ ROOT = PROBE.parents[2]
 # Imports (vLLM, transformers, torch) take 10-20 s on a 2-core machine, then three engine clients start.
 PROBE_TIMEOUT_S = 600
 INPUTS = ("CustomVoice", "VoiceDesign", "Base with transcript", "Base x-vector only", "speaker embedding")
-#: additional_information keys only vllm-omni's serving layer adds, for its own bookkeeping (reference-audio
-#: artifact caches, uploaded-voice timestamps, its codec-budget check after generation): the talker rebuilds
-#: its prompt without them.
-SERVER_ONLY_INFO = frozenset(
-    {
-        "ref_audio_cache_key",
-        "_qwen3_tts_ref_audio_cache_key",
-        "_qwen3_tts_effective_max_tokens",
-        "voice_created_at",
-    }
-)
 
 
 def run_probe(mode: str, *, new_session: bool = False) -> tuple[dict[str, Any], int]:
@@ -107,12 +97,8 @@ def test_output_modalities_match(compared: dict[str, Any], kind: str) -> None:
 @pytest.mark.parametrize("kind", INPUTS)
 def test_additional_information_matches(compared: dict[str, Any], kind: str) -> None:
     upstream, ours = both(compared, kind)
-    theirs = {k: v for k, v in upstream["info"].items() if k not in SERVER_ONLY_INFO}
-    # voxgate states in-context cloning explicitly; vllm-omni leaves the flag out, which its talker and its
-    # prompt-length estimate read as False.
-    if ours["info"].get("x_vector_only_mode") == [False]:
-        theirs.setdefault("x_vector_only_mode", [False])
-    assert ours["info"] == theirs
+    # Key for key, vllm-omni's own bookkeeping included: both sides run its serving code.
+    assert ours["info"] == upstream["info"]
 
 
 def test_without_async_chunk_both_sides_ask_for_final_only(compared: dict[str, Any]) -> None:
@@ -138,7 +124,7 @@ def test_word_timestamp_requests_match(compared: dict[str, Any]) -> None:
     assert ours["params"] == upstream["params"]
     assert [p["output_kind"] for p in ours["params"][:2]] == ["CUMULATIVE", "CUMULATIVE"]
     assert ours["prompt_len"] == upstream["prompt_len"]
-    assert ours["info"] == {k: v for k, v in upstream["info"].items() if k not in SERVER_ONLY_INFO}
+    assert ours["info"] == upstream["info"]
 
 
 def test_words_reach_the_in_process_engine_from_the_aligner_stage(compared: dict[str, Any]) -> None:
