@@ -18,7 +18,8 @@ deadline, so an upstream that hangs is marked down and the gateway starts listen
 Closing the iterator (cancel, disconnect) closes the HTTP response at once, and vllm-omni aborts a
 request whose client went away. Uploaded voices travel inline: ``ref_audio`` as a data URL of the
 stored clip plus ``ref_text`` (or ``x_vector_only_mode`` when there is no transcript), so upstreams
-need no voice store of their own.
+need no voice store of their own; to a vllm-omni family whose speaker cache keys on a voice name, the clip is
+also uploaded once and named after (``engine.upstream_voices``).
 
 What is sent follows the rules of the model family upstream (``engine.families``: one row per vllm-omni
 serving adapter, detected from the model id or set with ``upstream_family``): which options it takes (the
@@ -48,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -80,6 +82,7 @@ from .families import FAMILIES, GENERIC, Clip, Family, Presets
 from .options import option
 from .qwen3_tts import qwen_language, word_timings, word_triples
 from .survey import ALIGNER_FLAG, Survey
+from .upstream_voices import UpstreamVoices
 from .upstreams import Upstream, UpstreamPool
 from .wav_stream import WavError, WavStream
 
@@ -286,6 +289,8 @@ class RemoteEngine:
         self._family = FAMILIES[family] if family else None
         self._reference_path, self._reference_text = reference_audio, reference_text
         self._reference: VoiceReference | None = None
+        #: Clips uploaded to each upstream and named there, for vllm-omni's speaker cache.
+        self.uploads = UpstreamVoices(self._http)
 
     @property
     def family(self) -> Family:
@@ -439,11 +444,12 @@ class RemoteEngine:
                 idle_s=self.read_timeout_s,
                 overall_s=self.segment_timeout_s + max_audio_s,
             )
-            stream = (
-                self._timed(client, upstream, body, waits, max_audio_s)
+            opened = (
+                functools.partial(self._timed, client, upstream, waits=waits, max_audio_s=max_audio_s)
                 if words
-                else self._stream(client, upstream, body, waits)
+                else functools.partial(self._stream, client, upstream, waits=waits)
             )
+            stream = self.uploads.stream(upstream, self.family, body, opened)
             started = False
             with self.pool.lease(upstream):
                 try:
@@ -596,6 +602,7 @@ class RemoteEngine:
         return self._client is not None and bool(self.pool.candidates())
 
     async def aclose(self) -> None:
+        await self.uploads.aclose()
         if self._health is not None:
             self._health.cancel()
             with contextlib.suppress(asyncio.CancelledError):

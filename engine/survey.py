@@ -30,6 +30,7 @@ import httpx
 
 from .deadlines import bounded_read
 from .families import Family, detect
+from .upstream_voices import is_uploaded
 from .upstreams import Upstream, UpstreamPool
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ def voice_names(payload: object) -> list[str]:
     names = [
         v if isinstance(v, str) else str(v.get("name", "")) if isinstance(v, dict) else "" for v in listed
     ]
-    return [n for n in names if n and n.lower() != _PLACEHOLDER_VOICE]
+    # Voices voxgate uploaded for the speaker cache (``engine.upstream_voices``) are clones, not presets.
+    return [n for n in names if n and n.lower() != _PLACEHOLDER_VOICE and not is_uploaded(n)]
 
 
 class Survey:

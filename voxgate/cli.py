@@ -1,6 +1,7 @@
 """The ``voxgate`` command line: ``serve`` runs the gateway, ``say`` and ``voices`` talk to a running one.
 
-Argument parsing and dispatch only; the client work lives in ``voxgate.client``.
+Argument parsing and dispatch only; the client work lives in ``voxgate.client``. ``voices import|export``
+work on the voice store itself, not through a gateway (``gateway.voice_folder``).
 """
 
 from __future__ import annotations
@@ -138,7 +139,10 @@ def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     say.add_argument("--speed", type=_ranged(float, 0.25, 4.0), help="0.25 to 4.0 (default 1.0)")
     say.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
 
-    voices = commands.add_parser("voices", help="list, upload and delete voices of a running gateway")
+    voices = commands.add_parser(
+        "voices",
+        help="list, upload and delete voices of a running gateway; import and export speaker folders",
+    )
     actions = voices.add_subparsers(dest="action", required=True)
     listing = actions.add_parser("list", parents=[gateway], help="built-in and uploaded voices")
     listing.add_argument("--json", action="store_true", help="print the gateway's JSON answer")
@@ -160,6 +164,40 @@ def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     upload.add_argument("--description", help="a description of the speaker")
     delete = actions.add_parser("delete", parents=[gateway], help="delete an uploaded voice")
     delete.add_argument("name")
+    _add_folder_commands(actions)
+
+
+def _add_folder_commands(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``voices import|export``: work on the voice store itself (``--voices-dir``, ``--voice-store``, as
+    ``serve`` reads them), so no gateway needs to run and a store no gateway serves yet can be filled."""
+    store = argparse.ArgumentParser(add_help=False)
+    store.add_argument("folder", metavar="DIR", help="vllm-omni's speaker folder (its SPEAKER_SAMPLES_DIR)")
+    store.add_argument(
+        "--voices-dir", help="voxgate's voice folder (default $VOXGATE_VOICES_DIR or ~/.cache/voxgate/voices)"
+    )
+    store.add_argument(
+        "--voice-store", help="s3://BUCKET/PREFIX instead of --voices-dir (default $VOXGATE_VOICE_STORE)"
+    )
+    store.add_argument(
+        "--owner-key",
+        metavar="API_KEY",
+        help="the voices of this API key (default: those uploaded without one)",
+    )
+    store.add_argument("--replace", action="store_true", help="replace voices of the same name")
+    actions.add_parser(
+        "import",
+        parents=[store],
+        help="copy the voices of a vllm-omni speaker folder into the voice store",
+        description="Copy every voice of a vllm-omni speaker folder into voxgate's voice store, checked as "
+        "an upload is; a running gateway sees them at once.",
+    )
+    actions.add_parser(
+        "export",
+        parents=[store],
+        help="write the voice store's voices as a vllm-omni speaker folder",
+        description="Write voxgate's voices as a vllm-omni speaker folder; vllm-omni loads them when it "
+        "starts with SPEAKER_SAMPLES_DIR=DIR.",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "voices" and args.action in ("import", "export"):
+        return _voice_folder(args)
     from . import client
 
     settings = client.ClientSettings.from_env(url=args.url, api_key=args.api_key)
@@ -215,6 +255,36 @@ def _serve(args: argparse.Namespace) -> int:
     )
     DrainingServer(config, app.state.sessions).run()
     return 0
+
+
+def _voice_folder(args: argparse.Namespace) -> int:
+    """``voices import|export``: one line per voice moved or skipped; 1 when any was skipped."""
+    from pathlib import Path
+
+    from .gateway.auth import owner_of
+    from .gateway.store import VoiceStoreUnavailable
+    from .gateway.voice_folder import export_folder, import_folder
+    from .gateway.voicestore import open_store
+
+    settings = Settings.from_env(voices_dir=args.voices_dir, voice_store=args.voice_store)
+    owner = owner_of(args.owner_key) if args.owner_key else ""
+    folder = Path(args.folder)
+    try:
+        store = open_store(settings)
+        if args.action == "import":
+            report = import_folder(folder, store, owner, replace=args.replace)
+        else:
+            report = export_folder(store, owner, folder, replace=args.replace)
+    except (OSError, RuntimeError, ValueError, VoiceStoreUnavailable) as exc:
+        print(f"voxgate: error: {exc}", file=sys.stderr)
+        return 1
+    verb = "imported" if args.action == "import" else "exported"
+    for moved in report.moved:
+        print(f"{verb} {moved.name!r} ({moved.file})")
+    for skipped in report.skipped:
+        print(f"skipped {skipped.what}: {skipped.reason}", file=sys.stderr)
+    print(f"{len(report.moved)} {verb}, {len(report.skipped)} skipped", file=sys.stderr)
+    return 1 if report.skipped else 0
 
 
 def configure_logging(settings: Settings) -> None:

@@ -489,7 +489,7 @@ class CpuTtsEngineClient:
         prompt_token_ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
         log(
             f"generate {request_id}: {len(text)} chars, output_kind={getattr(kind, 'name', kind)}, "
-            f"modalities={output_modalities}"
+            f"modalities={output_modalities}, voice_name={_voice_name(prompt)}"
         )
 
         import torch
@@ -775,6 +775,19 @@ def _word_times(words: list[str], spoken: list[tuple[str, float, float]]) -> lis
         times.append((start, end))
         at, last = match + 1, end
     return times
+
+
+def _voice_name(prompt: Any) -> str | None:
+    """The speaker cache's key the family's adapter gave the model (``voice_name``: in the prompt's
+    ``additional_information`` for Fish Speech and the AR families, in ``mm_processor_kwargs`` for CosyVoice3
+    and GLM-TTS); None when the model would encode the reference anew."""
+    parts = (
+        [prompt.get(key) for key in ("additional_information", "mm_processor_kwargs")]
+        if isinstance(prompt, dict)
+        else []
+    )
+    names = [_first(part.get("voice_name"), "") for part in parts if isinstance(part, dict)]
+    return next((name for name in names if name), None)
 
 
 def _first(value: Any, default: str) -> str:
