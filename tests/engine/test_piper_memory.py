@@ -7,16 +7,16 @@ import platform
 import threading
 
 import pytest
-from voxgate.engine import piper
+from voxgate.engine import piper, piper_memory
 from voxgate.engine.base import SynthesisRequest
 
 from tests.conftest import TIMEOUT_S
 
 
 def test_malloc_tuning_and_trim_run_and_find_glibc_where_it_is() -> None:
-    piper.tune_malloc()
-    piper.release_freed_memory()
-    assert (piper._LIBC is not None) == (platform.libc_ver()[0] == "glibc")
+    piper_memory.tune_malloc()
+    piper_memory.release_freed_memory()
+    assert (piper_memory._LIBC is not None) == (platform.libc_ver()[0] == "glibc")
 
 
 @pytest.mark.slow

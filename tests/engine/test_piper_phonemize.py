@@ -7,7 +7,7 @@ what follows a long hash in the same clause; the engine phonemizes such text in 
 from __future__ import annotations
 
 import pytest
-from voxgate.engine.piper import phonemize_whole
+from voxgate.engine.piper_text import phonemize_whole
 
 espeak = pytest.importorskip("piper.phonemize_espeak")
 

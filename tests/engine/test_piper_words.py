@@ -133,7 +133,7 @@ def test_piper_accepts_word_timestamps_and_refuses_them_by_name_without_onnx(
 
     engine = piper.PiperEngine()
     engine.check("joe", {"word_timestamps": True})
-    monkeypatch.setattr(piper, "_ALIGNABLE", False)
+    monkeypatch.setattr(piper, "ALIGNABLE", False)
     engine.check("joe", {"word_timestamps": False})
     with pytest.raises(UnsupportedOption, match="word_timestamps.*onnx"):
         engine.check("joe", {"word_timestamps": True})
@@ -182,7 +182,8 @@ def test_piper_times_words_longer_than_a_piece_and_says_all_of_them() -> None:
     import asyncio
 
     from voxgate.engine.base import AudioChunk, SynthesisRequest
-    from voxgate.engine.piper import MAX_PIECE_PHONEMES, PiperEngine, cuts
+    from voxgate.engine.piper import PiperEngine
+    from voxgate.engine.piper_text import MAX_PIECE_PHONEMES, cuts
 
     assert any(len(cuts(s)) > 1 for s in espeak(LONG_TOKENS))  # the attack: words across pieces
     assert max(len(s) for s in espeak(LONG_TOKENS)) > 2 * MAX_PIECE_PHONEMES

@@ -1,0 +1,92 @@
+"""Piper's text side: phonemes cut into bounded pieces, and espeak-ng made to drop nothing.
+
+A sentence longer than ``MAX_PIECE_PHONEMES`` is cut into pieces (after a pause, else between words), one
+ONNX run each: no single run computes minutes of audio (300 emoji are 80 s of speech), and a cancel, or a
+more urgent session's piece, waits for at most one piece. ``phonemize_whole`` works around espeak-ng
+silently dropping the words of a clause past an internal limit.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Callable
+
+# Joe speaks about 18 phonemes (stress marks and word gaps included) a second: 120 are 6-7 s of
+# audio, well under a second of compute on one core. No normal sentence (about 20 words) is cut,
+# a cancel waits for at most one such run, and a long sentence cannot hold a worker for minutes.
+MAX_PIECE_PHONEMES = 120
+# Texts shorter than this are never cut by espeak-ng (``phonemize_whole``): 40 emoji with a skin tone (80
+# characters, 200 spoken words) came out whole, 60 (120 characters) did not.
+MIN_CHECKED_CHARS = 64
+# Phonemes after which a cut sounds like a pause rather than a break in a word.
+_PAUSES = frozenset(",;:.!?")
+
+
+def cuts(phonemes: list[str], limit: int = MAX_PIECE_PHONEMES) -> list[tuple[int, list[str]]]:
+    """Cut one sentence's phonemes into runs of at most ``limit`` phonemes, each with its start index.
+
+    Each cut falls after the last pause (``,`` ``;`` ...) in the second half of the window, else at the
+    last word gap, else (one word longer than ``limit``) at ``limit``. Word gaps at a cut are dropped.
+    """
+    out: list[tuple[int, list[str]]] = []
+    start = 0
+    while len(phonemes) - start > limit:
+        rest = phonemes[start : start + limit]
+        gaps = [i for i in range(1, limit) if rest[i] == " "]
+        paused = [i for i in gaps if i >= limit // 2 and rest[i - 1] in _PAUSES]
+        cut = paused[-1] if paused else gaps[-1] if gaps else limit
+        out.append((start, rest[:cut]))
+        start += cut
+        while start < len(phonemes) and phonemes[start] == " ":
+            start += 1
+    out.append((start, phonemes[start:]))
+    return [(first, piece) for first, piece in out if any(p != " " for p in piece)]
+
+
+def pieces(phonemes: list[str], limit: int = MAX_PIECE_PHONEMES) -> list[list[str]]:
+    """``cuts`` without the start indices."""
+    return [piece for _, piece in cuts(phonemes, limit)]
+
+
+def phonemize_whole(phonemize: Callable[[str], list[list[str]]], text: str) -> list[list[str]]:
+    """``phonemize(text)``, with nothing dropped.
+
+    espeak-ng silently drops the words of a clause past an internal limit that depends on what the text
+    expands to: 120 thumbs-up emoji with a skin tone (600 spoken words) came out as 103 words, 300 plain
+    emoji as 202 of 600, and words after a long hash were lost. So a text of ``MIN_CHECKED_CHARS`` or more
+    is also phonemized in two halves (split at the space nearest its middle, or inside a long token);
+    when the halves say more words than the whole, the whole was cut, and each half is phonemized the
+    same way. Normal text says the same words either way and is phonemized whole (the check costs about
+    2.6 ms of espeak for a 300-character segment, against hundreds of ms of synthesis).
+    """
+    sentences = phonemize(text)
+    if len(text) < MIN_CHECKED_CHARS:
+        return sentences
+    left, right = _halves(text)
+    if _spoken_words(phonemize(left) + phonemize(right)) <= _spoken_words(sentences):
+        return sentences
+    return phonemize_whole(phonemize, left) + phonemize_whole(phonemize, right)
+
+
+def _spoken_words(sentences: list[list[str]]) -> int:
+    return sum(len("".join(s).split()) for s in sentences)
+
+
+def _halves(text: str) -> tuple[str, str]:
+    """``text`` cut in two near its middle: at a space when there is one, else between two characters
+    that are not joined (a combining mark, a variation selector or a zero-width joiner stays with the
+    character before it)."""
+    middle = len(text) // 2
+    spaces = [i for i, ch in enumerate(text) if ch.isspace() and 0 < i < len(text) - 1]
+    if spaces:
+        at = min(spaces, key=lambda i: abs(i - middle))
+        return text[:at], text[at + 1 :]
+    at = middle
+    while 0 < at < len(text) and _joined(text[at]):
+        at += 1
+    at = at if 0 < at < len(text) else middle
+    return text[:at], text[at:]
+
+
+def _joined(ch: str) -> bool:
+    return unicodedata.combining(ch) > 0 or ch in "\u200d\ufe0e\ufe0f" or "\U0001f3fb" <= ch <= "\U0001f3ff"
