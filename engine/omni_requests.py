@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import msgspec
 import numpy as np
-import soundfile
 
+from ..protocol.audio import float_wav
 from .base import EngineError, RequestRefused, VoiceReference
 from .families import FAMILIES, GENERIC, Clip, Family, Presets
 from .qwen3_tts import qwen_language, variant_of, word_triples
@@ -52,9 +51,7 @@ def reference_data_url(reference: VoiceReference, cache: dict[tuple[bytes, int],
     key = (hashlib.blake2b(audio.tobytes(), digest_size=16).digest(), reference.sample_rate)
     if cache is not None and key in cache:
         return cache[key]
-    buffer = io.BytesIO()
-    soundfile.write(buffer, audio, reference.sample_rate, format="WAV", subtype="FLOAT")
-    url = "data:audio/wav;base64," + base64.b64encode(buffer.getvalue()).decode()
+    url = "data:audio/wav;base64," + base64.b64encode(float_wav(audio, reference.sample_rate)).decode()
     if cache is not None:
         if len(cache) >= _MAX_URLS:
             cache.clear()

@@ -58,6 +58,21 @@ def wav_header(sample_rate: int, data_bytes: int | None = None, *, channels: int
     )
 
 
+def float_wav(samples: Samples, sample_rate: int) -> bytes:
+    """A complete mono IEEE-float32 WAV file of ``samples``: the same bytes for the same clip, always.
+
+    libsndfile's float WAV carries a ``PEAK`` chunk stamped with the time of writing, so the same clip
+    written a second apart differs; a reference sent as a data URL is a cache key upstream (vllm-omni's
+    reference cache and prefix-cache salt), which must not change with the clock.
+    """
+    data = np.ascontiguousarray(samples, dtype="<f4").tobytes()
+    fmt = struct.pack("<HHIIHHH", 3, 1, sample_rate, sample_rate * 4, 4, 32, 0)  # IEEE float, cbSize 0
+    fact = struct.pack("<I", len(samples))
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"fact" + struct.pack("<I", 4) + fact
+    body += b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
 def to_pcm16(samples: Samples) -> npt.NDArray[np.int16]:
     """Clip float samples to [-1, 1] and scale them to int16."""
     # The same arithmetic as ``(np.clip(x, -1, 1) * 32767).round()``, in place on one buffer: np.clip's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any, cast
 
 import pytest
@@ -111,6 +112,15 @@ def test_the_vllm_omni_dialect_gets_them_when_it_asks(piper_gateway: str) -> Non
         "audio_b64",
         "timestamps",
     }
-    assert [w["word"] for w in words_of(got)] == ["Dr.", "Smith", "paid", "$5."]
+    # vllm-omni 0.30: the audio itself in base64 chunks with null timestamps, then one empty chunk with
+    # the sentence's words in integer ms from its start; no binary frames.
+    *audio, words = chunks
+    assert audio and all(c["timestamps"] is None and c["audio_b64"] for c in audio)
+    assert words["audio_b64"] == ""
+    timed = cast(list[dict[str, Any]], words["timestamps"])
+    assert [w["word"] for w in timed] == ["Dr.", "Smith", "paid", "$5."]
+    assert all(isinstance(w["start_ms"], int) and w["start_ms"] < w["end_ms"] for w in timed)
+    pcm = b"".join(base64.b64decode(cast(str, c["audio_b64"])) for c in audio)
+    assert timed[-1]["end_ms"] <= len(pcm) // 2 * 1000 // 24000 + 1
     assert [c["chunk_id"] for c in chunks] == list(range(len(chunks)))
-    assert got.types().index("audio.chunk") < got.types().index("<audio>")
+    assert "<audio>" not in got.types()

@@ -16,6 +16,7 @@ from voxgate.protocol.audio import (
     Samples,
     decode,
     encode,
+    float_wav,
     mulaw_decode,
     mulaw_encode,
     to_pcm16,
@@ -107,6 +108,35 @@ def test_soundfile_reads_the_wav_we_build() -> None:
     data, rate = soundfile.read(io.BytesIO(wav_header(22050, len(pcm)) + pcm), dtype="int16")
     assert rate == 22050
     np.testing.assert_array_equal(data, to_pcm16(samples))
+
+
+def chunks_of(riff: bytes) -> list[tuple[bytes, int]]:
+    """A RIFF/WAVE file's chunk ids and sizes, walked from its header."""
+    assert riff[:4] == b"RIFF" and riff[8:12] == b"WAVE"
+    assert int.from_bytes(riff[4:8], "little") == len(riff) - 8
+    out, at = [], 12
+    while at < len(riff):
+        size = int.from_bytes(riff[at + 4 : at + 8], "little")
+        out.append((riff[at : at + 4], size))
+        at += 8 + size + size % 2
+    assert at == len(riff)
+    return out
+
+
+def test_a_float_wav_keeps_every_sample_and_no_clock() -> None:
+    samples = tone(44100, 0.2) * np.float32(2.5)  # past full scale: a float WAV keeps it
+    wav = float_wav(samples, 44100)
+    data, rate = soundfile.read(io.BytesIO(wav), dtype="float32")
+    assert rate == 44100
+    np.testing.assert_array_equal(data, samples)
+    # fmt (IEEE float, 18 bytes), fact (the sample count), data; no PEAK chunk, whose timestamp would
+    # make the same clip's bytes (an upstream cache key) change from one second to the next
+    assert chunks_of(wav) == [(b"fmt ", 18), (b"fact", 4), (b"data", 4 * len(samples))]
+    assert soundfile.info(io.BytesIO(wav)).subtype == "FLOAT"
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, 44100, format="WAV", subtype="FLOAT")
+    assert b"PEAK" in [c for c, _ in chunks_of(buffer.getvalue())]  # what libsndfile would have written
+    assert float_wav(samples.astype(np.float64), 44100) == wav
 
 
 # --- PCM16 and f32 ----------------------------------------------------------------------------------

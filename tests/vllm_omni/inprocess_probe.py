@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import io
 import json
 import os
 import sys
@@ -158,12 +157,15 @@ def reference_clip(rate: int = SAMPLE_RATE) -> Any:
 
 
 def wav_data_url(clip: Any, rate: int = SAMPLE_RATE) -> str:
-    """The clip as a client sends it: a float WAV data URL at its own rate."""
-    import soundfile
+    """The clip as a client sends it: a float WAV data URL at its own rate.
 
-    buffer = io.BytesIO()
-    soundfile.write(buffer, clip, rate, format="WAV", subtype="FLOAT")
-    return "data:audio/wav;base64," + base64.b64encode(buffer.getvalue()).decode()
+    Written as voxgate writes it (``float_wav``): the request's data URL is part of vllm-omni's cache
+    salt, so both sides must send the same bytes, and libsndfile's own float WAV stamps the time of
+    writing into them.
+    """
+    from voxgate.protocol.audio import float_wav
+
+    return "data:audio/wav;base64," + base64.b64encode(float_wav(clip, rate)).decode()
 
 
 def params_view(params: Any) -> dict[str, Any]:
