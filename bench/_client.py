@@ -50,14 +50,18 @@ class Player:
         self.jitter_s = jitter_s
         self.end: float | None = None  # when everything received so far has played (perf_counter)
         self.underruns: list[float] = []  # seconds of silence each
+        self.underrun_at: list[float] = []  # where each fell: seconds of the turn's audio played before it
+        self.audio_s = 0.0
 
     def arrive(self, t: float, audio_s: float) -> None:
         if self.end is None:
             self.end = t + self.jitter_s
         elif t > self.end:
             self.underruns.append(t - self.end)
+            self.underrun_at.append(self.audio_s)
             self.end = t
         self.end += audio_s
+        self.audio_s += audio_s
 
 
 @dataclass
@@ -254,6 +258,7 @@ def outcome(turn: Turn | None, error: str | None = None) -> dict[str, Any]:
             "ttfa_ms": None,
             "underruns": 0,
             "underrun_s": 0.0,
+            "underrun_at_s": [],
             "audio_s": 0.0,
             "bytes": 0,
             "frames": 0,
@@ -269,6 +274,7 @@ def outcome(turn: Turn | None, error: str | None = None) -> dict[str, Any]:
         "ttfa_ms": turn.ttfa_ms,
         "underruns": len(under),
         "underrun_s": sum(under),
+        "underrun_at_s": turn.player.underrun_at,
         "audio_s": turn.audio_s,
         "bytes": turn.bytes,
         "frames": turn.frames,

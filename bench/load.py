@@ -279,6 +279,8 @@ def summarize(
         "underrun_s": sum(t["underrun_s"] for t in done),
         "turns_with_underrun": sum(1 for t in done if t["underruns"]),
         "underrun_s_per_turn": percentiles([t["underrun_s"] for t in done]),
+        # where in their turns the gaps fell (s of audio played before each): at a sentence's start or not
+        "underrun_at_s": sorted(round(at, 2) for t in done for at in t["underrun_at_s"]),
         "audio_s": sum(t["audio_s"] for t in done),
         "bytes_received": sum(t["bytes"] for t in turns),
         "frames_received": sum(t["frames"] for t in turns),

@@ -3,7 +3,8 @@
 Both run on the same CPU engine client: ``tests/vllm_omni/server.py`` (vllm-omni's real serving layer, Piper
 audio at 24 kHz) and ``voxgate serve --engine remote`` in front of it (``bench/_serve.py``). The same
 paragraph streams at LLM pace into each endpoint and concurrency level: TTFA, underruns behind a 150 ms
-jitter buffer, and the time from a stop (cancel or disconnect) to silence and to the engine's stop.
+jitter buffer, the time from a stop (cancel or disconnect) to silence and to the engine's stop, and the
+CPU each serving layer spends per streamed audio second (the engine's synthesis threads left out).
 
     .venv/bin/python bench/vs_vllm_omni.py [--runs N] [--stop-runs N] [--concurrency 1 4 8] [--json OUT]
 
@@ -31,7 +32,7 @@ from typing import Any, Literal
 
 from _client import PATH, Turn, open_session, speak
 from _serve import BenchError, Server, free_port, gateway
-from _stats import CpuWindow, pct, rotated, write_json
+from _stats import CpuWindow, pct, rotated, thread_cpu_s, write_json
 from _text import PARAGRAPH, tokenize
 from websockets.exceptions import ConnectionClosed
 
@@ -65,6 +66,9 @@ ABORT_RE = re.compile(r"(?:^|\s)abort (\S+)")
 DISCONNECTED_RE = re.compile(r"Streaming speech: client disconnected")
 
 StopKind = Literal["cancel", "disconnect"]
+# The kernel name of the vllm-omni server's synthesis threads (tests/vllm_omni/server.py, SYNTH_THREAD): its
+# CPU less theirs is vllm-omni's serving layer.
+UPSTREAM_ENGINE_THREADS = "piper-upstream"
 
 
 @contextlib.contextmanager
@@ -300,6 +304,38 @@ async def stop_round(
 # -- statistics and report -----------------------------------------------------------------------------
 
 
+@dataclass
+class CpuShare:
+    """CPU seconds one endpoint's streaming rounds cost each side, and the audio seconds they streamed."""
+
+    serving_s: float = 0.0  # the vllm-omni server's, less its synthesis threads: its serving layer
+    gateway_s: float = 0.0  # voxgate's gateway process
+    audio_s: float = 0.0
+
+    def per_audio_s_ms(self) -> dict[str, float]:
+        audio = self.audio_s or math.nan
+        return {
+            "vllm_omni_serving": self.serving_s * 1000.0 / audio,
+            "voxgate_gateway": self.gateway_s * 1000.0 / audio,
+        }
+
+
+def cpu_rows(endpoints: Sequence[Endpoint], shares: dict[str, CpuShare]) -> list[str]:
+    rows = [
+        "| endpoint | audio s streamed | vllm-omni serving layer, ms CPU per audio s"
+        " | voxgate gateway, ms CPU per audio s |",
+        "|---|---|---|---|",
+    ]
+    for endpoint in endpoints:
+        share = shares[endpoint.key]
+        per = share.per_audio_s_ms()
+        gateway = fmt(per["voxgate_gateway"]) if endpoint.extensions else "—"
+        rows.append(
+            f"| {endpoint.label} | {share.audio_s:.0f} | {per['vllm_omni_serving']:.1f} | {gateway} |"
+        )
+    return rows
+
+
 def fmt(value: float) -> str:
     return "—" if math.isnan(value) else f"{value:.0f}"
 
@@ -432,10 +468,22 @@ async def measure(args: argparse.Namespace, upstream: Server, voxgate: Server) -
     mark = upstream.mark()
     window = CpuWindow(lambda: upstream.cpu_s() + voxgate.cpu_s() + time.process_time())
     load_before = os.getloadavg()
+    shares = {e.key: CpuShare() for e in endpoints}
+
+    def sides() -> tuple[float, float]:
+        engine = thread_cpu_s(upstream.pid, UPSTREAM_ENGINE_THREADS)
+        return upstream.cpu_s() - engine, voxgate.cpu_s()
+
     for level in args.concurrency:
         for r in range(math.ceil(args.runs / level)):
             for endpoint in rotated(endpoints, r):
+                serving0, gateway0 = sides()
                 got = await run_round(endpoint, plan, level, None)
+                serving1, gateway1 = sides()
+                share = shares[endpoint.key]
+                share.serving_s += serving1 - serving0
+                share.gateway_s += gateway1 - gateway0
+                share.audio_s += sum(s.audio_s for s in got)
                 streaming.setdefault((endpoint.key, level), []).extend(got)
                 worst = max(s.ttfa_ms for s in got)
                 print(f"  {endpoint.key} x{level}: worst TTFA {worst:.0f} ms", file=sys.stderr)
@@ -466,6 +514,7 @@ async def measure(args: argparse.Namespace, upstream: Server, voxgate: Server) -
         "bench_cores": round(bench_cores, 2),
         "other_cores": round(max(0.0, busy - bench_cores), 2),
         "engine_requests": requests,
+        "cpu_ms_per_audio_s": {key: share.per_audio_s_ms() for key, share in shares.items()},
     }
     print()
     print(
@@ -476,6 +525,10 @@ async def measure(args: argparse.Namespace, upstream: Server, voxgate: Server) -
     print("\n".join(stream_rows(endpoints, streaming)))
     print()
     print("\n".join(stop_rows(endpoints, stopping, aborted)))
+    print()
+    print("CPU of the streaming rounds (all levels), the synthesis threads of the vllm-omni server left out:")
+    print()
+    print("\n".join(cpu_rows(endpoints, shares)))
     print()
     print(
         f"measured in {elapsed:.0f} s on {os.cpu_count()} CPUs; load average before "

@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
@@ -73,6 +74,12 @@ _VOLUME = 0.9
 # first audio quick), an idle server gives its memory back.
 _ARENA_IDLE_S = 5.0
 _DONE = object()
+#: Seconds one phoneme takes to synthesise, until runs have been timed (about 4.3 ms of CPU on a 2-core EPYC).
+_FIRST_PER_PHONEME_S = 0.006
+#: The shortest first piece of a segment cut short to be in time: about 4 words, 1.3 s of audio.
+MIN_FIRST_PIECE_PHONEMES = 24
+#: What a piece's audio takes after its run to reach the client (resampling, framing, sending).
+_DELIVERY_S = 0.05
 
 
 class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -129,7 +136,7 @@ class _Job:
 
     deadline: float  #: when its client's audio runs out, before any of this segment's
     stop: threading.Event
-    steps: Generator[None, None, None]  #: each ``next`` runs one piece
+    steps: Generator[int, None, None]  #: each ``next`` runs one piece: the next piece's phonemes
     deliver: Callable[[object], None]
     audio_s: float = 0.0  #: audio delivered so far
 
@@ -185,11 +192,16 @@ class PiperEngine:
         #: ONNX runs started: one per piece (tests count the work done after a cancel with it), and
         #: those that ran on the wide session.
         self.runs = self.wide_runs = 0
+        #: Segments whose first piece was cut short to be in time (``_infer``'s ``due``).
+        self.short_firsts = 0
         # Jobs inferring now. Not the workers' running count: that includes a finished job's housekeeping
         # (``release_freed_memory`` can take tens of ms), and a segment queued right behind the one before
         # it then ran on one thread, though alone (half the first-audio runs of bench/piper_first_audio.py).
         self._inferring = 0
         self._inferring_lock = threading.Lock()
+        #: Seconds a phoneme takes to synthesise on the narrow sessions, as the recent runs took (a moving
+        #: average of wall time: under load, what a piece will really take).
+        self.per_phoneme_s = _FIRST_PER_PHONEME_S
 
     async def start(self) -> None:
         self._voice = await asyncio.wrap_future(self._workers.submit(-math.inf, self._load))
@@ -285,7 +297,9 @@ class PiperEngine:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
         words = bool(req.options.get("word_timestamps"))
-        steps = self._infer(voice, req.text, req.speed, req.seed, stop, deliver, words=words)
+        # A segment after audio that is playing is due when that audio ends; a first one is due at once.
+        due = req.deadline if req.deadline > time.monotonic() else None
+        steps = self._infer(voice, req.text, req.speed, req.seed, stop, deliver, words=words, due=due)
         job = _Job(req.deadline, stop, steps, deliver)
         self._begin()
         self._workers.submit(req.deadline, lambda: self._step(job))
@@ -304,19 +318,23 @@ class PiperEngine:
         Each piece (one ONNX run) is a job of its own in the deadline queue: the next piece of a segment
         is due when the audio its client has, this segment's delivered audio included, runs out
         (``_Job.next_deadline``). A more urgent piece of another session, queued meanwhile, goes first, so
-        a long segment holds a worker for one piece, not for all of its pieces.
+        a long segment holds a worker for one piece, not for all of its pieces. The queue orders pieces
+        by when they must start to be done in time (least laxity): the deadline less what the piece
+        will take, its phonemes at ``per_phoneme_s``; a long piece goes before a short one due a little
+        earlier when only then can both be in time.
         """
         self._jobs += 1
         self._count(+1)
         try:
-            more = not job.stop.is_set() and next(job.steps, _DONE) is not _DONE
+            after = next(job.steps, _DONE) if not job.stop.is_set() else _DONE
         except Exception as exc:  # the thread boundary: hand any failure to the awaiting side
             job.deliver(EngineError(f"piper failed: {exc}"))
-            more = False
+            after = _DONE
         finally:
             self._count(-1)
-        if more:
-            self._workers.submit(job.next_deadline(), lambda: self._step(job))
+        if isinstance(after, int):
+            start_by = job.next_deadline() - after * self.per_phoneme_s
+            self._workers.submit(start_by, lambda: self._step(job))
             return
         job.steps.close()
         job.deliver(_DONE)
@@ -334,9 +352,16 @@ class PiperEngine:
         deliver: Callable[[object], None],
         *,
         words: bool = False,
-    ) -> Generator[None, None, None]:
-        """Speak ``text`` one piece per step: each ``next`` runs one ONNX run (the first also phonemizes)
-        and delivers what audio it releases; the generator ends when the text is spoken or ``stop`` is set."""
+        due: float | None = None,
+    ) -> Generator[int, None, None]:
+        """Speak ``text`` one piece per step: each ``next`` runs one ONNX run (the first also phonemizes),
+        delivers what audio it releases and gives the phonemes of the piece after it; the generator ends
+        when the text is spoken or ``stop`` is set.
+
+        ``due``: when the audio playing before this segment runs out. A first piece that would not be
+        done by then, at ``per_phoneme_s``, is cut shorter (at a pause or between words, at least
+        ``MIN_FIRST_PIECE_PHONEMES``): a short pause inside the sentence instead of a gap before it.
+        """
         from piper import SynthesisConfig
 
         config = SynthesisConfig(length_scale=(voice.config.length_scale or 1.0) / speed)
@@ -348,8 +373,16 @@ class PiperEngine:
         with self._phonemize_lock:
             sentences = phonemize_whole(voice.phonemize, text)
             plans = _plan(voice, text, sentences) if words else [[] for _ in sentences]
-        for phonemes, plan in zip(sentences, plans, strict=True):
-            runs = cuts(phonemes)
+        every = [cuts(phonemes) for phonemes in sentences]
+        if due is not None and every and every[0]:
+            slack = due - time.monotonic() - _DELIVERY_S
+            whole = len(every[0][0][1])
+            if whole * self.per_phoneme_s > slack:
+                fits = max(MIN_FIRST_PIECE_PHONEMES, int(slack / self.per_phoneme_s))
+                every[0] = cuts(sentences[0], first=fits)
+                self.short_firsts += len(every[0][0][1]) < whole
+        following = iter([len(piece) for runs in every for _, piece in runs][1:] + [0])
+        for runs, plan in zip(every, plans, strict=True):
             # A word that goes on into the next piece holds its audio back until its end is known.
             timeline = piper_words.Timeline(plan, [first for first, _ in runs])
             held = np.zeros(0, dtype=np.float32)
@@ -360,9 +393,13 @@ class PiperEngine:
                 # Alone on the machine (this is the only run): the wide session uses the idle cores.
                 wide = self._wide if self._wide is not None and self._inferring <= 1 else None
                 self.wide_runs += wide is not None
+                began = time.perf_counter()
                 result = (wide or voice).phoneme_ids_to_audio(
                     voice.phonemes_to_ids(piece), config, include_alignments=words
                 )
+                if wide is None and piece:
+                    took = (time.perf_counter() - began) / len(piece)
+                    self.per_phoneme_s += (took - self.per_phoneme_s) / 8
                 audio, samples = _timed(voice, piece, result)
                 peak = float(np.max(np.abs(audio))) if audio.size else 0.0
                 audio = audio * (_VOLUME / peak) if peak > 1e-8 else np.zeros_like(audio)
@@ -372,7 +409,7 @@ class PiperEngine:
                 if release:
                     deliver(AudioChunk(held[:release], self.sample_rate, timings))
                     held = held[release:]
-                yield
+                yield next(following)
 
     def _check_text(self, text: str) -> None:
         """Refuse text with letters of a script the voice's language does not use (``engine.scripts``)."""

@@ -22,25 +22,28 @@ MIN_CHECKED_CHARS = 64
 _PAUSES = frozenset(",;:.!?")
 
 
-def cuts(phonemes: list[str], limit: int = MAX_PIECE_PHONEMES) -> list[tuple[int, list[str]]]:
-    """Cut one sentence's phonemes into runs of at most ``limit`` phonemes, each with its start index.
+def cuts(
+    phonemes: list[str], limit: int = MAX_PIECE_PHONEMES, first: int | None = None
+) -> list[tuple[int, list[str]]]:
+    """Cut one sentence's phonemes into runs of at most ``limit`` phonemes, each with its start index;
+    the first run at most ``first`` phonemes when given (a piece wanted sooner).
 
     Each cut falls after the last pause (``,`` ``;`` ...) in the second half of the window, else at the
-    last word gap, else (one word longer than ``limit``) at ``limit``. Word gaps at a cut are dropped.
+    last word gap, else (one word longer than the window) at its end. Word gaps at a cut are dropped.
     """
     out: list[tuple[int, list[str]]] = []
     start = 0
-    while len(phonemes) - start > limit:
-        rest = phonemes[start : start + limit]
-        gaps = [i for i in range(1, limit) if rest[i] == " "]
-        paused = [i for i in gaps if i >= limit // 2 and rest[i - 1] in _PAUSES]
-        cut = paused[-1] if paused else gaps[-1] if gaps else limit
+    while len(phonemes) - start > (window := limit if out or first is None else min(first, limit)):
+        rest = phonemes[start : start + window]
+        gaps = [i for i in range(1, window) if rest[i] == " "]
+        paused = [i for i in gaps if i >= window // 2 and rest[i - 1] in _PAUSES]
+        cut = paused[-1] if paused else gaps[-1] if gaps else window
         out.append((start, rest[:cut]))
         start += cut
         while start < len(phonemes) and phonemes[start] == " ":
             start += 1
     out.append((start, phonemes[start:]))
-    return [(first, piece) for first, piece in out if any(p != " " for p in piece)]
+    return [(at, piece) for at, piece in out if any(p != " " for p in piece)]
 
 
 def pieces(phonemes: list[str], limit: int = MAX_PIECE_PHONEMES) -> list[list[str]]:

@@ -10,7 +10,7 @@ import pytest
 from voxgate.engine import piper
 from voxgate.engine.base import SynthesisRequest
 from voxgate.engine.piper import PiperEngine
-from voxgate.engine.piper_text import MAX_PIECE_PHONEMES, pieces
+from voxgate.engine.piper_text import MAX_PIECE_PHONEMES, cuts, pieces
 
 # Joe speaks about 18 phonemes a second; a piece of MAX_PIECE_PHONEMES is well under this.
 MAX_PIECE_AUDIO_S = 15.0
@@ -32,6 +32,15 @@ def test_long_runs_are_cut_after_a_pause_else_between_words_else_anywhere() -> N
     one_word = list("a" * 30)
     assert [len(p) for p in pieces(one_word, limit=12)] == [12, 12, 6]
     assert pieces(list("   "), limit=2) == []
+
+
+def test_a_first_piece_wanted_sooner_is_cut_shorter_and_the_rest_as_before() -> None:
+    run = list("aaaa bbbb, cccc dddd eeee ffff")
+    assert cuts(run, limit=40) == [(0, run)]
+    # The first window is 12: cut after the pause; the rest, 19 phonemes, fits the normal limit.
+    assert cuts(run, limit=40, first=12) == [(0, list("aaaa bbbb,")), (11, list("cccc dddd eeee ffff"))]
+    assert cuts(run, limit=10, first=40) == cuts(run, limit=10)  # never longer than the limit
+    assert cuts(run, limit=40, first=40) == [(0, run)]
 
 
 def test_every_piece_of_a_long_run_is_bounded() -> None:
@@ -142,14 +151,19 @@ def test_a_sentence_spoken_in_pieces_times_every_word_once_in_order() -> None:
     assert [w for chunk in per_chunk for w in chunk] == text.split()
 
 
-@pytest.mark.slow
-def test_a_more_urgent_segment_runs_between_the_pieces_of_a_long_one() -> None:
-    """Each piece is a job of its own: a long segment holds the worker for one piece, not for all."""
+def long_and_urgent(per_phoneme_s: float | None = None) -> list[str]:
+    """Which segment each chunk came from: a long one due now, and a one-word one due a second later.
+
+    One worker, held busy while both queue. ``per_phoneme_s`` overrides the engine's estimate of what
+    a phoneme takes (which it then keeps updating from the runs it times).
+    """
     long_text = " and ".join(["the river runs past the old town"] * 8) + "."  # one sentence, several pieces
 
     async def scenario() -> list[str]:
         engine = PiperEngine(threads=1, workers=1, wide_threads=1)  # one worker, no wide session
         await engine.start()
+        if per_phoneme_s is not None:
+            engine.per_phoneme_s = per_phoneme_s
         try:
             gate, busy = threading.Event(), threading.Event()
 
@@ -166,8 +180,6 @@ def test_a_more_urgent_segment_runs_between_the_pieces_of_a_long_one() -> None:
                 async for _ in engine.synthesize(request):
                     arrivals.append(name)
 
-            # The long segment is due first; the short one a second later, before the long one's
-            # second piece (due once its first piece's 5-6 s of audio have played).
             long = asyncio.create_task(
                 read("long", SynthesisRequest(text=long_text, voice="joe", seed=1, deadline=now))
             )
@@ -185,6 +197,60 @@ def test_a_more_urgent_segment_runs_between_the_pieces_of_a_long_one() -> None:
         finally:
             await engine.aclose()
 
-    arrivals = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_a_more_urgent_segment_runs_between_the_pieces_of_a_long_one() -> None:
+    """Each piece is a job of its own: a long segment holds the worker for one piece, not for all.
+
+    The long segment's second piece is due once its first piece's 5-6 s of audio have played, less what
+    it takes (under a second here): after the short segment, due a second after the first.
+    """
+    arrivals = long_and_urgent()
     assert arrivals.count("long") > 2  # the long segment came in several pieces
     assert arrivals.index("urgent") == 1  # right after the long segment's first piece
+
+
+@pytest.mark.slow
+def test_a_piece_that_must_start_first_to_be_in_time_goes_first() -> None:
+    """Least laxity: the queue orders a piece by its deadline less what it will take.
+
+    Where each phoneme takes 0.2 s (a machine 30 times slower), the long segment's second piece (about
+    100 phonemes, 20 s) must start at once to be done before its 5-6 s deadline: it goes before the
+    short segment, due sooner but quick.
+    """
+    arrivals = long_and_urgent(per_phoneme_s=0.2)
+    assert arrivals.count("long") > 2
+    assert arrivals.index("urgent") >= 2  # after the long segment's second piece at least
+
+
+def first_chunks(slack_s: float) -> tuple[list[float], int]:
+    """The chunks (audio seconds) of a 12-word sentence that must start playing ``slack_s`` from now,
+    after audio that is playing; and how many first pieces the engine cut short."""
+    sentence = "Of words into speech while the model is still writing its answer."
+
+    async def scenario() -> tuple[list[float], int]:
+        engine = PiperEngine(threads=1, workers=1, wide_threads=1)
+        await engine.start()
+        try:
+            due = time.monotonic() + slack_s
+            request = SynthesisRequest(text=sentence, voice="joe", seed=1, deadline=due)
+            got = [len(c.samples) / c.sample_rate async for c in engine.synthesize(request)]
+            return got, engine.short_firsts
+        finally:
+            await engine.aclose()
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_a_segment_due_too_soon_for_its_first_piece_starts_with_a_shorter_one() -> None:
+    """Due in 20 ms, after audio already playing: not even 4 words are in time, so the first piece is
+    the shortest (about 4 words) and the sentence comes in two; due in a minute, whole, as always."""
+    soon, short = first_chunks(0.02)
+    later, none = first_chunks(60.0)
+    assert (short, none) == (1, 0)
+    assert len(later) == 1 and len(soon) == 2
+    assert soon[0] < later[0] / 2  # about 4 of the 12 words
+    assert sum(soon) == pytest.approx(later[0], abs=0.6)  # the same words, with a pause at the cut

