@@ -329,7 +329,7 @@ def cpu_rows(endpoints: Sequence[Endpoint], shares: dict[str, CpuShare]) -> list
     for endpoint in endpoints:
         share = shares[endpoint.key]
         per = share.per_audio_s_ms()
-        gateway = fmt(per["voxgate_gateway"]) if endpoint.extensions else "—"
+        gateway = f"{per['voxgate_gateway']:.1f}" if endpoint.extensions else "—"
         rows.append(
             f"| {endpoint.label} | {share.audio_s:.0f} | {per['vllm_omni_serving']:.1f} | {gateway} |"
         )

@@ -561,13 +561,20 @@ class CpuTtsEngineClient:
         import soxr
 
         sentences = iter(self._voice.synthesize(text))
+
+        def sentence() -> Any:
+            """The next sentence's audio at 24 kHz, or None: the engine's work, on its named threads."""
+            chunk = next(sentences, None)
+            if chunk is None:
+                return None
+            audio = np.asarray(chunk.audio_float_array, dtype=np.float32)
+            return soxr.resample(audio, self._piper_rate, SAMPLE_RATE).astype(np.float32)
+
         first = True
         while True:
-            chunk = await asyncio.get_running_loop().run_in_executor(self._synth, next, sentences, None)
-            if chunk is None:
+            audio = await asyncio.get_running_loop().run_in_executor(self._synth, sentence)
+            if audio is None:
                 return
-            audio = np.asarray(chunk.audio_float_array, dtype=np.float32)
-            audio = soxr.resample(audio, self._piper_rate, SAMPLE_RATE).astype(np.float32)
             async for piece in _pieces(audio, first):
                 yield piece
             first = False
