@@ -160,6 +160,23 @@ def _folder_name(owner: str) -> str:
     return owner
 
 
+def write_atomic(path: Path, payload: bytes) -> None:
+    """Write ``path`` whole or not at all: a temp file beside it (named ``.stem.*.tmp``, so nothing that
+    lists ``*.safetensors`` sees it half written), synced, then renamed over it, and the folder synced."""
+    fd, temp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    _fsync_dir(path.parent)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -505,15 +522,4 @@ class VoiceStore:
 
     @staticmethod
     def _write_atomic(path: Path, payload: bytes) -> None:
-        fd, temp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=TEMP_SUFFIX, dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp)
-            raise
-        _fsync_dir(path.parent)
+        write_atomic(path, payload)

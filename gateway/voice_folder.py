@@ -27,7 +27,6 @@ import contextlib
 import io
 import os
 import re
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from safetensors import SafetensorError, safe_open
 
 from .clips import decode_audio
 from .http import Rejected
-from .store import MAX_FILE_BYTES, VoiceData, VoiceError
+from .store import MAX_FILE_BYTES, VoiceData, VoiceError, write_atomic
 from .voices import MAX_UPLOAD_EMBEDDING_DIM
 from .voicestore import VoiceBackend
 
@@ -238,21 +237,6 @@ def encode_voice(data: VoiceData, created_at: int) -> tuple[str, bytes]:
     return filename, safetensors.numpy.save(tensors, header)
 
 
-def _write_atomic(path: Path, payload: bytes) -> None:
-    # The temp name does not end in .safetensors: a vllm-omni starting meanwhile never restores it.
-    fd, temp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-
-
 def _stored(store: VoiceBackend, owner: str) -> Iterator[VoiceData | str]:
     """The owner's voices with their payload, or the name of one that could not be read."""
     for info in store.list(owner):
@@ -281,7 +265,8 @@ def export_folder(store: VoiceBackend, owner: str, folder: Path, *, replace: boo
         last = max(int(data.info.created_at), last + 1)
         filename, payload = encode_voice(data, last)
         path = folder / filename
-        _write_atomic(path, payload)
+        # The temp name does not end in .safetensors: a vllm-omni starting meanwhile never restores it.
+        write_atomic(path, payload)
         for old in older:
             if old != path:
                 old.unlink(missing_ok=True)

@@ -30,24 +30,13 @@ from typing import Any
 import pytest
 from voxgate.engine.families import FAMILIES, Clip, Family
 
+from tests.vllm_omni.inprocess_probe import CLIP_RATE_HZ, DETECTABLE, FAMILY_CASES
 from tests.vllm_omni.test_inprocess_engine import run_probe
 
 pytestmark = pytest.mark.slow
 
-#: As inprocess_probe.py ``DETECTABLE`` and test_families_real.py ``PROVEN``.
-DETECTABLE = (
-    "fish_tts",
-    "cosyvoice3",
-    "glm_tts",
-    "higgs_audio_v2",
-    "ming_flash_omni_tts",
-    "voxtral_tts",
-    "voxcpm2",
-    "qwen3_tts_base",
-    "qwen3_tts_customvoice",
-)
-CASES = ("plain", "transcribed", "untranscribed", "embedding", "over budget")
-CLIP_RATE_HZ = 44100
+# The families (as test_families_real.py ``PROVEN``), the cases and the clips' rate the probe runs.
+CASES = FAMILY_CASES
 #: Cases whose preparation needs the checkpoint's own files on both sides, and what vllm-omni says then.
 NEEDS_MODEL: dict[tuple[str, str], str] = {
     # The checkpoint's AutoProcessor (feature extractor) builds Higgs Audio's prompt.
