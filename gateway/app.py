@@ -20,6 +20,7 @@ from ..engine import ENGINES, TTSEngine
 from . import batch, elevenlabs, elevenlabs_rest, speech, voices
 from .auth import AuthMiddleware
 from .catalog import Catalog
+from .clips import MAX_CLIP_RATE, MIN_SAMPLE_RATE
 from .headers import SecurityHeadersMiddleware
 from .http import RequestIdMiddleware, WebFiles, http_error
 from .metrics import Metrics, metrics_endpoint
@@ -83,6 +84,8 @@ def create_app(
             raise ValueError(f"unknown engine(s) {unknown}; choose from {sorted(ENGINES)}")
     if settings.voice_store:
         parse_location(settings.voice_store)  # a malformed location fails here, not at the first request
+    if not MIN_SAMPLE_RATE <= settings.max_clip_rate_hz <= MAX_CLIP_RATE:
+        raise ValueError(f"max_clip_rate_hz must be {MIN_SAMPLE_RATE} to {MAX_CLIP_RATE}")
     metrics = Metrics()
     # Per-key caps and rate limits across the fleet (unset: per process).
     shared = SharedLimits(settings.redis_url, lease_s=settings.redis_lease_s) if settings.redis_url else None
@@ -100,7 +103,9 @@ def create_app(
         else:
             engines = [engine] if not isinstance(engine, Sequence) else list(engine)
         store = open_store(settings)
-        catalog = Catalog(engines, aliases=settings.voice_aliases, store=store)
+        catalog = Catalog(
+            engines, aliases=settings.voice_aliases, store=store, clip_rate_hz=settings.max_clip_rate_hz
+        )
         await catalog.start()
         metrics.watch(engines)
         sessions.start()

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 from ..engine.base import TTSEngine, UnknownVoice, UnsupportedOption, Voice, VoiceReference
-from .clips import decoding, inline_reference
+from .clips import MAX_STORED_RATE, decoding, inline_reference
 from .http import Rejected
 from .voicestore import VoiceBackend
 
@@ -51,6 +51,7 @@ class Catalog:
         *,
         aliases: dict[str, str] | None = None,
         store: VoiceBackend | None = None,
+        clip_rate_hz: int = MAX_STORED_RATE,
     ) -> None:
         if not engines:
             raise ValueError("at least one engine is needed")
@@ -59,6 +60,8 @@ class Catalog:
         # Aliases match without regard to case, like voice names.
         self.aliases = {k.casefold(): v for k, v in (aliases or {}).items()}
         self.store = store
+        #: The highest rate an inline ``ref_audio`` is kept at (``max_clip_rate_hz``).
+        self.clip_rate_hz = clip_rate_hz
 
     async def start(self) -> None:
         """Start every engine."""
@@ -105,7 +108,7 @@ class Catalog:
         inline = None
         if ref_audio is not None:
             self._inline_cloner(model)  # refuses before the decode, not after it
-            inline = await decoding(inline_reference, ref_audio, ref_text)
+            inline = await decoding(inline_reference, ref_audio, ref_text, self.clip_rate_hz)
         elif ref_text is not None:
             message = "ref_text goes with ref_audio; an uploaded voice keeps its own transcript"
             raise Rejected(400, "invalid_ref_audio", message, "ref_text")

@@ -4,8 +4,9 @@ Used by voice uploads (``gateway.voices``) and by the inline ``ref_audio`` of a 
 (``gateway.catalog``); every problem raises ``Rejected`` naming the field it concerns.
 
 A clip costs what it is worth: its header (rate, channels, length) is checked before anything is decoded,
-then it is decoded block by block, mixed down to mono and resampled to at most ``MAX_STORED_RATE`` on the
-way, on one of ``MAX_CONCURRENT_DECODES`` decode threads.
+then it is decoded block by block, mixed down to mono and resampled to at most the stored rate on the way
+(``MAX_STORED_RATE``, or the deployment's ``max_clip_rate_hz`` up to ``MAX_CLIP_RATE``), on one of
+``MAX_CONCURRENT_DECODES`` decode threads.
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ MAX_DURATION_S = 30.0  # cloning models condition on a few seconds; longer only 
 MIN_SAMPLE_RATE = 8000
 MAX_SAMPLE_RATE = 192000
 MAX_CHANNELS = 8
-# The canonical form of a clip is mono at most at this rate: the cloning models voxgate serves condition on
+# The canonical form of a clip is mono at most at this rate: most cloning models voxgate serves condition on
 # 16-24 kHz audio (Qwen3-TTS: 24 kHz), so more is only bytes. 30 s of it is 1.4 MB stored as 16-bit PCM.
 MAX_STORED_RATE = 24000
+# The most a deployment may keep (``max_clip_rate_hz``): Fish Speech's codec runs at 44.1 kHz, VoxCPM2 at 48.
+# 30 s at 48 kHz is 2.9 MB stored.
+MAX_CLIP_RATE = 48000
 # Source audio decoded per step: 1 MiB of float32 frames is 0.17 s of 192 kHz 8-channel audio, 16 s of
 # 16 kHz mono; a 30 s clip then costs this plus its canonical form, never its decoded size (184 MB there).
 DECODE_BLOCK_BYTES = 1 << 20
@@ -151,13 +155,13 @@ def _check_header(f: soundfile.SoundFile, param: str) -> _Header:
 
 
 def _decode_blocks(
-    f: soundfile.SoundFile, header: _Header, param: str
+    f: soundfile.SoundFile, header: _Header, param: str, max_rate: int
 ) -> tuple[npt.NDArray[np.float32], int]:
-    """The clip as mono float32 at ``min(rate, MAX_STORED_RATE)``, decoded, mixed down and resampled one
+    """The clip as mono float32 at ``min(rate, max_rate)``, decoded, mixed down and resampled one
     block at a time, so memory holds one block of the source and the (small) canonical result; and the
     number of source frames decoded."""
     block = np.empty((max(1, DECODE_BLOCK_BYTES // (4 * header.channels)), header.channels), np.float32)
-    resampler = Resampler(header.rate, min(header.rate, MAX_STORED_RATE))
+    resampler = Resampler(header.rate, min(header.rate, max_rate))
     pieces: list[npt.NDArray[np.float32]] = []
     # libsndfile never reads past the frames the header states, and the header was checked; the bound
     # only guards against a decoder that would.
@@ -178,10 +182,10 @@ def _decode_blocks(
 
 
 def decode_audio(
-    data: bytes | bytearray | memoryview, param: str = "audio_sample"
+    data: bytes | bytearray | memoryview, param: str = "audio_sample", max_rate: int = MAX_STORED_RATE
 ) -> tuple[npt.NDArray[np.float32], int, str]:
     """The canonical form of a wav, flac, ogg/opus or mp3 clip: mono float32 at its rate, or at
-    ``MAX_STORED_RATE`` when higher; with that rate and the clip's MIME type.
+    ``max_rate`` when higher; with that rate and the clip's MIME type.
 
     Rate, channels and length are read from the header and refused before any decoding; the decode
     then goes block by block (``DECODE_BLOCK_BYTES``) on a decode thread, at most
@@ -192,24 +196,26 @@ def decode_audio(
         Rejected: 415 ``unsupported_audio`` (not decodable), 400 ``invalid_audio`` (rate, channels,
             unknown length, NaN or infinite samples) or ``invalid_duration`` (not 1 to 30 s).
     """
-    return _on_decoder(_decode, data, param)
+    return _on_decoder(_decode, data, param, max_rate)
 
 
-def _decode(data: bytes | bytearray | memoryview, param: str) -> tuple[npt.NDArray[np.float32], int, str]:
+def _decode(
+    data: bytes | bytearray | memoryview, param: str, max_rate: int
+) -> tuple[npt.NDArray[np.float32], int, str]:
     try:
         with soundfile.SoundFile(_Bytes(data)) as f:
             header = _check_header(f, param)
-            samples, frames = _decode_blocks(f, header, param)
+            samples, frames = _decode_blocks(f, header, param, max_rate)
     except (soundfile.SoundFileError, ValueError, EOFError) as exc:
         message = f"{param} could not be decoded as wav, flac, ogg/opus or mp3"
         raise Rejected(415, "unsupported_audio", message, param) from exc
     if not MIN_DURATION_S <= frames / header.rate <= MAX_DURATION_S:  # shorter than its header said
         message = f"{param} must be {MIN_DURATION_S:g} to {MAX_DURATION_S:g} s long"
         raise Rejected(400, "invalid_duration", message, param)
-    return samples, min(header.rate, MAX_STORED_RATE), header.mime_type
+    return samples, min(header.rate, max_rate), header.mime_type
 
 
-def inline_reference(ref_audio: str, ref_text: str | None) -> VoiceReference:
+def inline_reference(ref_audio: str, ref_text: str | None, max_rate: int = MAX_STORED_RATE) -> VoiceReference:
     """A one-request voice from ``ref_audio`` (a ``data:`` URL or bare base64 of a clip) and its transcript.
 
     The gateway never fetches URLs (it may have no network, and fetching on a client's behalf is an
@@ -230,5 +236,5 @@ def inline_reference(ref_audio: str, ref_text: str | None) -> VoiceReference:
         raise Rejected(400, "invalid_ref_audio", message, "ref_audio") from None
     if len(data) > MAX_AUDIO_BYTES:
         raise Rejected(413, "audio_too_large", f"ref_audio is over {MAX_AUDIO_BYTES} bytes", "ref_audio")
-    audio, rate, _ = decode_audio(data, "ref_audio")
+    audio, rate, _ = decode_audio(data, "ref_audio", max_rate)
     return VoiceReference(name="ref_audio", audio=audio, sample_rate=rate, ref_text=ref_text)

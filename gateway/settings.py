@@ -267,6 +267,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             shown="empty",
         ),
     ] = ""
+    max_clip_rate_hz: Annotated[
+        int,
+        option(
+            "the highest rate a reference clip (an upload, an imported voice or an inline `ref_audio`) is "
+            "kept at; higher ones are resampled down. 8000-48000: 44100 or 48000 for a Fish Speech or "
+            "VoxCPM2 upstream, whose codecs run at those rates (a 30 s clip is then 2.9 MB stored)"
+        ),
+    ] = 24000
     # A cap on the count keeps listings short; the disk is capped by max_voice_bytes.
     max_voices: Annotated[int, option("uploaded voices allowed per API key", flag=True)] = 1000
     # A clip is stored as mono 16-bit PCM at most at 24 kHz: 30 s is 1.4 MB, 10 s 0.3-0.5 MB, so 256 MiB

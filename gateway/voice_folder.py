@@ -14,7 +14,7 @@ metadata as the header's strings: ``name``, ``voice_name_lower`` (the key it is 
 is never read back: the header says whose voice it is.
 
 Import takes each readable file through the checks of an upload (``gateway.clips.decode_audio``: mono, 1 to
-30 s, at most ``MAX_STORED_RATE``) into ``VoiceBackend.save`` (the store's own format, local or S3); export
+30 s, at most ``max_clip_rate_hz``) into ``VoiceBackend.save`` (the store's own format, local or S3); export
 writes each stored voice as vllm-omni's upload would, atomically (a hidden temp file renamed), with
 ``created_at`` strictly increasing so no two exported voices share a cache key. A voice whose name is
 already in the destination is skipped unless ``replace`` is given; a file that is not a voice is skipped
@@ -37,7 +37,7 @@ import safetensors.numpy
 import soundfile
 from safetensors import SafetensorError, safe_open
 
-from .clips import decode_audio
+from .clips import MAX_STORED_RATE, decode_audio
 from .http import Rejected
 from .store import MAX_FILE_BYTES, VoiceData, VoiceError, write_atomic
 from .voices import MAX_UPLOAD_EMBEDDING_DIM
@@ -136,17 +136,19 @@ def read_voice(path: Path) -> FolderVoice:
     return msgspec.structs.replace(voice, audio=values, sample_rate=rate)
 
 
-def _canonical_audio(voice: FolderVoice) -> tuple[npt.NDArray[np.float32], int]:
+def _canonical_audio(voice: FolderVoice, max_rate: int) -> tuple[npt.NDArray[np.float32], int]:
     """The clip as an upload of it would be stored (``clips.decode_audio``: mono, 1-30 s, rate capped)."""
     assert voice.audio is not None
     wav = io.BytesIO()
     # float32 WAV keeps the samples exactly; one column per channel, as vllm-omni stored them.
     soundfile.write(wav, voice.audio, voice.sample_rate, format="WAV", subtype="FLOAT")
-    audio, rate, _ = decode_audio(wav.getbuffer(), "audio")
+    audio, rate, _ = decode_audio(wav.getbuffer(), "audio", max_rate)
     return audio, rate
 
 
-def import_folder(folder: Path, store: VoiceBackend, owner: str, *, replace: bool = False) -> Report:
+def import_folder(
+    folder: Path, store: VoiceBackend, owner: str, *, replace: bool = False, max_rate: int = MAX_STORED_RATE
+) -> Report:
     """Every voice of vllm-omni's speaker ``folder`` saved in ``store`` as ``owner``'s (blocking I/O).
 
     A name the owner already has is skipped unless ``replace``; a file that is not a voice, or a voice
@@ -166,7 +168,7 @@ def import_folder(folder: Path, store: VoiceBackend, owner: str, *, replace: boo
                 raise _NotAVoice(f"voice {voice.name!r} exists (replace it with --replace)")
             if voice.embedding is not None and len(voice.embedding) > MAX_UPLOAD_EMBEDDING_DIM:
                 raise _NotAVoice(f"an embedding of over {MAX_UPLOAD_EMBEDDING_DIM} values")
-            audio, rate = _canonical_audio(voice) if voice.audio is not None else (None, 0)
+            audio, rate = _canonical_audio(voice, max_rate) if voice.audio is not None else (None, 0)
             info = store.save(
                 owner,
                 voice.name,

@@ -6,8 +6,8 @@
 and ``speaker_description``.
 The body is parsed while it streams in, and reading stops at the first part over its limit. The clip's
 rate, channels and length are checked from its header before it is decoded; it is then decoded block by
-block and stored in its canonical form: mono, at most 24 kHz, 16-bit PCM (``gateway.clips``,
-``gateway.store``).
+block and stored in its canonical form: mono, at most 24 kHz (``max_clip_rate_hz``), 16-bit PCM
+(``gateway.clips``, ``gateway.store``).
 
 Every failure is an OpenAI-style ``{"error": {"message", "type", "param", "code"}}``:
 
@@ -46,7 +46,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..engine.base import Voice
-from .clips import MAX_AUDIO_BYTES, decode_audio, decoding, parse_embedding
+from .clips import MAX_AUDIO_BYTES, MAX_STORED_RATE, decode_audio, decoding, parse_embedding
 from .http import Rejected, api_error
 from .multipart import FormLimits, Part, read_form, text_field
 from .store import (
@@ -142,10 +142,12 @@ def _check_form(parts: dict[str, Part]) -> _Upload:
     )
 
 
-def _save(store: VoiceBackend, owner: str, upload: _Upload) -> VoiceInfo:
-    """Decode the clip (if any) and store the voice; run on a decode thread (``clips.decoding``), so a
-    clip's decoded samples and its voice file are made and dropped there, and uploads wait their turn."""
-    audio, rate, mime = decode_audio(upload.audio) if upload.audio is not None else (None, 0, None)
+def _save(store: VoiceBackend, owner: str, upload: _Upload, max_rate: int) -> VoiceInfo:
+    """Decode the clip (if any) at most at ``max_rate`` and store the voice; run on a decode thread
+    (``clips.decoding``), so a clip's decoded samples and its voice file are made and dropped there, and
+    uploads wait their turn."""
+    clip = upload.audio
+    audio, rate, mime = decode_audio(clip, max_rate=max_rate) if clip is not None else (None, 0, None)
     return store.save(
         owner,
         upload.name,
@@ -197,6 +199,12 @@ def _catalog(request: Request) -> Catalog | None:
     return catalog
 
 
+def _clip_rate(request: Request) -> int:
+    """The highest rate an uploaded clip is kept at: ``max_clip_rate_hz``, else 24 kHz."""
+    settings = getattr(request.state, "settings", None)
+    return MAX_STORED_RATE if settings is None else int(settings.max_clip_rate_hz)
+
+
 def _owner(request: Request) -> str:
     owner: str = getattr(request.state, "owner", "")
     return owner
@@ -246,7 +254,7 @@ async def upload_voice(request: Request) -> JSONResponse:
             raise Rejected(
                 409, "name_taken", f"{upload.name!r} is a built-in voice; choose another name", "name"
             )
-        info = await decoding(_save, store, _owner(request), upload)
+        info = await decoding(_save, store, _owner(request), upload, _clip_rate(request))
     except Rejected as exc:
         await _drain(chunks)
         return api_error(exc.status, exc.message, code=exc.code, param=exc.param)

@@ -272,7 +272,9 @@ def _voice_folder(args: argparse.Namespace) -> int:
     try:
         store = open_store(settings)
         if args.action == "import":
-            report = import_folder(folder, store, owner, replace=args.replace)
+            report = import_folder(
+                folder, store, owner, replace=args.replace, max_rate=settings.max_clip_rate_hz
+            )
         else:
             report = export_folder(store, owner, folder, replace=args.replace)
     except (OSError, RuntimeError, ValueError, VoiceStoreUnavailable) as exc:

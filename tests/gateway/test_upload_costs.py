@@ -28,9 +28,11 @@ import soundfile
 from safetensors import safe_open
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway import clips
+from voxgate.gateway.app import create_app
 from voxgate.gateway.catalog import Catalog
 from voxgate.gateway.clips import decode_audio
 from voxgate.gateway.http import Rejected
+from voxgate.gateway.settings import Settings
 from voxgate.gateway.store import FORMAT, PUBLIC_DIR, VoiceQuotaExceeded, VoiceStore
 
 from tests.conftest import TIMEOUT_S, recv_message, recv_until, send, serve_engine, session, voxgate_connect
@@ -250,6 +252,38 @@ def test_stored_voices_reach_engines_as_float32(tmp_path: Path) -> None:
         24000,
         36000,
     )
+
+
+def test_a_deployment_may_keep_clips_up_to_48_khz(tmp_path: Path) -> None:
+    """``max_clip_rate_hz``: a 44.1 kHz upload and inline clip are kept at their own rate, a 96 kHz one
+    comes down to 48 kHz; the voice file and the engine's reference say so, samples intact."""
+    engine = FakeEngine(clones=True)
+    clip = wav(1.5, rate=44100, channels=2)
+    with (
+        serve_engine(engine, voices_dir=str(tmp_path), max_clip_rate_hz=48000) as address,
+        httpx.Client(base_url=f"http://{address}", timeout=TIMEOUT_S) as client,
+    ):
+        response = upload(client, "fish", clip)
+        assert response.status_code == 200, response.text
+        assert response.json()["voice"]["sample_rate"] == 44100
+        high = upload(client, "high", wav(1.5, rate=96000))
+        assert high.status_code == 200 and high.json()["voice"]["sample_rate"] == 48000
+        for config in ({"voice": "fish"}, {"ref_audio": data_url(clip)}):
+            with session(address, **config) as ws:
+                send(ws, type="input.text", text="Hello there.")
+                send(ws, type="input.done")
+                recv_until(ws, "session.done")
+            reference = engine.requests[-1].reference
+            assert reference is not None and reference.audio is not None
+            assert (reference.sample_rate, len(reference.audio)) == (44100, 66150)
+            expected = soundfile.read(io.BytesIO(clip), dtype="float32")[0].mean(axis=1)
+            np.testing.assert_allclose(reference.audio, expected, atol=1 / 32768 + 1e-6)
+
+
+@pytest.mark.parametrize("rate", [7999, 48001])
+def test_a_clip_rate_past_what_any_model_takes_stops_the_gateway_at_start(rate: int) -> None:
+    with pytest.raises(ValueError, match="max_clip_rate_hz must be 8000 to 48000"):
+        create_app(Settings.from_env({}, max_clip_rate_hz=rate), engine=FakeEngine(clones=True))
 
 
 # --- quota ------------------------------------------------------------------------------------------
