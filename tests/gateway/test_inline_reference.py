@@ -96,9 +96,9 @@ def test_ref_audio_is_not_decoded_for_an_engine_that_cannot_clone(monkeypatch: p
     decoded: list[str] = []
     real = clips.inline_reference
 
-    def spy(ref_audio: str, ref_text: str | None) -> object:
+    def spy(ref_audio: str, ref_text: str | None, max_rate: int) -> object:
         decoded.append(ref_audio[:16])
-        return real(ref_audio, ref_text)
+        return real(ref_audio, ref_text, max_rate)
 
     monkeypatch.setattr(catalog, "inline_reference", spy)
     with serve_engine(FakeEngine(clones=False)) as address:
@@ -127,9 +127,9 @@ def test_a_session_that_resends_clips_is_rate_limited_and_goes_on(monkeypatch: p
     decoded: list[str] = []
     real = clips.inline_reference
 
-    def counting(ref_audio: str, ref_text: str | None) -> object:
+    def counting(ref_audio: str, ref_text: str | None, max_rate: int) -> object:
         decoded.append(ref_audio)
-        return real(ref_audio, ref_text)
+        return real(ref_audio, ref_text, max_rate)
 
     monkeypatch.setattr(catalog_module, "inline_reference", counting)
     with serve_engine(FakeEngine(clones=True)) as address, session(address, ref_audio=data_url(clip())) as ws:
