@@ -429,7 +429,7 @@ class VoiceStore:
                 raise VoiceQuotaExceeded(quota, sum(others), len(payload))
             if legacy != path and legacy in sizes:
                 legacy.unlink()  # the same voice, stored before names were case-insensitive
-            self._write_atomic(path, payload)
+            write_atomic(path, payload)
         if replacing:
             logger.info("voice %r of owner %r replaced", name, owner or PUBLIC_DIR)
         return info
@@ -519,7 +519,3 @@ class VoiceStore:
             yield
         finally:
             os.close(fd)
-
-    @staticmethod
-    def _write_atomic(path: Path, payload: bytes) -> None:
-        write_atomic(path, payload)

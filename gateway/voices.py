@@ -91,6 +91,9 @@ LIMITS = FormLimits(
 class Catalog(Protocol):
     """What the voice list needs to know about the engines (``request.state.catalog``)."""
 
+    #: The highest rate a clip is kept at (``max_clip_rate_hz``), for uploads as for inline clips.
+    clip_rate_hz: int
+
     async def builtin_voices(self) -> list[Voice]: ...
 
     def cloning_engines(self) -> list[str]: ...
@@ -199,12 +202,6 @@ def _catalog(request: Request) -> Catalog | None:
     return catalog
 
 
-def _clip_rate(request: Request) -> int:
-    """The highest rate an uploaded clip is kept at: ``max_clip_rate_hz``, else 24 kHz."""
-    settings = getattr(request.state, "settings", None)
-    return MAX_STORED_RATE if settings is None else int(settings.max_clip_rate_hz)
-
-
 def _owner(request: Request) -> str:
     owner: str = getattr(request.state, "owner", "")
     return owner
@@ -254,7 +251,8 @@ async def upload_voice(request: Request) -> JSONResponse:
             raise Rejected(
                 409, "name_taken", f"{upload.name!r} is a built-in voice; choose another name", "name"
             )
-        info = await decoding(_save, store, _owner(request), upload, _clip_rate(request))
+        max_rate = catalog.clip_rate_hz if catalog else MAX_STORED_RATE
+        info = await decoding(_save, store, _owner(request), upload, max_rate)
     except Rejected as exc:
         await _drain(chunks)
         return api_error(exc.status, exc.message, code=exc.code, param=exc.param)

@@ -96,6 +96,8 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
 
 
 class Catalog:
+    clip_rate_hz = 24000
+
     async def builtin_voices(self) -> list[Voice]:
         return [Voice(name="joe", engine="piper"), Voice(name="amy", engine="piper")]
 
