@@ -64,6 +64,13 @@ class Playback:
         """When the next audio is needed: ``now`` before the first audio, else when the queued audio ends."""
         return now if self.start is None else self.start + self.audio_s
 
+    def ahead_s(self, now: float, latest_s: float = 0.0) -> float:
+        """How long the audio queued before the latest ``latest_s`` seconds still plays at ``now`` (0 when
+        the listener has heard it all: it waits for what comes next)."""
+        if self.start is None:
+            return 0.0
+        return max(0.0, self.start + self.audio_s - latest_s - now)
+
 
 @dataclass(slots=True)
 class Utterance:

@@ -16,9 +16,12 @@ ElevenLabs) all build one. It owns what every surface must get the same:
 - backpressure: after each chunk the pump waits for room in the outbox (``Outbox.room``: its audio bound,
   and half its bound on other outputs, so that the reader, which waits at the whole, is never held by the
   engine's own messages);
-- first bytes first: when nothing is queued (the listener waits), a long chunk's first ``FIRST_SLICE_S``
-  goes to the writer before the rest is encoded, so a compressed format's encoder (about 8 ms of CPU per
-  second of audio for mp3 and Opus) delays the first byte by a slice's encoding, not a sentence's;
+- first bytes first: when the listener waits (nothing is queued, and the utterance's audio written so far
+  has played out, or is within ``FIRST_SLICE_S`` of it: ``Playback.ahead_s``), a long chunk's first
+  ``FIRST_SLICE_S`` goes to the writer before the rest is encoded, so a compressed format's encoder (about
+  8 ms of CPU per second of audio for mp3 and Opus) delays the first byte by a slice's encoding, not a
+  sentence's. A listener with audio still to play gets the chunk in one piece, in one write: an engine that
+  is faster than real time (vllm-omni's 0.5 s chunks) costs one burst of frames per chunk, not two;
 - metrics: engine time and failures (``SessionMeter.timed``).
 
 The surface keeps only its transport: it reads its wire into the core, calls ``flush``, runs ``run``
@@ -152,6 +155,7 @@ class Pump:
         await self.flush()
         failure: EngineError | None = None
         synthesis_s = 0.0
+        playback = seg.utterance.playback
         try:
             async with contextlib.aclosing(self.meter.timed(seg.open())) as chunks:
                 # Open the next segment's stream now: an engine that starts work on the call
@@ -163,10 +167,15 @@ class Pump:
                     synthesis_s += time.perf_counter() - t
                     samples, rate = chunk.samples, chunk.sample_rate
                     head = round(FIRST_SLICE_S * rate)
-                    if self.outbox.audio_s == 0 and len(samples) > 2 * head and not chunk.words:
-                        # Nothing queued: the listener waits for this audio. Its first slice goes out
-                        # before the rest is encoded (a compressed format's encoder takes about 8 ms per
-                        # second of audio, 40 ms for an engine's 5 s sentence).
+                    if (
+                        len(samples) > 2 * head
+                        and not chunk.words
+                        and self.outbox.audio_s == 0
+                        and playback.ahead_s(time.monotonic(), len(samples) / rate) < FIRST_SLICE_S
+                    ):
+                        # The listener waits for this audio. Its first slice goes out before the rest is
+                        # encoded (a compressed format's encoder takes about 8 ms per second of audio,
+                        # 40 ms for an engine's 5 s sentence).
                         self.core.audio(u, s, samples[:head], rate)
                         await self.flush()
                         with contextlib.suppress(TimeoutError):

@@ -42,10 +42,13 @@ class _Recording(Core):
         super().audio(utterance, sentence, samples, sample_rate, words)
 
 
-async def _started(fmt: str, text: str) -> tuple[_Recording, Outbox, asyncio.Task[None]]:
-    """A core given ``text`` as one utterance in ``fmt``, and its pump running with one long engine chunk
-    per segment; nothing reads the outbox yet."""
-    engine = FakeEngine(sample_rate=RATE, chunk_s=60.0)
+async def _started(
+    fmt: str, text: str, chunk_s: float = 60.0, delay_s: float = 0.0
+) -> tuple[_Recording, Outbox, asyncio.Task[None]]:
+    """A core given ``text`` as one utterance in ``fmt``, and its pump running with engine chunks of
+    ``chunk_s`` (by default one long chunk per segment), each after ``delay_s``; nothing reads the outbox
+    yet."""
+    engine = FakeEngine(sample_rate=RATE, chunk_s=chunk_s, delay_s=delay_s)
     fmt_out = OutputFormat(fmt, RATE).check()  # type: ignore[arg-type]
     core = _Recording(fmt_out)
     core.given = []
@@ -67,10 +70,13 @@ async def _started(fmt: str, text: str) -> tuple[_Recording, Outbox, asyncio.Tas
     return core, outbox, asyncio.create_task(pump.run())
 
 
-async def _speak(fmt: str) -> tuple[list[int], list[bytes], list[int]]:
-    """Speak TEXT with one long engine chunk; returns the samples the core had been given when the writer
-    took the first audio, every audio payload, and every engine slice."""
-    core, outbox, runner = await _started(fmt, TEXT)
+async def _speak(
+    fmt: str, text: str = TEXT, chunk_s: float = 60.0, delay_s: float = 0.0
+) -> tuple[list[int], list[bytes], list[int]]:
+    """Speak ``text`` (by default with one long engine chunk), writing as fast as the pump gives; returns
+    the samples the core had been given when the writer took the first audio, every audio payload, and
+    every engine slice."""
+    core, outbox, runner = await _started(fmt, text, chunk_s, delay_s)
     given_at_first: list[int] | None = None
     payloads: list[bytes] = []
     try:
@@ -104,6 +110,20 @@ def test_the_first_slice_is_written_before_the_rest_of_a_long_chunk_is_encoded(f
     else:  # one stream: the slices join seamlessly, give or take the codec's padding
         samples, rate = decoded(audio)
         assert len(samples) / rate == pytest.approx(expected / RATE, abs=0.06)  # Opus decodes at 48 kHz
+
+
+def test_a_chunk_is_not_sliced_while_the_listener_has_audio_to_play() -> None:
+    # An engine faster than real time (vllm-omni's chunks: here 2 s each, 20 ms apart), and a writer
+    # that takes each at once: the outbox is empty whenever a chunk comes, but only the first finds a
+    # listener waiting. The others go to the core, and so to the socket, in one piece each.
+    text = "This sentence is a good deal longer, long enough for several chunks of audio."
+    _, payloads, given = asyncio.run(_speak("pcm", text, chunk_s=2.0, delay_s=0.02))
+    head, step = round(FIRST_SLICE_S * RATE), int(2.0 * RATE)
+    total = int(len(text) * SECONDS_PER_CHAR * RATE)
+    assert total > 2 * step  # two chunks after the first
+    chunks = [min(step, total - i) for i in range(0, total, step)]
+    assert given == [head, chunks[0] - head, *chunks[1:]]
+    assert len(b"".join(payloads)) == 2 * total
 
 
 def test_a_chunk_is_not_sliced_while_audio_waits_for_the_writer() -> None:
