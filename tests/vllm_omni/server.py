@@ -501,7 +501,8 @@ class CpuTtsEngineClient:
         prompt_token_ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
         log(
             f"generate {request_id}: {len(text)} chars, output_kind={getattr(kind, 'name', kind)}, "
-            f"modalities={output_modalities}, voice_name={_voice_name(prompt)}"
+            f"modalities={output_modalities}, voice_name={_voice_name(prompt)}, "
+            f"ref_sr={_reference_rate(prompt)}"
         )
 
         import torch
@@ -807,6 +808,27 @@ def _voice_name(prompt: Any) -> str | None:
     )
     names = [_first(part.get("voice_name"), "") for part in parts if isinstance(part, dict)]
     return next((name for name in names if name), None)
+
+
+def _reference_rate(prompt: Any) -> int | None:
+    """The sample rate of the reference clip the family's adapter gave the model, where its prompt says it
+    (Fish Speech's ``ref_audio_sr``, CosyVoice3's processor ``sample_rate``, a multimodal ``audio`` pair);
+    None without a reference, or where the prompt keeps it elsewhere."""
+    if not isinstance(prompt, dict):
+        return None
+    keys = ("additional_information", "mm_processor_kwargs", "multi_modal_data")
+    info, kwargs, data = (prompt.get(key) for key in keys)
+    candidates = [
+        info.get("ref_audio_sr") if isinstance(info, dict) else None,
+        kwargs.get("sample_rate") if isinstance(kwargs, dict) else None,
+        data.get("audio") if isinstance(data, dict) else None,
+    ]
+    for value in candidates:
+        if isinstance(value, tuple | list) and value:
+            value = value[-1] if isinstance(value, tuple) else value[0]
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def _first(value: Any, default: str) -> str:

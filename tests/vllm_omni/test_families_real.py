@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -68,6 +69,10 @@ BUILD_NEEDS_MODEL: dict[tuple[str, str], str] = {
     ("voxcpm2", "untranscribed"): "encoder_rates",
 }
 CASES = ("plain", "transcribed", "untranscribed", "embedding")
+#: A studio clip's rate: Fish Speech's codec runs at it, the other families condition on 24 kHz.
+HIFI_HZ = 44100
+#: Families whose prompt carries the reference's rate where the stand-in reads it (its ``ref_sr=``).
+RATE_SHOWN = ("fish_tts", "cosyvoice3")
 
 
 def _clip(seconds: float = 2.0, rate: int = 24000) -> bytes:
@@ -91,9 +96,11 @@ def family(request: pytest.FixtureRequest, real: RealUpstreams) -> Iterator[tupl
             upstream_segment_timeout_s=READ_TIMEOUT_S,
             # A case the stand-in cannot build is a 500: it must not open the circuit for the next ones.
             upstream_breaker_failures=1000,
+            max_clip_rate_hz=48000,  # uploads keep their own rate (Fish Speech's 44.1 kHz)
         ) as address,
     ):
         _upload(address, "told", audio=_clip(), ref_text=TRANSCRIPT)
+        _upload(address, "hifi", audio=_clip(rate=HIFI_HZ), ref_text=TRANSCRIPT)
         _upload(address, "untold", audio=_clip())
         _upload(address, "vector", speaker_embedding=[0.01] * 192)
         yield FAMILIES[request.param], upstream, address
@@ -186,3 +193,25 @@ def test_each_case_speaks_over_rest_or_is_refused_by_voxgate(
         error = response.json()["error"]
         assert (error["code"], error["param"]) == ("unsupported_option", field), error
         assert _requests(upstream) == before
+
+
+def test_a_reference_reaches_the_model_at_the_familys_rate(family: tuple[Family, RealUpstream, str]) -> None:
+    # A 44.1 kHz upload, with uploads kept up to 48 kHz: vllm-omni decodes the data URL voxgate sends and
+    # its adapter hands the model the rate it found. Fish Speech gets the clip at 44.1 kHz, the families
+    # that condition on 24 kHz get it resampled to that, before it leaves voxgate.
+    rules, upstream, address = family
+    if _refusal(rules, "transcribed") is not None or (rules.name, "transcribed") in BUILD_NEEDS_MODEL:
+        pytest.skip(f"{rules.name}: a transcribed clone does not reach the model here (see the cases above)")
+    since = len(upstream.log())
+    response = httpx.post(
+        f"http://{address}/v1/audio/speech",
+        json={"input": TEXT, "voice": "hifi", "response_format": "wav"},
+        timeout=120,
+    )
+    assert response.status_code == 200, (rules.name, response.text, upstream.log()[-3000:])
+    rates = re.findall(r"generate \S+:.* ref_sr=(\w+)", upstream.log()[since:])
+    assert rates, upstream.log()[since:][-3000:]
+    if rules.name in RATE_SHOWN:
+        assert set(rates) == {str(min(HIFI_HZ, rules.reference_rate_hz))}, (rules.name, rates)
+    else:  # the prompt keeps the clip where the stand-in does not look: no rate, never a wrong one
+        assert set(rates) <= {"None", str(min(HIFI_HZ, rules.reference_rate_hz))}, (rules.name, rates)
