@@ -13,13 +13,16 @@ applies at that point, and raises ``UpstreamTimeout`` naming it:
 
 The connect deadline is httpx's own (``httpx.Timeout.connect``); it runs inside the first wait.
 ``bounded_read`` reads a body into memory only up to a size, so an answer that is not audio (an error
-page, a voice list) costs at most that much, however large the upstream makes it.
+page, a voice list) costs at most that much, however large the upstream makes it. Bodies are read through
+a ``Read`` (the next piece, ``b""`` at the end), whichever HTTP client made the request: aiohttp for the
+speech requests (``engine.http_stream``), httpx for the rest (``httpx_reader``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar, cast
@@ -29,9 +32,15 @@ import httpx
 T = TypeVar("T")
 
 
-def _body(response: httpx.Response) -> AsyncGenerator[bytes, None]:
-    """The body's pieces; httpx makes them with an async generator, which ``aclosing`` closes at once."""
-    return cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+#: Reads the next piece of a body; ``b""`` at its end (``engine.http_stream.reader``, ``httpx_reader``).
+Read = Callable[[], Awaitable[bytes]]
+
+
+@contextlib.asynccontextmanager
+async def httpx_reader(response: httpx.Response) -> AsyncGenerator[Read, None]:
+    """A ``Read`` of an httpx response's body; the async generator httpx reads it with is closed on exit."""
+    async with contextlib.aclosing(cast(AsyncGenerator[bytes, None], response.aiter_bytes())) as body:
+        yield functools.partial(anext, body, b"")
 
 
 class UpstreamTimeout(Exception):
@@ -101,23 +110,21 @@ class Waits:
         finally:
             self.left_s -= self._clock() - started
 
-    async def pieces(self, response: httpx.Response) -> AsyncGenerator[bytes, None]:
-        """The body of ``response`` piece by piece, each piece within the deadline that applies."""
-        async with contextlib.aclosing(_body(response)) as body:
-            while (piece := await self.wait(anext(body, None))) is not None:
-                yield piece
+    async def pieces(self, read: Read) -> AsyncGenerator[bytes, None]:
+        """A body piece by piece, each piece within the deadline that applies."""
+        while piece := await self.wait(read()):
+            yield piece
 
 
-async def bounded_read(response: httpx.Response, limit_bytes: int, waits: Waits | None = None) -> bytes:
-    """The first ``limit_bytes`` of the body of ``response`` (a stream); the rest is never read.
+async def bounded_read(read: Read, limit_bytes: int, waits: Waits | None = None) -> bytes:
+    """The first ``limit_bytes`` of a body (a stream); the rest is never read.
 
     ``waits`` bounds each piece; without it the caller bounds the whole read.
     """
     data = bytearray()
-    async with contextlib.aclosing(_body(response)) as body:
-        while len(data) < limit_bytes:
-            piece = await (waits.wait(anext(body, None)) if waits is not None else anext(body, None))
-            if piece is None:
-                break
-            data += piece
+    while len(data) < limit_bytes:
+        piece = await (waits.wait(read()) if waits is not None else read())
+        if not piece:
+            break
+        data += piece
     return bytes(data[:limit_bytes])

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import httpx
 
-from .deadlines import bounded_read
+from .deadlines import bounded_read, httpx_reader
 from .families import Family, detect
 from .upstream_voices import is_uploaded
 from .upstreams import Upstream, UpstreamPool
@@ -138,7 +138,8 @@ class Survey:
             async with asyncio.timeout(self.probe_s):
                 response = await client.send(client.build_request(method, url, json=body), stream=True)
                 try:
-                    return response.status_code, await bounded_read(response, limit_bytes)
+                    async with httpx_reader(response) as read:
+                        return response.status_code, await bounded_read(read, limit_bytes)
                 finally:
                     await response.aclose()
         except TimeoutError:

@@ -1,0 +1,59 @@
+"""The speech requests' HTTP client: aiohttp, for the one request per segment whose audio streams.
+
+The remote engine's hot path is reading a WAV stream from an upstream, a few pieces per audio second
+for every session. httpx (which the rarer requests still use: surveys, voice uploads) spends about
+0.2-0.3 ms of CPU per piece in its layers (httpcore, anyio, h11, one async generator per layer); aiohttp
+reads the same pieces with a parser in C. Measured with 8 concurrent requests to the CPU stand-in of
+vllm-omni (tests/vllm_omni/server.py), this process's CPU per streamed audio second: httpx 0.77 (7 s
+answers) and 1.16 ms (3 s answers), aiohttp 0.31-0.39 and 0.45-0.47 ms, a raw asyncio socket 0.31-0.42
+(docs/performance.md, "The upstream's stream").
+
+Its limits are httpx's as the engine had them: at most 100 connections (``POOL_SIZE``), and waiting for
+one, then connecting, bounded by the connect deadline. Proxy settings come from the environment as with
+httpx (``trust_env``). A response whose body was not read to its end closes its connection when it is
+let go (``finish``), so a cancelled segment's upstream sees its client go and aborts the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+
+import aiohttp
+import msgspec
+
+#: Connections open at once across the upstreams (httpx's default, which the engine used before).
+POOL_SIZE = 100
+#: What a broken upstream connection raises while a request is sent or its body read.
+StreamError = (aiohttp.ClientError, OSError)
+
+_encode = msgspec.json.Encoder().encode
+_JSON = {"Content-Type": "application/json"}
+
+
+def open_session(connect_timeout_s: float, headers: Mapping[str, str]) -> aiohttp.ClientSession:
+    """A pooled session; each request's own waits are bounded by the caller (``engine.deadlines``)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=POOL_SIZE, limit_per_host=0),
+        timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s),
+        headers=dict(headers),
+        trust_env=True,
+    )
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, body: object) -> aiohttp.ClientResponse:
+    """``POST url`` with ``body`` as JSON; the answer with its headers read and its body not yet."""
+    return await session.post(url, data=_encode(body), headers=_JSON)
+
+
+def reader(response: aiohttp.ClientResponse) -> Callable[[], Awaitable[bytes]]:
+    """Reads the next piece of the body as it comes; ``b""`` at its end."""
+    return response.content.readany
+
+
+def finish(response: aiohttp.ClientResponse) -> None:
+    """Let the response go: its connection back to the pool when the body was read to its end, else
+    closed (the upstream sees its client leave)."""
+    if response.content.is_eof():
+        response.release()
+    else:
+        response.close()
