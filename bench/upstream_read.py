@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import resource
 import statistics
 import sys
@@ -83,7 +82,8 @@ class Readers:
 
     async def read_aiohttp(self) -> float:
         size = 0
-        async with self.aiohttp.post(f"{self.url}/v1/audio/speech", data=json.dumps(self.body)) as response:
+        async with self.aiohttp.post(f"{self.url}/v1/audio/speech", json=self.body) as response:
+            _check(response.status)
             while piece := await response.content.readany():
                 size += _decode(piece)
         return _seconds(size)
@@ -91,9 +91,15 @@ class Readers:
     async def read_httpx(self) -> float:
         size = 0
         async with self.httpx.stream("POST", f"{self.url}/v1/audio/speech", json=self.body) as response:
+            _check(response.status_code)
             async for piece in response.aiter_bytes():
                 size += _decode(piece)
         return _seconds(size)
+
+
+def _check(status: int) -> None:
+    if status != 200:
+        raise BenchError(f"the upstream answered {status}")
 
 
 def _decode(piece: bytes) -> int:

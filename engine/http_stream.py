@@ -9,13 +9,19 @@ answers) and 1.16 ms (3 s answers), aiohttp 0.31-0.39 and 0.45-0.47 ms, a raw as
 (docs/performance.md, "The upstream's stream").
 
 Its limits are httpx's as the engine had them: at most 100 connections (``POOL_SIZE``), and waiting for
-one, then connecting, bounded by the connect deadline. Proxy settings come from the environment as with
-httpx (``trust_env``). A response whose body was not read to its end closes its connection when it is
-let go (``finish``), so a cancelled segment's upstream sees its client go and aborts the request.
+one, then connecting, bounded by the connect deadline. The proxy comes from the environment
+(``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``), as httpx takes it for the probes, read
+once per upstream (``proxy_for``): aiohttp's own ``trust_env`` reads it, and ``~/.netrc``, in a worker
+thread on every request, which cost more CPU than the request's audio. A response whose body was not read
+to its end closes its connection when it is let go (``finish``), so a cancelled segment's upstream sees
+its client go and aborts the request.
 """
 
 from __future__ import annotations
 
+import functools
+import urllib.parse
+import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
@@ -36,13 +42,24 @@ def open_session(connect_timeout_s: float, headers: Mapping[str, str]) -> aiohtt
         connector=aiohttp.TCPConnector(limit=POOL_SIZE, limit_per_host=0),
         timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s),
         headers=dict(headers),
-        trust_env=True,
     )
 
 
-async def post_json(session: aiohttp.ClientSession, url: str, body: object) -> aiohttp.ClientResponse:
-    """``POST url`` with ``body`` as JSON; the answer with its headers read and its body not yet."""
-    return await session.post(url, data=_encode(body), headers=_JSON)
+@functools.lru_cache(maxsize=256)
+def proxy_for(base_url: str) -> str | None:
+    """The proxy the environment names for an upstream (None: direct), as httpx would use."""
+    parts = urllib.parse.urlsplit(base_url)
+    if urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    proxies = urllib.request.getproxies()
+    return proxies.get(parts.scheme) or proxies.get("all")
+
+
+async def post_json(
+    session: aiohttp.ClientSession, base_url: str, path: str, body: object
+) -> aiohttp.ClientResponse:
+    """``POST base_url + path`` with ``body`` as JSON; the answer with its headers read, its body not yet."""
+    return await session.post(base_url + path, data=_encode(body), headers=_JSON, proxy=proxy_for(base_url))
 
 
 def reader(response: aiohttp.ClientResponse) -> Callable[[], Awaitable[bytes]]:

@@ -494,8 +494,7 @@ class RemoteEngine:
         """
         waits.begin()
         try:
-            url = f"{upstream.url}/v1/audio/speech"
-            response = await waits.wait(http_stream.post_json(client, url, body))
+            response = await waits.wait(http_stream.post_json(client, upstream.url, "/v1/audio/speech", body))
         except (*http_stream.StreamError, UpstreamTimeout) as exc:
             raise _UpstreamFailed(str(exc) or repr(exc)) from exc
         try:

@@ -55,6 +55,9 @@ class WavStream:
 
     def feed(self, data: bytes) -> npt.NDArray[np.float32]:
         """Take the next piece of the body; returns the samples it completes (possibly none)."""
+        frame = self._channels * self._width
+        if self._in_data and self._remaining is None and not self._buffer and not len(data) % frame:
+            return self._samples(data)  # the usual piece of a stream: whole frames, nothing held
         self._buffer += data
         if not self._in_data:
             self._parse_header()
@@ -68,11 +71,15 @@ class WavStream:
         del self._buffer[:usable]
         if self._remaining is not None:
             self._remaining -= usable
-        samples = (
-            np.frombuffer(raw, dtype="<f4").astype(np.float32)
-            if self._float
-            else (np.frombuffer(raw, dtype="<i2") / 32768.0).astype(np.float32)
-        )
+        return self._samples(raw)
+
+    def _samples(self, raw: bytes) -> npt.NDArray[np.float32]:
+        """Whole frames of data as mono float32 samples (one conversion, no float64 copy)."""
+        if self._float:
+            samples = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        else:
+            samples = np.frombuffer(raw, dtype="<i2").astype(np.float32)
+            samples *= np.float32(1 / 32768)
         if self._channels > 1:
             samples = samples.reshape(-1, self._channels).mean(axis=1).astype(np.float32)
         return samples

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import soundfile
+from voxgate.engine import http_stream
 from voxgate.engine.qwen3_tts import qwen_language
 from voxgate.engine.remote import DEFAULT_REFERENCE_TEXT
 from voxgate.protocol.audio import decode
@@ -707,3 +708,35 @@ def test_an_upstream_that_refuses_our_key_leaves_readyz_once_its_circuit_opens()
             assert "401" in str(failed.messages("error")[0]["message"])
         down = readyz(b)
     assert down.status_code == 503 and down.json()["engines"] == {"remote": "unavailable"}
+
+
+@pytest.mark.parametrize(
+    ("env", "url", "expected"),
+    [
+        ({}, "http://vllm:8091", None),
+        ({"HTTP_PROXY": "http://proxy:3128"}, "http://vllm:8091", "http://proxy:3128"),
+        ({"http_proxy": "http://proxy:3128", "NO_PROXY": "vllm"}, "http://vllm:8091", None),
+        ({"HTTP_PROXY": "http://proxy:3128"}, "https://vllm:8091", None),
+        ({"HTTPS_PROXY": "http://tls-proxy:3128"}, "https://vllm:8091", "http://tls-proxy:3128"),
+        (
+            {"ALL_PROXY": "http://any:3128", "HTTP_PROXY": "http://proxy:3128"},
+            "http://vllm:8091",
+            "http://proxy:3128",
+        ),
+        ({"ALL_PROXY": "http://any:3128"}, "https://vllm:8091", "http://any:3128"),
+    ],
+)
+def test_the_speech_requests_take_the_proxy_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], url: str, expected: str | None
+) -> None:
+    # As httpx does for the probes: HTTP(S)_PROXY by scheme, NO_PROXY by host (read once per upstream).
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    http_stream.proxy_for.cache_clear()
+    try:
+        assert http_stream.proxy_for(url) == expected
+    finally:
+        http_stream.proxy_for.cache_clear()
