@@ -3,10 +3,10 @@
 The remote engine's hot path is reading a WAV stream from an upstream, a few pieces per audio second
 for every session. httpx (which the rarer requests still use: surveys, voice uploads) spends about
 0.2-0.3 ms of CPU per piece in its layers (httpcore, anyio, h11, one async generator per layer); aiohttp
-reads the same pieces with a parser in C. Measured with 8 concurrent requests to the CPU stand-in of
-vllm-omni (tests/vllm_omni/server.py), this process's CPU per streamed audio second: httpx 0.77 (7 s
-answers) and 1.16 ms (3 s answers), aiohttp 0.31-0.39 and 0.45-0.47 ms, a raw asyncio socket 0.31-0.42
-(docs/performance.md, "The upstream's stream").
+reads the same pieces with a parser in C. ``bench/upstream_read.py`` (8 concurrent requests to the CPU
+stand-in of vllm-omni) measured this process's CPU per streamed audio second: bare httpx 0.78 ms on 7-s
+answers and 1.16 ms on 3-s answers, bare aiohttp 0.40 and 0.48 ms, the remote engine on aiohttp 0.51 and
+0.63 ms (docs/performance.md, "The upstream's stream").
 
 Its limits are httpx's as the engine had them: at most 100 connections (``POOL_SIZE``), and waiting for
 one, then connecting, bounded by the connect deadline. The proxy comes from the environment
@@ -29,6 +29,9 @@ import msgspec
 
 #: Connections open at once across the upstreams (httpx's default, which the engine used before).
 POOL_SIZE = 100
+#: An idle connection is closed before uvicorn's (vllm-omni's server) would close it, after 5 s: a request
+#: is never sent on a connection its server is closing at that moment.
+KEEPALIVE_S = 4.0
 #: What a broken upstream connection raises while a request is sent or its body read.
 StreamError = (aiohttp.ClientError, OSError)
 
@@ -39,7 +42,7 @@ _JSON = {"Content-Type": "application/json"}
 def open_session(connect_timeout_s: float, headers: Mapping[str, str]) -> aiohttp.ClientSession:
     """A pooled session; each request's own waits are bounded by the caller (``engine.deadlines``)."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=POOL_SIZE, limit_per_host=0),
+        connector=aiohttp.TCPConnector(limit=POOL_SIZE, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
         timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s),
         headers=dict(headers),
     )
