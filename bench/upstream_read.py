@@ -30,10 +30,10 @@ from collections.abc import Awaitable, Callable, Sequence
 import aiohttp
 import httpx
 import numpy as np
-from _serve import BenchError, Server, free_port
+from _serve import BenchError, Server
 from voxgate.engine.base import SynthesisRequest
 from voxgate.engine.remote import RemoteEngine
-from vs_vllm_omni import REPO, UPSTREAM_START_S, VLLM_PYTHON, upstream_voice
+from vs_vllm_omni import upstream_voice, vllm_omni
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog, and then it runs far away into the deep forest where "
@@ -141,16 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--text", default=TEXT)
     args = parser.parse_args(argv)
-    if not VLLM_PYTHON.exists():
-        raise BenchError(f"no vllm-omni environment ({VLLM_PYTHON}): run .ci/vllm_omni_env.sh first")
-    port = free_port()
-    argv_ = [str(VLLM_PYTHON), "tests/vllm_omni/server.py", "--port", str(port), "--kind", "CustomVoice"]
-    upstream = Server("vllm-omni", argv_, port, cwd=REPO)
-    try:
-        upstream.wait_ready("/health", UPSTREAM_START_S)
+    with vllm_omni() as upstream:
         results = asyncio.run(measure(args, upstream))
-    finally:
-        upstream.stop(15)
     print(f"\n{len(args.text)} characters, {args.concurrency} at once, {args.rounds} rounds")
     print("| reader | ms CPU per audio s, median | min - max |\n|---|---|---|")
     for name, values in results.items():

@@ -72,8 +72,8 @@ UPSTREAM_ENGINE_THREADS = "piper-upstream"
 
 
 @contextlib.contextmanager
-def servers() -> Iterator[tuple[Server, Server]]:
-    """The vllm-omni server (CPU engine client) and a voxgate gateway in front of it (``bench/_serve.py``)."""
+def vllm_omni() -> Iterator[Server]:
+    """The vllm-omni server on its CPU engine client (``tests/vllm_omni/server.py``), ready; stopped after."""
     if not VLLM_PYTHON.exists():
         raise BenchError(f"no vllm-omni environment ({VLLM_PYTHON}): run .ci/vllm_omni_env.sh first")
     port = free_port()
@@ -81,12 +81,19 @@ def servers() -> Iterator[tuple[Server, Server]]:
     upstream = Server("vllm-omni", argv, port, cwd=REPO)
     try:
         upstream.wait_ready("/health", UPSTREAM_START_S)
-        with gateway(
-            "--engine", "remote", "--upstream", upstream.url(), timeout_s=GATEWAY_START_S
-        ) as voxgate:
-            yield upstream, voxgate
+        yield upstream
     finally:
         upstream.stop(15)
+
+
+@contextlib.contextmanager
+def servers() -> Iterator[tuple[Server, Server]]:
+    """The vllm-omni server (CPU engine client) and a voxgate gateway in front of it (``bench/_serve.py``)."""
+    with (
+        vllm_omni() as upstream,
+        gateway("--engine", "remote", "--upstream", upstream.url(), timeout_s=GATEWAY_START_S) as voxgate,
+    ):
+        yield upstream, voxgate
 
 
 def upstream_voice(upstream: Server) -> str:
