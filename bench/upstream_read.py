@@ -39,7 +39,6 @@ TEXT = (
     "The quick brown fox jumps over the lazy dog, and then it runs far away into the deep forest where "
     "nobody can ever find it again."
 )
-READERS = ("engine", "aiohttp", "httpx")
 WAV_HEADER_BYTES = 44
 
 
@@ -114,13 +113,13 @@ def _seconds(size: int, rate: int = 24000) -> float:
 
 
 async def measure(args: argparse.Namespace, upstream: Server) -> dict[str, list[float]]:
-    results: dict[str, list[float]] = {name: [] for name in READERS}
     async with Readers(upstream.url(), upstream_voice(upstream), args.text) as readers:
         fns: dict[str, Callable[[], Awaitable[float]]] = {
             "engine": readers.read_engine,
             "aiohttp": readers.read_aiohttp,
             "httpx": readers.read_httpx,
         }
+        results: dict[str, list[float]] = {name: [] for name in fns}
         for fn in fns.values():  # connections opened, code paths warm
             await fn()
         for n in range(args.rounds):

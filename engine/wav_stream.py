@@ -55,9 +55,9 @@ class WavStream:
 
     def feed(self, data: bytes) -> npt.NDArray[np.float32]:
         """Take the next piece of the body; returns the samples it completes (possibly none)."""
-        frame = self._channels * self._width
-        if self._in_data and self._remaining is None and not self._buffer and not len(data) % frame:
-            return self._samples(data)  # the usual piece of a stream: whole frames, nothing held
+        if self._in_data and self._remaining is None and not self._buffer:
+            if not len(data) % (self._channels * self._width):
+                return self._samples(data)  # the usual piece of a stream: whole frames, nothing held
         self._buffer += data
         if not self._in_data:
             self._parse_header()
