@@ -1,10 +1,12 @@
 """The headline comparison: vllm-omni 0.30.0's own WebSocket endpoint against voxgate's, side by side.
 
-Both run on the same CPU engine client: ``tests/vllm_omni/server.py`` (vllm-omni's real serving layer, Piper
-audio at 24 kHz) and ``voxgate serve --engine remote`` in front of it (``bench/_serve.py``). The same
+Three servers, one CPU engine client (``CpuTtsEngineClient``: Piper audio at 24 kHz, in place of
+``AsyncOmni``): ``tests/vllm_omni/server.py`` (vllm-omni's real serving layer over it), ``voxgate serve
+--engine remote`` in front of that server (``bench/_serve.py``), and voxgate's in-process engine over the same
+client in a process of its own (``tests/vllm_omni/inprocess_gateway.py``: ``--engine vllm-omni``). The same
 paragraph streams at LLM pace into each endpoint and concurrency level: TTFA, underruns behind a 150 ms
 jitter buffer, the time from a stop (cancel or disconnect) to silence and to the engine's stop, and the
-CPU each serving layer spends per streamed audio second (the engine's synthesis threads left out).
+CPU each serving layer spends per streamed audio second (the engine client's synthesis threads left out).
 
     .venv/bin/python bench/vs_vllm_omni.py [--runs N] [--stop-runs N] [--concurrency 1 4 8] [--json OUT]
 
@@ -66,9 +68,9 @@ ABORT_RE = re.compile(r"(?:^|\s)abort (\S+)")
 DISCONNECTED_RE = re.compile(r"Streaming speech: client disconnected")
 
 StopKind = Literal["cancel", "disconnect"]
-# The kernel name of the vllm-omni server's synthesis threads (tests/vllm_omni/server.py, SYNTH_THREAD): its
-# CPU less theirs is vllm-omni's serving layer.
-UPSTREAM_ENGINE_THREADS = "piper-upstream"
+# The kernel name of the engine client's synthesis threads (tests/vllm_omni/server.py, SYNTH_THREAD): a
+# server's CPU less theirs is its serving layer (vllm-omni's, or voxgate's with the in-process engine).
+ENGINE_THREADS = "piper-upstream"
 
 
 @contextlib.contextmanager
@@ -87,13 +89,44 @@ def vllm_omni() -> Iterator[Server]:
 
 
 @contextlib.contextmanager
-def servers() -> Iterator[tuple[Server, Server]]:
-    """The vllm-omni server (CPU engine client) and a voxgate gateway in front of it (``bench/_serve.py``)."""
+def inprocess_gateway() -> Iterator[Server]:
+    """voxgate on its in-process engine over the CPU engine client (tests/vllm_omni/inprocess_gateway.py)."""
+    port = free_port()
+    argv = [
+        str(VLLM_PYTHON),
+        "tests/vllm_omni/inprocess_gateway.py",
+        "--port",
+        str(port),
+        "--kind",
+        "CustomVoice",
+    ]
+    server = Server("voxgate-inprocess", argv, port, cwd=REPO)
+    try:
+        server.wait_ready("/readyz", UPSTREAM_START_S)
+        yield server
+    finally:
+        server.stop(15)
+
+
+@dataclass(frozen=True)
+class Servers:
+    upstream: Server  # vllm-omni's server on the CPU engine client
+    remote: Server  # voxgate, --engine remote in front of it
+    inprocess: Server  # voxgate, its in-process engine on the same kind of engine client
+
+    def all(self) -> tuple[Server, ...]:
+        return (self.upstream, self.remote, self.inprocess)
+
+
+@contextlib.contextmanager
+def servers() -> Iterator[Servers]:
+    """The vllm-omni server, a voxgate gateway in front of it and one on the in-process engine."""
     with (
         vllm_omni() as upstream,
-        gateway("--engine", "remote", "--upstream", upstream.url(), timeout_s=GATEWAY_START_S) as voxgate,
+        gateway("--engine", "remote", "--upstream", upstream.url(), timeout_s=GATEWAY_START_S) as remote,
+        inprocess_gateway() as inprocess,
     ):
-        yield upstream, voxgate
+        yield Servers(upstream, remote, inprocess)
 
 
 def upstream_voice(upstream: Server) -> str:
@@ -115,9 +148,13 @@ class Endpoint:
     url: str
     config: dict[str, Any]
     stops: tuple[StopKind, ...]
-    # The line in the vllm-omni server's output that says this endpoint's engine work for a stopped session
-    # is over: vllm-omni's handler noticing the disconnect; for voxgate, the abort of its upstream request.
+    # The line in the engine's server's output (``engine_log``) that says this endpoint's engine work for a
+    # stopped session is over: vllm-omni's handler noticing the disconnect; for voxgate, the engine client's
+    # abort of its request (in the vllm-omni server, or in voxgate's own process with the in-process engine).
     stopped_re: re.Pattern[str]
+    engine_log: Server
+    # voxgate's process, whose CPU is its gateway's (less the in-process engine client's synthesis threads).
+    gateway: Server | None = None
     # voxgate.v1 offered (voxgate's input.cancel is one of its extensions), session.ready awaited.
     extensions: bool = False
 
@@ -290,9 +327,10 @@ def match_stops(sessions: Sequence[Session], stamps: Sequence[float]) -> None:
 
 
 async def stop_round(
-    endpoint: Endpoint, plan: Plan, sessions: int, kind: StopKind, upstream: Server
+    endpoint: Endpoint, plan: Plan, sessions: int, kind: StopKind
 ) -> tuple[list[Session], int]:
-    """A round of stopped sessions, matched to the server's lines; also how many requests were aborted."""
+    """A round of stopped sessions, matched to the engine's lines; also how many requests were aborted."""
+    upstream = endpoint.engine_log
     mark = upstream.mark()
     results = await run_round(endpoint, plan, sessions, kind)
     stops = [s.t_stop for s in results if s.t_stop is not None]
@@ -316,7 +354,7 @@ class CpuShare:
     """CPU seconds one endpoint's streaming rounds cost each side, and the audio seconds they streamed."""
 
     serving_s: float = 0.0  # the vllm-omni server's, less its synthesis threads: its serving layer
-    gateway_s: float = 0.0  # voxgate's gateway process
+    gateway_s: float = 0.0  # the endpoint's voxgate process, less any synthesis threads
     audio_s: float = 0.0
 
     def per_audio_s_ms(self) -> dict[str, float]:
@@ -336,7 +374,7 @@ def cpu_rows(endpoints: Sequence[Endpoint], shares: dict[str, CpuShare]) -> list
     for endpoint in endpoints:
         share = shares[endpoint.key]
         per = share.per_audio_s_ms()
-        gateway = f"{per['voxgate_gateway']:.1f}" if endpoint.extensions else "—"
+        gateway = f"{per['voxgate_gateway']:.1f}" if endpoint.gateway is not None else "—"
         rows.append(
             f"| {endpoint.label} | {share.audio_s:.0f} | {per['vllm_omni_serving']:.1f} | {gateway} |"
         )
@@ -433,7 +471,8 @@ def _session_json(s: Session) -> dict[str, Any]:
 # -- main ----------------------------------------------------------------------------------------------
 
 
-def endpoints_for(upstream: Server, gateway: Server, voice: str) -> list[Endpoint]:
+def endpoints_for(servers: Servers, voice: str) -> list[Endpoint]:
+    upstream = servers.upstream
     vllm = upstream.url(PATH, "ws")
     # stream_audio spelled out for all: vllm-omni's default is false, voxgate's depends on the format.
     common = {"voice": voice, "response_format": "pcm", "stream_audio": True}
@@ -442,7 +481,7 @@ def endpoints_for(upstream: Server, gateway: Server, voice: str) -> list[Endpoin
         'vllm-omni, `split_granularity: "sentence"`',
     )
     return [
-        Endpoint("vllm-omni-none", none, vllm, dict(common), ("disconnect",), DISCONNECTED_RE),
+        Endpoint("vllm-omni-none", none, vllm, dict(common), ("disconnect",), DISCONNECTED_RE, upstream),
         Endpoint(
             "vllm-omni-sentence",
             sentence,
@@ -450,43 +489,58 @@ def endpoints_for(upstream: Server, gateway: Server, voice: str) -> list[Endpoin
             {**common, "split_granularity": "sentence"},
             ("disconnect",),
             DISCONNECTED_RE,
+            upstream,
         ),
         Endpoint(
             "voxgate",
             "voxgate (`--engine remote` in front of it; defaults)",
-            gateway.url(PATH, "ws"),
+            servers.remote.url(PATH, "ws"),
             dict(common),
             ("cancel", "disconnect"),
             ABORT_RE,
+            upstream,
+            servers.remote,
+            extensions=True,
+        ),
+        Endpoint(
+            "voxgate-inprocess",
+            "voxgate (`--engine vllm-omni` in-process, the same engine client; defaults)",
+            servers.inprocess.url(PATH, "ws"),
+            dict(common),
+            ("cancel", "disconnect"),
+            ABORT_RE,
+            servers.inprocess,
+            servers.inprocess,
             extensions=True,
         ),
     ]
 
 
-async def measure(args: argparse.Namespace, upstream: Server, voxgate: Server) -> dict[str, Any]:
+async def measure(args: argparse.Namespace, servers: Servers) -> dict[str, Any]:
+    upstream = servers.upstream
     voice = upstream_voice(upstream)
-    endpoints = endpoints_for(upstream, voxgate, voice)
+    endpoints = endpoints_for(servers, voice)
     plan = Plan(tokenize(PARAGRAPH), args.token_delay_ms / 1000.0, args.stop_after_ms / 1000.0)
     for endpoint in endpoints:  # warm-up: first-use costs on every side
         await run_round(endpoint, plan, 1, None)
     streaming: dict[tuple[str, int], list[Session]] = {}
     stopping: dict[tuple[str, StopKind, int], list[Session]] = {}
     aborted: dict[tuple[str, StopKind, int], int] = {}
-    mark = upstream.mark()
-    window = CpuWindow(lambda: upstream.cpu_s() + voxgate.cpu_s() + time.process_time())
+    marks = {server.name: server.mark() for server in (upstream, servers.inprocess)}
+    window = CpuWindow(lambda: sum(server.cpu_s() for server in servers.all()) + time.process_time())
     load_before = os.getloadavg()
     shares = {e.key: CpuShare() for e in endpoints}
 
-    def sides() -> tuple[float, float]:
-        engine = thread_cpu_s(upstream.pid, UPSTREAM_ENGINE_THREADS)
-        return upstream.cpu_s() - engine, voxgate.cpu_s()
+    def serving(server: Server | None) -> float:
+        """A server's CPU less the engine client's synthesis threads in it (none in the remote gateway)."""
+        return 0.0 if server is None else server.cpu_s() - thread_cpu_s(server.pid, ENGINE_THREADS)
 
     for level in args.concurrency:
         for r in range(math.ceil(args.runs / level)):
             for endpoint in rotated(endpoints, r):
-                serving0, gateway0 = sides()
+                serving0, gateway0 = serving(upstream), serving(endpoint.gateway)
                 got = await run_round(endpoint, plan, level, None)
-                serving1, gateway1 = sides()
+                serving1, gateway1 = serving(upstream), serving(endpoint.gateway)
                 share = shares[endpoint.key]
                 share.serving_s += serving1 - serving0
                 share.gateway_s += gateway1 - gateway0
@@ -497,12 +551,17 @@ async def measure(args: argparse.Namespace, upstream: Server, voxgate: Server) -
         for r in range(math.ceil(args.stop_runs / level)):
             for endpoint in rotated(endpoints, r):
                 for kind in endpoint.stops:
-                    got, aborts = await stop_round(endpoint, plan, level, kind, upstream)
+                    got, aborts = await stop_round(endpoint, plan, level, kind)
                     stopping.setdefault((endpoint.key, kind, level), []).extend(got)
                     aborted[endpoint.key, kind, level] = aborted.get((endpoint.key, kind, level), 0) + aborts
                     print(f"  {endpoint.key} x{level} {kind}: done", file=sys.stderr)
     elapsed, busy, bench_cores = window.cores()
-    requests = sum(1 for _, line in upstream.lines(mark) if GENERATE_RE.search(line))
+    requests = sum(
+        1
+        for server in (upstream, servers.inprocess)
+        for _, line in server.lines(marks[server.name])
+        if GENERATE_RE.search(line)
+    )
     meta = {
         "paragraph": PARAGRAPH,
         "tokens": len(plan.tokens),
@@ -533,7 +592,7 @@ async def measure(args: argparse.Namespace, upstream: Server, voxgate: Server) -
     print()
     print("\n".join(stop_rows(endpoints, stopping, aborted)))
     print()
-    print("CPU of the streaming rounds (all levels), the synthesis threads of the vllm-omni server left out:")
+    print("CPU of the streaming rounds (all levels), the engine client's synthesis threads left out:")
     print()
     print("\n".join(cpu_rows(endpoints, shares)))
     print()
@@ -541,7 +600,8 @@ async def measure(args: argparse.Namespace, upstream: Server, voxgate: Server) -
         f"measured in {elapsed:.0f} s on {os.cpu_count()} CPUs; load average before "
         f"{', '.join(f'{x:.2f}' for x in load_before)}, after "
         f"{', '.join(f'{x:.2f}' for x in meta['load_average_after'])}; busy cores {busy:.2f}, of which "
-        f"this bench (client and both servers) {bench_cores:.2f}, other processes {meta['other_cores']:.2f}"
+        f"this bench (client and the three servers) {bench_cores:.2f}, "
+        f"other processes {meta['other_cores']:.2f}"
     )
     return {
         "meta": meta,
@@ -568,14 +628,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
-        print("starting the vllm-omni server and a voxgate gateway in front of it ...", file=sys.stderr)
-        with servers() as (upstream, voxgate):
+        print(
+            "starting the vllm-omni server and two voxgate gateways (remote, in-process) ...", file=sys.stderr
+        )
+        with servers() as running:
             try:
-                out = asyncio.run(measure(args, upstream, voxgate))
+                out = asyncio.run(measure(args, running))
             finally:
                 if args.log_dir:
                     args.log_dir.mkdir(parents=True, exist_ok=True)
-                    for server in (upstream, voxgate):
+                    for server in running.all():
                         server.save(args.log_dir / f"{server.name}.log")
     except (BenchError, OSError, ConnectionClosed) as exc:
         print(f"bench failed: {exc}", file=sys.stderr)

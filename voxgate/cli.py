@@ -21,6 +21,7 @@ from .protocol.messages import DEFAULT_SAMPLE_RATE
 
 if TYPE_CHECKING:
     from .client import ClientSettings
+    from .engine import TTSEngine
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,11 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from .engine import ENGINES
-    from .gateway.app import create_app, engine_names
-    from .gateway.server import DRAIN_GRACE_S, DrainingServer
+    from .gateway.app import engine_names
 
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     settings = Settings.from_env(**fields)
@@ -243,7 +240,20 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"voxgate: engine {name!r} {problem}", file=sys.stderr)
             return 2
     configure_logging(settings)
-    app = create_app(settings)
+    serve(settings)
+    return 0
+
+
+def serve(settings: Settings, engine: TTSEngine | None = None) -> None:
+    """Run the gateway until it is stopped (SIGINT, SIGTERM: drained first); ``engine`` replaces the engines
+    the settings name (tests/vllm_omni/inprocess_gateway.py passes the in-process engine over its CPU engine
+    client)."""
+    import uvicorn
+
+    from .gateway.app import create_app
+    from .gateway.server import DRAIN_GRACE_S, DrainingServer
+
+    app = create_app(settings, engine)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -254,7 +264,6 @@ def _serve(args: argparse.Namespace) -> int:
         **uvicorn_ws_options(settings),
     )
     DrainingServer(config, app.state.sessions).run()
-    return 0
 
 
 def _voice_folder(args: argparse.Namespace) -> int:

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import os
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any, cast
 
 import pytest
 from websockets.sync.client import connect
@@ -31,9 +28,7 @@ from tests.vllm_omni.conftest import RealUpstreams
 from tests.vllm_omni.upstream import (
     START_TIMEOUT_S,
     RealUpstream,
-    _free_port,
-    _stop,
-    _wait_healthy,
+    launched,
     require_vllm_python,
 )
 
@@ -78,32 +73,11 @@ server.main(sys.argv[1:])
 @contextlib.contextmanager
 def failing_upstream() -> Iterator[RealUpstream]:
     """vllm-omni's serving layer (server.py, CustomVoice) whose engine client fails as ``FAILING`` says."""
-    python = require_vllm_python()
-    port = _free_port()
     model = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
-    command = [python, "-c", FAILING.format(root=ROOT), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--kind", "CustomVoice", "--served-model-name", model]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    with tempfile.TemporaryDirectory(prefix="voxgate-vllm-omni-") as tmp:
-        log_path = Path(tmp) / "server.log"
-        log_file: IO[bytes]
-        with open(log_path, "wb") as log_file:
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=ROOT,
-            )
-        upstream = RealUpstream(
-            f"http://127.0.0.1:{port}", model, "CustomVoice", True, False, log_path, process
-        )
-        try:
-            _wait_healthy(upstream, START_TIMEOUT_S)
-            yield upstream
-        finally:
-            _stop(process)
+    command = [require_vllm_python(), "-c", FAILING.format(root=ROOT), "--host", "127.0.0.1"]
+    command += ["--port", "{port}", "--kind", "CustomVoice", "--served-model-name", model]
+    with launched(command, "vllm-omni", "/health", START_TIMEOUT_S, cwd=ROOT) as (url, log_path, process):
+        yield RealUpstream(url, model, "CustomVoice", True, False, log_path, process)
 
 
 @contextlib.contextmanager

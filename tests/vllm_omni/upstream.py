@@ -27,6 +27,7 @@ Kind = Literal["CustomVoice", "Base", "VoiceDesign"]
 ENV_VAR = "VOXGATE_VLLM_OMNI_PYTHON"
 DEFAULT_ENV = Path.home() / ".cache" / "voxgate" / "vllm-omni-0.30.0"
 SERVER = Path(__file__).with_name("server.py")
+INPROCESS_GATEWAY = Path(__file__).with_name("inprocess_gateway.py")
 #: What ``--forced-aligner`` names (server.py stands in for the model; nothing is loaded or downloaded).
 ALIGNER_MODEL = "Qwen/Qwen3-ForcedAligner-0.6B"
 #: The model id each family's server lists (as server.py ``FAMILIES``; this process does not import it).
@@ -92,20 +93,23 @@ def _free_port() -> int:
         return port
 
 
-def _wait_healthy(upstream: RealUpstream, timeout: float) -> None:
+def _wait_ready(
+    url: str, path: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float
+) -> None:
+    def log() -> str:
+        return log_path.read_text(encoding="utf-8", errors="replace")[-6000:]
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if upstream.process.poll() is not None:
-            raise RuntimeError(
-                f"vllm-omni server exited with {upstream.process.returncode}:\n{upstream.log()[-6000:]}"
-            )
+        if process.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited with {process.returncode}:\n{log()}")
         try:
-            if httpx.get(f"{upstream.url}/health", timeout=2.0).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=2.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
-    raise TimeoutError(f"vllm-omni server not healthy after {timeout:.0f} s:\n{upstream.log()[-6000:]}")
+    raise TimeoutError(f"{url}{path} not ready after {timeout:.0f} s:\n{log()}")
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -135,29 +139,52 @@ def real_upstream(
     (server.py ``FAMILIES``, by voxgate's name), served under its real model id.
     """
     python = require_vllm_python()
-    port = _free_port()
     model = FAMILY_MODELS[family] if family else f"Qwen/Qwen3-TTS-12Hz-0.6B-{kind}"
-    command = [python, str(SERVER), "--host", "127.0.0.1", "--port", str(port), "--kind", kind]
+    command = [python, str(SERVER), "--host", "127.0.0.1", "--port", "{port}", "--kind", kind]
     command += ["--served-model-name", model, *(["--family", family] if family else [])]
     if not async_chunk:
         command.append("--no-async-chunk")
     if forced_aligner:
         command += ["--forced-aligner", ALIGNER_MODEL]
+    with launched(command, "vllm-omni", "/health", timeout) as (url, log_path, process):
+        yield RealUpstream(url, model, kind, async_chunk, forced_aligner, log_path, process)
+
+
+@contextlib.contextmanager
+def inprocess_gateway(kind: Kind = "CustomVoice", timeout: float = START_TIMEOUT_S) -> Iterator[RealUpstream]:
+    """voxgate's gateway on its in-process engine (``--engine vllm-omni``) over server.py's CPU engine client
+    (inprocess_gateway.py), on a free loopback port; its log holds the engine client's lines too."""
+    command = [require_vllm_python(), str(INPROCESS_GATEWAY), "--port", "{port}", "--kind", kind]
+    with launched(command, "voxgate-inprocess", "/readyz", timeout) as (url, log_path, process):
+        yield RealUpstream(url, f"Qwen/Qwen3-TTS-12Hz-0.6B-{kind}", kind, True, False, log_path, process)
+
+
+@contextlib.contextmanager
+def launched(
+    command: list[str], prefix: str, ready: str, timeout: float, cwd: Path | str | None = None
+) -> Iterator[tuple[str, Path, subprocess.Popen[bytes]]]:
+    """``command`` started (``{port}``: a free loopback port), ready at ``ready``; stopped after. Yields
+    its base URL, its log file (stdout and stderr) and the process."""
+    port = _free_port()
+    command = [arg.replace("{port}", str(port)) for arg in command]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    with tempfile.TemporaryDirectory(prefix="voxgate-vllm-omni-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"voxgate-{prefix}-") as tmp:
         log_path = Path(tmp) / "server.log"
         log_file: IO[bytes]
         with open(log_path, "wb") as log_file:
             process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
             )
-        upstream = RealUpstream(
-            f"http://127.0.0.1:{port}", model, kind, async_chunk, forced_aligner, log_path, process
-        )
+        url = f"http://127.0.0.1:{port}"
         try:
-            _wait_healthy(upstream, timeout)
-            yield upstream
+            _wait_ready(url, ready, process, log_path, timeout)
+            yield url, log_path, process
         finally:
             _stop(process)
             if os.environ.get("VOXGATE_VLLM_OMNI_ECHO_LOG"):
-                sys.stderr.write(upstream.log())
+                sys.stderr.write(log_path.read_text(encoding="utf-8", errors="replace"))

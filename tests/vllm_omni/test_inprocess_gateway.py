@@ -1,0 +1,111 @@
+"""The whole gateway on the in-process engine (``--engine vllm-omni``), over vllm-omni 0.30.0's own request
+building.
+
+tests/vllm_omni/inprocess_gateway.py runs ``voxgate.cli.serve`` in the vllm-omni env with the engine of
+engine/vllm_omni.py, whose ``AsyncOmni`` is server.py's CPU engine client (the one stand-in: a GPU cannot
+run here). Every request is built by vllm-omni's own speech serving code in the gateway's process; the
+client logs each ``generate`` and ``abort`` in the gateway's log. test_inprocess_engine.py compares the
+requests field by field; here a real WebSocket client and a real HTTP client go through uvicorn, the
+session core and the pump to that engine, and Whisper checks the words.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from voxgate.protocol.audio import decode
+from websockets.sync.client import connect
+
+from tests.conftest import TIMEOUT_S, recv, recv_until, send, session
+from tests.speech_check import load_whisper
+from tests.vllm_omni.test_remote_real import SENTENCES, assert_says, stream_text, wav_audio
+from tests.vllm_omni.upstream import RealUpstream, inprocess_gateway
+
+pytestmark = pytest.mark.slow
+
+URL = "/v1/audio/speech/stream"
+LONG = " ".join(["This sentence keeps the engine busy for a while, so that a stop comes in the middle."] * 4)
+ABORT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[RealUpstream]:
+    with inprocess_gateway("CustomVoice") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def whisper() -> object:
+    return load_whisper()
+
+
+def address(gateway: RealUpstream) -> str:
+    return gateway.url.removeprefix("http://")
+
+
+def wait_for_log(gateway: RealUpstream, pattern: str, since: int, timeout: float = ABORT_S) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := re.findall(pattern, gateway.log()[since:]):
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"{pattern!r} not in the gateway's log:\n{gateway.log()[since:][-3000:]}")
+
+
+def test_a_session_speaks_through_vllm_omnis_request_building(gateway: RealUpstream, whisper: object) -> None:
+    since = len(gateway.log())
+    with session(address(gateway), voice="vivian", response_format="pcm") as ws:
+        got = stream_text(ws, SENTENCES)
+    assert not got.messages("error") and not any(m["error"] for m in got.messages("audio.done"))
+    starts = got.messages("audio.start")
+    assert len(starts) >= 2 and all(m["sample_rate"] == 24000 for m in starts)
+    assert_says(whisper, decode(b"".join(got.frames()), "pcm"), 24000, SENTENCES)
+    # One engine request per segment, each prepared by vllm-omni's serving code for the voice asked for.
+    requests = wait_for_log(gateway, r"generate (voxgate-[0-9a-f]+):", since)
+    assert len(requests) == len(starts)
+    assert "TTS speech request" in gateway.log()[since:]
+
+
+def test_a_cancel_aborts_the_engine_request(gateway: RealUpstream) -> None:
+    since = len(gateway.log())
+    with session(address(gateway), eager_first_segment=False) as ws:
+        send(ws, type="input.text", text=LONG)
+        while not isinstance(recv(ws, timeout=120), bytes):
+            pass
+        send(ws, type="input.cancel")
+        got = recv_until(ws, "audio.cancelled", timeout=TIMEOUT_S)
+        assert got.messages("audio.cancelled")
+        # The session goes on: the next utterance is spoken.
+        send(ws, type="input.text", text="Still here.")
+        send(ws, type="input.done")
+        after = recv_until(ws, "session.done", timeout=120)
+    assert after.frames() and not after.messages("error")
+    (started,) = re.findall(r"generate (voxgate-[0-9a-f]+):", gateway.log()[since:])[:1]
+    assert started in wait_for_log(gateway, r"abort (voxgate-[0-9a-f]+)", since)
+
+
+def test_a_disconnect_aborts_the_engine_request(gateway: RealUpstream) -> None:
+    since = len(gateway.log())
+    with connect(f"ws://{address(gateway)}{URL}", max_size=None) as ws:  # vllm-omni's dialect
+        send(ws, type="session.config", eager_first_segment=False)
+        send(ws, type="input.text", text=LONG)
+        while not isinstance(recv(ws, timeout=120), bytes):
+            pass
+    assert wait_for_log(gateway, r"abort (voxgate-[0-9a-f]+)", since)
+
+
+def test_the_openai_route_speaks_on_the_same_engine(gateway: RealUpstream, whisper: object) -> None:
+    text = "Please hold while I transfer your call."
+    response = httpx.post(
+        f"{gateway.url}/v1/audio/speech",
+        json={"model": "tts-1", "voice": "vivian", "input": text, "response_format": "wav"},
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    audio, rate = wav_audio(response.content)
+    assert rate == 24000
+    assert_says(whisper, audio, rate, text)
