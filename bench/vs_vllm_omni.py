@@ -74,38 +74,29 @@ ENGINE_THREADS = "piper-upstream"
 
 
 @contextlib.contextmanager
-def vllm_omni() -> Iterator[Server]:
-    """The vllm-omni server on its CPU engine client (``tests/vllm_omni/server.py``), ready; stopped after."""
+def vllm_env_server(name: str, script: str, ready: str) -> Iterator[Server]:
+    """``tests/vllm_omni/SCRIPT`` run by vllm-omni's env on the CPU engine client (CustomVoice), ready at
+    ``ready``; stopped after."""
     if not VLLM_PYTHON.exists():
         raise BenchError(f"no vllm-omni environment ({VLLM_PYTHON}): run .ci/vllm_omni_env.sh first")
     port = free_port()
-    argv = [str(VLLM_PYTHON), "tests/vllm_omni/server.py", "--port", str(port), "--kind", "CustomVoice"]
-    upstream = Server("vllm-omni", argv, port, cwd=REPO)
+    argv = [str(VLLM_PYTHON), f"tests/vllm_omni/{script}", "--port", str(port), "--kind", "CustomVoice"]
+    server = Server(name, argv, port, cwd=REPO)
     try:
-        upstream.wait_ready("/health", UPSTREAM_START_S)
-        yield upstream
-    finally:
-        upstream.stop(15)
-
-
-@contextlib.contextmanager
-def inprocess_gateway() -> Iterator[Server]:
-    """voxgate on its in-process engine over the CPU engine client (tests/vllm_omni/inprocess_gateway.py)."""
-    port = free_port()
-    argv = [
-        str(VLLM_PYTHON),
-        "tests/vllm_omni/inprocess_gateway.py",
-        "--port",
-        str(port),
-        "--kind",
-        "CustomVoice",
-    ]
-    server = Server("voxgate-inprocess", argv, port, cwd=REPO)
-    try:
-        server.wait_ready("/readyz", UPSTREAM_START_S)
+        server.wait_ready(ready, UPSTREAM_START_S)
         yield server
     finally:
         server.stop(15)
+
+
+def vllm_omni() -> contextlib.AbstractContextManager[Server]:
+    """vllm-omni's own server on its CPU engine client (``tests/vllm_omni/server.py``)."""
+    return vllm_env_server("vllm-omni", "server.py", "/health")
+
+
+def inprocess_gateway() -> contextlib.AbstractContextManager[Server]:
+    """voxgate on its in-process engine over the CPU engine client (tests/vllm_omni/inprocess_gateway.py)."""
+    return vllm_env_server("voxgate-inprocess", "inprocess_gateway.py", "/readyz")
 
 
 @dataclass(frozen=True)

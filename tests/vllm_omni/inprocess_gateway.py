@@ -15,7 +15,6 @@ engine client, each in its own process: what tells their CPU apart is the servin
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -27,11 +26,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.vllm_omni.server import (  # noqa: E402
-    KINDS,
     CpuTtsEngineClient,
     install_import_shims,
     log,
     repository_voxgate,
+    server_parser,
     write_model_dir,
 )
 
@@ -39,13 +38,7 @@ DEPLOY = "qwen3_tts.yaml"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--kind", choices=KINDS, default="CustomVoice")
-    options = parser.parse_args(argv)
+    options = server_parser(__doc__).parse_args(argv)
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
         os.environ.setdefault(name, "1")
     install_import_shims()

@@ -852,13 +852,20 @@ def _stage_metrics(total_samples: int) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def server_parser(description: str | None) -> argparse.ArgumentParser:
+    """The options of a server on this engine client: ``--port``, ``--host``, ``--kind`` (also
+    inprocess_gateway.py's)."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--kind", choices=KINDS, default="CustomVoice")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = server_parser(__doc__)
     parser.add_argument(
         "--family",
         choices=sorted(FAMILIES),
