@@ -15,7 +15,6 @@ engine client, each in its own process: what tells their CPU apart is the servin
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -27,23 +26,21 @@ if str(ROOT) not in sys.path:
 
 from tests.vllm_omni.server import (  # noqa: E402
     CpuTtsEngineClient,
+    deploy_config_path,
     install_import_shims,
     log,
+    offline_defaults,
     repository_voxgate,
     server_parser,
     write_model_dir,
 )
 
-DEPLOY = "qwen3_tts.yaml"
-
 
 def main(argv: Sequence[str] | None = None) -> None:
     options = server_parser(__doc__).parse_args(argv)
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
-        os.environ.setdefault(name, "1")
+    offline_defaults()
     install_import_shims()
     repository_voxgate()
-    from vllm_omni.entrypoints.openai import api_server
     from voxgate.engine.vllm_omni import VllmOmniEngine
     from voxgate.gateway.settings import Settings
 
@@ -52,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="voxgate-inprocess-") as tmp:
         # The folder's last component names the variant, as Qwen's checkpoints do (and as server.py's).
         model_dir = write_model_dir(options.kind, Path(tmp) / f"Qwen3-TTS-12Hz-0.6B-{options.kind}")
-        deploy_config = str(Path(api_server.__file__).parents[2] / "deploy" / DEPLOY)
+        deploy_config = deploy_config_path()
         client = CpuTtsEngineClient(model_dir, True, deploy_config)
         engine = VllmOmniEngine(
             model=str(model_dir), deploy_config=deploy_config, omni_factory=lambda: client

@@ -52,6 +52,7 @@ from tests.vllm_omni.server import (  # noqa: E402
     FAMILIES,
     SAMPLE_RATE,
     CpuTtsEngineClient,
+    deploy_config_path,
     install_import_shims,
     omni_output,
     repository_voxgate,
@@ -141,12 +142,6 @@ class RecordingClient(CpuTtsEngineClient):
                 yield output
 
         return stream()
-
-
-def deploy_config_path(name: str = "qwen3_tts.yaml") -> str:
-    import vllm_omni
-
-    return str(Path(vllm_omni.__file__).parent / "deploy" / name)
 
 
 def reference_clip(rate: int = SAMPLE_RATE) -> Any:

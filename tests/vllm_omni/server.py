@@ -172,6 +172,26 @@ FAMILY_CONFIG: dict[str, dict[str, Any]] = {
 FALLBACK_TEXT = "This is a test."
 
 
+def deploy_config_path(name: str = "qwen3_tts.yaml") -> str:
+    """The path of one of vllm-omni's own deploy configs (``vllm_omni/deploy/NAME``)."""
+    import vllm_omni
+
+    return str(Path(vllm_omni.__file__).parent / "deploy" / name)
+
+
+def offline_defaults() -> None:
+    """Nothing downloaded, no usage stats, no logo: the environment of a server on this engine client."""
+    names = (
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "VLLM_DISABLE_LOG_LOGO",
+        "VLLM_NO_USAGE_STATS",
+        "DO_NOT_TRACK",
+    )
+    for name in names:
+        os.environ.setdefault(name, "1")
+
+
 def repository_voxgate() -> None:
     """Make this repository's voxgate importable in vllm-omni's env, where it is not installed.
 
@@ -889,11 +909,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     options = parser.parse_args(argv)
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("VLLM_DISABLE_LOG_LOGO", "1")
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ.setdefault("DO_NOT_TRACK", "1")
+    offline_defaults()
     install_import_shims()
     started = time.monotonic()
 
@@ -955,7 +971,7 @@ def _serve(
         argv += ["--forced-aligner", forced_aligner]
     args = parser.parse_args(argv)
     command.validate(args)
-    deploy_config = str(Path(api_server.__file__).parents[2] / "deploy" / deploy)
+    deploy_config = deploy_config_path(deploy)
 
     @asynccontextmanager
     async def build_cpu_engine_client(*_args: Any, **_kwargs: Any) -> AsyncIterator[CpuTtsEngineClient]:
