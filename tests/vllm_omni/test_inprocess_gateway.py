@@ -15,11 +15,13 @@ import re
 from collections.abc import Iterator
 
 import httpx
+import openai
 import pytest
 from voxgate.protocol.audio import decode
 from websockets.sync.client import connect
 
 from tests.conftest import TIMEOUT_S, recv, recv_until, send, session
+from tests.decoding import decoded
 from tests.speech_check import load_whisper
 from tests.vllm_omni.test_remote_real import SENTENCES, assert_says, stream_text, wait_for_log, wav_audio
 from tests.vllm_omni.upstream import RealUpstream, inprocess_gateway
@@ -96,5 +98,23 @@ def test_the_openai_route_speaks_on_the_same_engine(gateway: RealUpstream, whisp
     )
     assert response.status_code == 200, response.text
     audio, rate = wav_audio(response.content)
+    assert rate == 24000
+    assert_says(whisper, audio, rate, text)
+
+
+def test_the_openai_sdk_streams_its_default_mp3_from_the_same_engine(
+    gateway: RealUpstream, whisper: object
+) -> None:
+    text = "The quick brown fox jumps over the lazy dog."
+    sdk = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    with (
+        sdk,
+        sdk.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="vivian", input=text
+        ) as response,
+    ):
+        assert response.headers["content-type"] == "audio/mpeg"  # the SDK sent no response_format
+        chunks = [c for c in response.iter_bytes() if c]
+    audio, rate = decoded(b"".join(chunks))
     assert rate == 24000
     assert_says(whisper, audio, rate, text)
