@@ -6,7 +6,9 @@ Three servers, one CPU engine client (``CpuTtsEngineClient``: Piper audio at 24 
 client in a process of its own (``tests/vllm_omni/inprocess_gateway.py``: ``--engine vllm-omni``). The same
 paragraph streams at LLM pace into each endpoint and concurrency level: TTFA, underruns behind a 150 ms
 jitter buffer, the time from a stop (cancel or disconnect) to silence and to the engine's stop, and the
-CPU each serving layer spends per streamed audio second (the engine client's synthesis threads left out).
+CPU each serving layer spends per streamed audio second (the engine client's synthesis threads left out):
+pooled, per round, and voxgate's rounds less vllm-omni's of the same turn. A fifth endpoint sends voxgate
+vllm-omni's sentence config with frames of vllm-omni's chunk size: the same work on both sides.
 
     .venv/bin/python bench/vs_vllm_omni.py [--runs N] [--stop-runs N] [--concurrency 1 4 8] [--json OUT]
 
@@ -71,6 +73,8 @@ StopKind = Literal["cancel", "disconnect"]
 # The kernel name of the engine client's synthesis threads (tests/vllm_omni/server.py, SYNTH_THREAD): a
 # server's CPU less theirs is its serving layer (vllm-omni's, or voxgate's with the in-process engine).
 ENGINE_THREADS = "piper-upstream"
+# Frames of the voxgate endpoint shaped like vllm-omni's sentence mode: the size of its streamed chunks.
+SHAPED_FRAME_MS = 500
 
 
 @contextlib.contextmanager
@@ -164,6 +168,7 @@ class Session:
     busy_at_stop: bool = False  # a segment was open when the stop was sent
     finished_before_stop: bool = False
     engine_stop_ms: float | None = None  # stop -> the endpoint's `stopped_re` line, matched after the round
+    failed_segment: dict[str, Any] | None = None  # the first `audio.done` with `error: true`
 
     @property
     def done(self) -> Turn:
@@ -232,7 +237,8 @@ async def run_session(
                 session.segments += 1
                 session.segment_open = True
             case "audio.done" if data.get("error"):
-                raise BenchError(f"the engine failed on a segment: {data}")
+                # Told after the session ends, with the server's error message that says why.
+                session.failed_segment = session.failed_segment or data
             case "audio.done":
                 session.segment_open = False
             case "audio.cancelled":
@@ -275,7 +281,10 @@ async def run_session(
                 await stopping
     turn = session.turn
     if turn.errors:
-        raise BenchError(f"server error: {turn.errors[0].get('code', '')} {turn.errors[0].get('message')}")
+        code, message = turn.errors[0].get("code", ""), turn.errors[0].get("message")
+        raise BenchError(f"{endpoint.key}: server error: {code} {message}")
+    if session.failed_segment is not None:
+        raise BenchError(f"{endpoint.key}: the engine failed on a segment: {session.failed_segment}")
     if turn.closed and not (kind == "disconnect" and session.t_stop is not None):
         raise BenchError(f"{endpoint.key}: the server closed the session early")
     if not session.frames:
@@ -347,6 +356,14 @@ class CpuShare:
     serving_s: float = 0.0  # the vllm-omni server's, less its synthesis threads: its serving layer
     gateway_s: float = 0.0  # the endpoint's voxgate process, less any synthesis threads
     audio_s: float = 0.0
+    # The same, round by round (serving_s, gateway_s, audio_s), in the order the rounds ran.
+    rounds: list[tuple[float, float, float]] = field(default_factory=list)
+
+    def add(self, serving_s: float, gateway_s: float, audio_s: float) -> None:
+        self.serving_s += serving_s
+        self.gateway_s += gateway_s
+        self.audio_s += audio_s
+        self.rounds.append((serving_s, gateway_s, audio_s))
 
     def per_audio_s_ms(self) -> dict[str, float]:
         audio = self.audio_s or math.nan
@@ -355,19 +372,70 @@ class CpuShare:
             "voxgate_gateway": self.gateway_s * 1000.0 / audio,
         }
 
+    def own_ms(self, gateway: bool) -> list[float]:
+        """Per round, ms CPU per audio s of the endpoint's own serving layer (voxgate's or vllm-omni's)."""
+        return [(g if gateway else s) * 1000.0 / (a or math.nan) for s, g, a in self.rounds]
+
+
+def own_ms(endpoint: Endpoint, shares: dict[str, CpuShare]) -> list[float]:
+    return shares[endpoint.key].own_ms(endpoint.gateway is not None)
+
+
+def spread(values: Sequence[float]) -> str:
+    """``median (min-max)`` of per-round figures."""
+    if not values:
+        return "—"
+    return f"{pct(values, 50):.2f} ({min(values):.2f}-{max(values):.2f})"
+
 
 def cpu_rows(endpoints: Sequence[Endpoint], shares: dict[str, CpuShare]) -> list[str]:
     rows = [
         "| endpoint | audio s streamed | vllm-omni serving layer, ms CPU per audio s"
-        " | voxgate gateway, ms CPU per audio s |",
-        "|---|---|---|---|",
+        " | voxgate gateway, ms CPU per audio s | its own layer, per round: median (range) |",
+        "|---|---|---|---|---|",
     ]
     for endpoint in endpoints:
         share = shares[endpoint.key]
         per = share.per_audio_s_ms()
         gateway = f"{per['voxgate_gateway']:.1f}" if endpoint.gateway is not None else "—"
         rows.append(
-            f"| {endpoint.label} | {share.audio_s:.0f} | {per['vllm_omni_serving']:.1f} | {gateway} |"
+            f"| {endpoint.label} | {share.audio_s:.0f} | {per['vllm_omni_serving']:.1f} | {gateway}"
+            f" | {spread(own_ms(endpoint, shares))} ({len(share.rounds)} rounds) |"
+        )
+    return rows
+
+
+def paired(endpoints: Sequence[Endpoint], shares: dict[str, CpuShare]) -> dict[str, dict[str, Any]]:
+    """Each voxgate endpoint's own layer against each vllm-omni mode's, round by round.
+
+    Rounds are paired by their index: round r of every endpoint ran in the same turn of the rotation, within
+    a minute of each other, so a pair shares the machine's load. Per pair: voxgate's figure less vllm-omni's.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    ours = [e for e in endpoints if e.gateway is not None]
+    theirs = [e for e in endpoints if e.gateway is None]
+    for mine in ours:
+        for peer in theirs:
+            diffs = [a - b for a, b in zip(own_ms(mine, shares), own_ms(peer, shares), strict=False)]
+            out[f"{mine.key}-{peer.key}"] = {
+                "rounds": len(diffs),
+                "at_or_under": sum(d <= 0 for d in diffs),
+                "median_ms": pct(diffs, 50),
+                "min_ms": min(diffs, default=math.nan),
+                "max_ms": max(diffs, default=math.nan),
+            }
+    return out
+
+
+def paired_rows(pairs: dict[str, dict[str, Any]]) -> list[str]:
+    rows = [
+        "| voxgate - vllm-omni, same turn | rounds | voxgate at or under | median difference, ms | range |",
+        "|---|---|---|---|---|",
+    ]
+    for key, p in pairs.items():
+        rows.append(
+            f"| {key} | {p['rounds']} | {p['at_or_under']} | {p['median_ms']:+.2f}"
+            f" | {p['min_ms']:+.2f} to {p['max_ms']:+.2f} |"
         )
     return rows
 
@@ -504,6 +572,20 @@ def endpoints_for(servers: Servers, voice: str) -> list[Endpoint]:
             servers.inprocess,
             extensions=True,
         ),
+        # vllm-omni's sentence session sent to voxgate (no eager first segment), with frames the size of
+        # vllm-omni's chunks: the same work as vllm-omni's sentence mode, so the CPU of the two layers
+        # compares without the price of voxgate's defaults (earlier audio, finer frames). No stop rounds.
+        Endpoint(
+            "voxgate-inprocess-sentence",
+            'voxgate (in-process; vllm-omni\'s `split_granularity: "sentence"`, `frame_ms: 500`)',
+            servers.inprocess.url(PATH, "ws"),
+            {**common, "split_granularity": "sentence", "frame_ms": SHAPED_FRAME_MS},
+            (),
+            ABORT_RE,
+            servers.inprocess,
+            servers.inprocess,
+            extensions=True,
+        ),
     ]
 
 
@@ -532,10 +614,9 @@ async def measure(args: argparse.Namespace, servers: Servers) -> dict[str, Any]:
                 serving0, gateway0 = serving(upstream), serving(endpoint.gateway)
                 got = await run_round(endpoint, plan, level, None)
                 serving1, gateway1 = serving(upstream), serving(endpoint.gateway)
-                share = shares[endpoint.key]
-                share.serving_s += serving1 - serving0
-                share.gateway_s += gateway1 - gateway0
-                share.audio_s += sum(s.audio_s for s in got)
+                shares[endpoint.key].add(
+                    serving1 - serving0, gateway1 - gateway0, sum(s.audio_s for s in got)
+                )
                 streaming.setdefault((endpoint.key, level), []).extend(got)
                 worst = max(s.ttfa_ms for s in got)
                 print(f"  {endpoint.key} x{level}: worst TTFA {worst:.0f} ms", file=sys.stderr)
@@ -547,6 +628,7 @@ async def measure(args: argparse.Namespace, servers: Servers) -> dict[str, Any]:
                     aborted[endpoint.key, kind, level] = aborted.get((endpoint.key, kind, level), 0) + aborts
                     print(f"  {endpoint.key} x{level} {kind}: done", file=sys.stderr)
     elapsed, busy, bench_cores = window.cores()
+    pairs = paired(endpoints, shares)
     requests = sum(
         1
         for server in (upstream, servers.inprocess)
@@ -572,6 +654,8 @@ async def measure(args: argparse.Namespace, servers: Servers) -> dict[str, Any]:
         "other_cores": round(max(0.0, busy - bench_cores), 2),
         "engine_requests": requests,
         "cpu_ms_per_audio_s": {key: share.per_audio_s_ms() for key, share in shares.items()},
+        "cpu_ms_per_audio_s_rounds": {e.key: own_ms(e, shares) for e in endpoints},
+        "cpu_paired": pairs,
     }
     print()
     print(
@@ -586,6 +670,8 @@ async def measure(args: argparse.Namespace, servers: Servers) -> dict[str, Any]:
     print("CPU of the streaming rounds (all levels), the engine client's synthesis threads left out:")
     print()
     print("\n".join(cpu_rows(endpoints, shares)))
+    print()
+    print("\n".join(paired_rows(pairs)))
     print()
     print(
         f"measured in {elapsed:.0f} s on {os.cpu_count()} CPUs; load average before "
