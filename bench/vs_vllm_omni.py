@@ -353,32 +353,27 @@ async def stop_round(
 class CpuShare:
     """CPU seconds one endpoint's streaming rounds cost each side, and the audio seconds they streamed."""
 
-    serving_s: float = 0.0  # the vllm-omni server's, less its synthesis threads: its serving layer
-    gateway_s: float = 0.0  # the endpoint's voxgate process, less any synthesis threads
-    audio_s: float = 0.0
-    # The same, round by round (serving_s, gateway_s, audio_s), in the order the rounds ran.
+    # Per round, in the order they ran: (serving_s, gateway_s, audio_s). serving_s: the vllm-omni server's
+    # CPU less its synthesis threads (its serving layer); gateway_s: the endpoint's voxgate process, less any
+    # synthesis threads.
     rounds: list[tuple[float, float, float]] = field(default_factory=list)
 
-    def add(self, serving_s: float, gateway_s: float, audio_s: float) -> None:
-        self.serving_s += serving_s
-        self.gateway_s += gateway_s
-        self.audio_s += audio_s
-        self.rounds.append((serving_s, gateway_s, audio_s))
+    @property
+    def audio_s(self) -> float:
+        return sum(a for _, _, a in self.rounds)
 
     def per_audio_s_ms(self) -> dict[str, float]:
         audio = self.audio_s or math.nan
         return {
-            "vllm_omni_serving": self.serving_s * 1000.0 / audio,
-            "voxgate_gateway": self.gateway_s * 1000.0 / audio,
+            "vllm_omni_serving": sum(s for s, _, _ in self.rounds) * 1000.0 / audio,
+            "voxgate_gateway": sum(g for _, g, _ in self.rounds) * 1000.0 / audio,
         }
-
-    def own_ms(self, gateway: bool) -> list[float]:
-        """Per round, ms CPU per audio s of the endpoint's own serving layer (voxgate's or vllm-omni's)."""
-        return [(g if gateway else s) * 1000.0 / (a or math.nan) for s, g, a in self.rounds]
 
 
 def own_ms(endpoint: Endpoint, shares: dict[str, CpuShare]) -> list[float]:
-    return shares[endpoint.key].own_ms(endpoint.gateway is not None)
+    """Per round, ms CPU per audio s of the endpoint's own serving layer (voxgate's or vllm-omni's)."""
+    gateway = endpoint.gateway is not None
+    return [(g if gateway else s) * 1000.0 / (a or math.nan) for s, g, a in shares[endpoint.key].rounds]
 
 
 def spread(values: Sequence[float]) -> str:
@@ -614,9 +609,8 @@ async def measure(args: argparse.Namespace, servers: Servers) -> dict[str, Any]:
                 serving0, gateway0 = serving(upstream), serving(endpoint.gateway)
                 got = await run_round(endpoint, plan, level, None)
                 serving1, gateway1 = serving(upstream), serving(endpoint.gateway)
-                shares[endpoint.key].add(
-                    serving1 - serving0, gateway1 - gateway0, sum(s.audio_s for s in got)
-                )
+                audio_s = sum(s.audio_s for s in got)
+                shares[endpoint.key].rounds.append((serving1 - serving0, gateway1 - gateway0, audio_s))
                 streaming.setdefault((endpoint.key, level), []).extend(got)
                 worst = max(s.ttfa_ms for s in got)
                 print(f"  {endpoint.key} x{level}: worst TTFA {worst:.0f} ms", file=sys.stderr)
