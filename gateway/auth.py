@@ -15,7 +15,14 @@ that may change state (any method but GET, HEAD and OPTIONS under ``/v1/``); req
 header (SDKs, curl) are not browsers and pass. Refused WebSockets are closed before they are accepted,
 which the server answers with HTTP 403; refused REST requests get a 403 ``origin_not_allowed``.
 
-Keys never reach the logs: ``install_redaction`` redacts every log record the process makes.
+Wrong keys are rate-limited per client address (``FailedAuth``): past ``FAILED_AUTH_BURST`` failures a
+caller gets 429 ``rate_limited`` with ``Retry-After`` until a failure's token is back (one every
+``1 / FAILED_AUTH_PER_S`` seconds), so keys cannot be guessed at the speed of the server (2,441 a second
+before). A valid key is checked first and never counted nor slowed down, from any address.
+
+Keys never reach the logs: ``install_redaction`` redacts every log record the process makes. A configured
+key is redacted where it stands as a whole token, not inside a longer word: redacting the letters of a
+short key inside ``site-packages`` would tell a log reader which letters the key holds.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs, quote, quote_plus, unquote_plus, urlsplit
 
@@ -44,6 +52,10 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 #: Methods that may change state: from a browser they need an allowed Origin (a "simple" cross-site POST,
 #: a form or multipart upload, is sent without a CORS preflight).
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: Failed key checks (a wrong or missing key) a client address may make at once, and how fast that
+#: allowance comes back: 20 at once, then one every 5 s (12 a minute) instead of thousands a second.
+FAILED_AUTH_BURST = 20
+FAILED_AUTH_PER_S = 0.2
 
 
 KEY_PARAM = "api_key"
@@ -124,7 +136,10 @@ def install_redaction(keys: Iterable[str] = ()) -> None:
     if new:
         _known.update(new)
         alternatives = sorted(_known, key=len, reverse=True)
-        _known_pattern = re.compile("|".join(re.escape(k) for k in alternatives))
+        # Whole tokens only: not inside a longer word (``site-packages`` keeps its ``ka``), but right
+        # after a percent-escape (``%20KEY``) too.
+        either = "|".join(re.escape(k) for k in alternatives)
+        _known_pattern = re.compile(rf"(?:(?<=%[0-9A-Fa-f]{{2}})|(?<!\w))(?:{either})(?!\w)")
     if not _factory_installed:
         previous = logging.getLogRecordFactory()
 
@@ -215,8 +230,16 @@ class AuthMiddleware:
         allowed_origins: Iterable[str] = (),
         server: tuple[str, int] | None = None,
         keyed_paths: Iterable[str] = (),
+        failed_auth_burst: int = FAILED_AUTH_BURST,
+        failed_auth_per_s: float = FAILED_AUTH_PER_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        from .ratelimit import TokenBuckets  # it imports this module
+
         self.app = app
+        #: Failed key checks per client address (``FAILED_AUTH_*``); valid keys never take from it.
+        self.failures = TokenBuckets(failed_auth_per_s, failed_auth_burst)
+        self.clock = clock
         self.keyed_paths = frozenset(keyed_paths)  # paths outside API_PREFIX that need a key too
         self.keys = {owner_of(k): k for k in keys if k}
         install_redaction(self.keys.values())
@@ -234,6 +257,16 @@ class AuthMiddleware:
         owner = owner_of(key)
         stored = self.keys.get(owner)
         return owner if stored is not None and hmac.compare_digest(stored, key) else None
+
+    def _failed(self, scope: Scope) -> int:
+        """Count a failed key check from the scope's client address; the seconds to wait (``Retry-After``)
+        once the address is past its allowance, else 0. The address is the ASGI ``client``: the TCP peer's,
+        or the ``X-Forwarded-For`` one only behind a trusted proxy (``voxgate.cli.uvicorn_http_options``)."""
+        from .ratelimit import retry_after
+
+        client = scope.get("client")
+        wait_s = self.failures.take(str(client[0]) if client else "", self.clock())
+        return retry_after(wait_s) if wait_s else 0
 
     def _public(self, path: str) -> bool:
         # Every API route lives under /v1/; the rest is probes and the demo page's static files.
@@ -256,6 +289,8 @@ class AuthMiddleware:
                 # The ASGI denial response: a 403 with the reason and the security headers, as on REST.
                 if not origin_ok:
                     await _refuse(send, 403, _ORIGIN_REFUSED, "origin_not_allowed", kind="websocket.http")
+                elif wait := self._failed(scope):
+                    await _too_many(send, wait, kind="websocket.http")
                 else:
                     await _refuse(send, 403, _KEY_REFUSED, "invalid_api_key", kind="websocket.http")
                 return
@@ -263,7 +298,10 @@ class AuthMiddleware:
             await _refuse(send, 403, _ORIGIN_REFUSED, "origin_not_allowed")
             return
         elif owner is None and not self._public(scope["path"]):
-            await _refuse(send, 401, _KEY_REFUSED, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+            if wait := self._failed(scope):
+                await _too_many(send, wait)
+            else:
+                await _refuse(send, 401, _KEY_REFUSED, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
             return
         scope.setdefault("state", {})["owner"] = owner if owner is not None else ""
         await self.app(scope, receive, send)
@@ -271,6 +309,13 @@ class AuthMiddleware:
 
 _ORIGIN_REFUSED = "this origin may not call this route: add it to VOXGATE_ALLOWED_ORIGINS"
 _KEY_REFUSED = "missing or invalid API key: send Authorization: Bearer <key>"
+
+
+async def _too_many(send: Send, wait_s: int, *, kind: str = "http") -> None:
+    """429 ``rate_limited`` with ``Retry-After``: the address tried too many wrong keys."""
+    message = f"too many failed API key checks from this address: retry in {wait_s} s"
+    headers = [(b"retry-after", str(wait_s).encode())]
+    await _refuse(send, 429, message, "rate_limited", headers, kind=kind)
 
 
 async def _refuse(

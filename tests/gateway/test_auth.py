@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -144,3 +145,81 @@ def test_elevenlabs_key_names_count_and_are_redacted() -> None:
     assert "s3cret" not in record.getMessage() and "xi-api-key=***&output_format" in record.getMessage()
     assert redact('{"text": " ", "xi_api_key": "s3cret"}') == '{"text": " ", "xi_api_key": "***"}'
     assert redact("?XI%5FAPI%5FKEY=s3cret") == "?XI%5FAPI%5FKEY=***"
+
+
+def test_wrong_keys_are_limited_per_address_and_the_valid_key_never_is() -> None:
+    from voxgate.gateway.auth import FAILED_AUTH_BURST
+
+    with serve_engine(FakeEngine(), api_keys=("right-key",)) as address:
+        url = f"http://{address}/v1/audio/voices"
+        with httpx.Client() as http:
+            answers = [
+                http.get(url, headers={"Authorization": f"Bearer guess-{n}"})
+                for n in range(FAILED_AUTH_BURST + 5)
+            ]
+            # Past the limit, the valid key still passes from the same address, and a WebSocket with a
+            # wrong key is refused with 429 too.
+            valid = http.get(url, headers={"Authorization": "Bearer right-key"})
+            with pytest.raises(InvalidStatus) as refused:
+                voxgate_connect(f"ws://{address}{URL}?api_key=wrong")
+            with voxgate_connect(f"ws://{address}{URL}?api_key=right-key") as ws:
+                send(ws, type="session.config")
+                assert recv_message(ws)["type"] == "session.ready"
+    statuses = [a.status_code for a in answers]
+    assert statuses[:FAILED_AUTH_BURST] == [401] * FAILED_AUTH_BURST
+    limited = [a for a in answers if a.status_code == 429]
+    assert limited, statuses
+    assert limited[0].json()["error"]["code"] == "rate_limited"
+    assert int(limited[0].headers["retry-after"]) >= 1
+    assert valid.status_code == 200
+    assert refused.value.response.status_code == 429
+
+
+def test_the_failed_key_allowance_comes_back_with_time() -> None:
+    asyncio.run(_failed_key_allowance())
+
+
+async def _failed_key_allowance() -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from voxgate.gateway.auth import AuthMiddleware
+
+    async def ok(request: object) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    now = [100.0]
+    app = AuthMiddleware(
+        Starlette(routes=[Route("/v1/x", ok)]),
+        keys=("k",),
+        failed_auth_burst=2,
+        failed_auth_per_s=0.5,
+        clock=lambda: now[0],
+    )
+    transport = httpx.ASGITransport(app=app, client=("203.0.113.7", 5000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+        wrong = {"Authorization": "Bearer nope"}
+        first = [(await http.get("/v1/x", headers=wrong)).status_code for _ in range(2)]
+        refused = await http.get("/v1/x", headers=wrong)
+        assert (await http.get("/v1/x", headers={"Authorization": "Bearer k"})).status_code == 200
+        now[0] += 2.0  # one failure's allowance back (0.5 a second)
+        again = (await http.get("/v1/x", headers=wrong)).status_code
+        after = (await http.get("/v1/x", headers=wrong)).status_code
+    other = httpx.ASGITransport(app=app, client=("203.0.113.8", 5000))
+    async with httpx.AsyncClient(transport=other, base_url="http://gw") as http:
+        elsewhere = (await http.get("/v1/x", headers=wrong)).status_code
+    assert first == [401, 401]
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "2"
+    assert (again, after, elsewhere) == (401, 429, 401)
+
+
+def test_a_key_is_redacted_as_a_whole_token_only() -> None:
+    from voxgate.gateway.auth import install_redaction, redact
+
+    install_redaction(["ka"])
+    # Inside a longer word the letters stay: redacting them would say what the key holds.
+    assert redact("/usr/lib/python3/site-packages/x.py") == "/usr/lib/python3/site-packages/x.py"
+    assert redact("skaters kayak") == "skaters kayak"
+    assert redact("key ka sent") == "key *** sent"
+    assert redact("/v1/ka/x?t=ka&y=1") == "/v1/***/x?t=***&y=1"
+    assert redact("Bearer%20ka") == "Bearer%20***"
