@@ -97,6 +97,8 @@ _OPTIONS: dict[str, dict[str, str]] = {
 }
 # RFC 7587 3.1.1 puts fullband speech at 28-40 kbit/s; 32 kbit/s is a twelfth of 16-bit pcm at 24 kHz.
 _OPUS_BITRATE = 32_000
+#: libopus takes at most 256 kbit/s per channel (``OPUS_SET_BITRATE``); a higher request opens no encoder.
+_OPUS_MAX_BITRATE = 256_000
 _AAC_BITRATE = 64_000
 # AAC carries at most 6144 bits per channel per 1024-sample frame; FFmpeg clamps (and warns) above it.
 _AAC_MAX_BITS_PER_FRAME = 6144
@@ -153,9 +155,12 @@ def check_rate(fmt: str, rate: int) -> None:
 
 def effective_bitrate(fmt: str, rate: int, requested: int | None) -> int | None:
     """The bit rate a session's audio is encoded at: ``requested`` or the default for the lossy formats,
-    None for FLAC and the uncompressed formats (they have none to set)."""
+    None for FLAC and the uncompressed formats (they have none to set). Opus takes at most 256 kbit/s
+    (libopus' mono maximum): a higher request is encoded, and reported, at that."""
     if fmt not in COMPRESSED_FORMATS or fmt == "flac":
         return None
+    if fmt == "opus":
+        return min(requested or _OPUS_BITRATE, _OPUS_MAX_BITRATE)
     return requested or default_bitrate(fmt, rate)
 
 
@@ -329,7 +334,7 @@ def _open_codec(fmt: str, rate: int, bitrate: int | None) -> AudioCodecContext:
     codec.format = _SAMPLE_FORMATS[fmt]
     codec.time_base = Fraction(1, rate)
     if fmt != "flac":
-        codec.bit_rate = bitrate if bitrate is not None else default_bitrate(fmt, rate)
+        codec.bit_rate = effective_bitrate(fmt, rate, bitrate)
     codec.options = _OPTIONS.get(fmt, {})
     codec.open()
     return codec

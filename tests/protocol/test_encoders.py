@@ -534,3 +534,14 @@ def test_codec_extradata_is_checked() -> None:
         _flac_head(None)
     with pytest.raises(RuntimeError, match="no STREAMINFO"):
         _flac_head(bytes(33))
+
+
+@pytest.mark.parametrize("bitrate", [256_001, 300_000, 320_000])
+@pytest.mark.parametrize("rate", [8000, RATE, 48000])
+def test_every_documented_bitrate_opens_every_lossy_encoder(bitrate: int, rate: int) -> None:
+    """Issue 35 L1: opus above libopus' mono maximum (256 kbit/s) ended the session with a traceback.
+    Every bit rate ``session.config`` accepts (up to 320 kbit/s) encodes, at the rate in effect."""
+    for fmt in ("opus", "mp3", "aac"):
+        assert encode_whole(chirp(0.1, rate), fmt, rate, bitrate)
+    assert effective_bitrate("opus", rate, bitrate) == 256_000  # what session.ready reports
+    assert effective_bitrate("mp3", rate, bitrate) == bitrate
