@@ -16,6 +16,15 @@ and buckets, and this is logged once. A background task reconnects with backoff 
 to ``RETRY_MAX_S``); once Redis answers, the leases this replica holds are written back at once (a
 restarted Redis that kept nothing counts them again) and a second line is logged. A restarted Redis has
 forgotten the token buckets: callers start again with a full burst.
+
+A Redis restarted between two renewals is not noticed at all: redis-py reconnects to it on the next call,
+and it holds none of the fleet's leases until each replica's next renewal (``lease_s / 3`` later at most).
+So the acquire script keeps an epoch key, ``voxgate:epoch``, holding when this Redis was first used (on
+its clock; it never expires). When the key is missing, Redis is empty: the script writes it, and every
+admission waits until ``settle_s`` (one renewal period and ``SETTLE_MARGIN_S``) past that time, by when
+every live replica has renewed, i.e. written its leases back. The first sessions of a fleet on a fresh
+Redis wait that long too; a Redis that persists its data (or a failover that kept it) keeps the epoch and
+nothing waits.
 """
 
 from __future__ import annotations
@@ -41,9 +50,20 @@ RETRY_MAX_S = 5.0
 #: A lease is renewed this many times per lease period: two renewals may be missed before it expires.
 RENEWALS_PER_LEASE = 3
 
+#: After Redis starts empty (a restart, a failover to an empty replica), no session is admitted for this
+#: long past one renewal period, so that every live replica has written its leases back first.
+SETTLE_MARGIN_S = REDIS_TIMEOUT_S
+
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local settle = tonumber(ARGV[4])
+local epoch = tonumber(redis.call('GET', KEYS[2]))
+if not epoch then
+  epoch = now
+  redis.call('SET', KEYS[2], string.format('%.17g', now))
+end
+if now < epoch + settle then return -math.ceil((epoch + settle - now) * 1000) end
 local lease = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
@@ -96,6 +116,8 @@ class SharedLimits:
         self.url = url
         self.lease_s = lease_s
         self.prefix = prefix
+        #: How long admissions wait after Redis is found empty: one renewal period and its round trip.
+        self.settle_s = lease_s / RENEWALS_PER_LEASE + SETTLE_MARGIN_S
         self.up = True  # until a call fails: the first request tries Redis
         try:
             exceptions = importlib.import_module("redis.exceptions")
@@ -150,12 +172,19 @@ class SharedLimits:
         """Take a place under ``cap`` for ``owner``'s session ``lease``; False when the fleet holds ``cap``.
 
         While Redis is down the place is granted (the process's own cap still applies) and the lease is
-        written to Redis once it is back. A granted lease is held until ``release``.
+        written to Redis once it is back. A granted lease is held until ``release``. Within ``settle_s``
+        of Redis being found empty (see the module docstring) the answer waits until that time is up.
         """
         granted = True
         if self.up and self._client is not None:
+            keys = [self._key(owner), f"{self.prefix}:epoch"]
+            args: list[str | float] = [cap, self.lease_s, lease, self.settle_s]
             try:
-                granted = bool(await self._acquire(keys=[self._key(owner)], args=[cap, self.lease_s, lease]))
+                answer = int(await self._acquire(keys=keys, args=args))
+                if answer < 0:  # Redis started empty too recently (-answer ms) to hold every lease yet
+                    await asyncio.sleep(-answer / 1000 + 0.01)
+                    answer = int(await self._acquire(keys=keys, args=args))
+                granted = answer > 0
             except self._errors as exc:
                 self._down(exc)
         if granted:

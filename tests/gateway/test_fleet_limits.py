@@ -177,3 +177,37 @@ def test_the_redis_password_never_reaches_the_log() -> None:
     assert redacted("redis://:s3cret@10.0.0.5:6379/0") == "redis://***@10.0.0.5:6379/0"
     assert redacted("rediss://user:s3cret@host:6380/1") == "rediss://***@host:6380/1"
     assert redacted("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def over_cap_after_restarts(redis: RedisServer, rounds: int) -> list[int]:
+    """Cap 3, held as 2 sessions on one replica and 1 on another; Redis restarted ``rounds`` times, and
+    each time as many more sessions opened on both as they admit: how many each round admitted."""
+    lease_s = 6.0  # renewed every 2 s: a restart leaves the leases missing for up to that long
+    limits = _settings(redis, max_sessions_per_key=3, redis_lease_s=lease_s)
+    over: list[int] = []
+    with serve_engine(FakeEngine(), **limits) as a, serve_engine(FakeEngine(), **limits) as b:
+        with ExitStack() as stack:
+            _open(stack, a)
+            _open(stack, a)
+            _open(stack, b)
+            assert _refused(a) == 429 and _refused(b) == 429
+            for _ in range(rounds):
+                redis.stop()
+                redis.start()
+                with ExitStack() as extra:
+                    admitted = 0
+                    # Per process each replica would admit more (a holds 2 of 3, b 1 of 3).
+                    for address in (b, a, b, b):
+                        try:
+                            _open(extra, address)
+                            admitted += 1
+                        except InvalidStatus as refused:
+                            assert refused.response.status_code == 429
+                    over.append(admitted)
+    return over
+
+
+def test_a_redis_restart_never_admits_over_the_cap(redis: RedisServer) -> None:
+    """Restarted between two renewals, Redis is empty and redis-py reconnects without a word: new sessions
+    wait until every replica has written its leases back instead of being counted against nothing."""
+    assert over_cap_after_restarts(redis, rounds=3) == [0, 0, 0]
