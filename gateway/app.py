@@ -112,7 +112,14 @@ def create_app(
         if shared is not None:
             await shared.start()
         for e in engines:
-            logger.info("engine %s ready at %d Hz", e.name, e.sample_rate)
+            if await e.ready():
+                logger.info("engine %s ready at %d Hz", e.name, e.sample_rate)
+            else:  # a remote engine whose upstreams are all down: it serves, but every request fails
+                logger.warning(
+                    "engine %s is NOT ready: its upstream is unreachable (no upstream answers); requests "
+                    "fail and GET /readyz is 503 until one answers",
+                    e.name,
+                )
         try:
             yield {
                 "catalog": catalog,

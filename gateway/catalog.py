@@ -38,8 +38,20 @@ class Resolved:
     reference: VoiceReference | None = None
     #: The options the engine gets: the request's, less those it ignores (see ``ignored``).
     options: dict[str, object] = field(default_factory=dict)
-    #: Options the engine cannot follow that were dropped instead of refused (``instructions``).
+    #: Options the engine cannot follow that were dropped instead of refused (``IGNORABLE``): each surface
+    #: tells its client (``option_ignored``).
     ignored: tuple[str, ...] = ()
+
+
+#: The one rule for an option an engine cannot use. These only tune how speech is generated (a style
+#: prompt, model sampling, token and chunk budgets, the text-input mode): an engine without them ignores
+#: them, and the client is warned (``option_ignored``), as production speech APIs and voice-agent frameworks
+#: expect (they send ``instructions`` to every engine). An option that changes what is said or whose voice
+#: it is (``language``, ``task_type``, ``x_vector_only_mode``, ``speaker_embedding``, a reference clip), or
+#: what the answer holds (``word_timestamps``), is refused by name instead (``unsupported_option``).
+IGNORABLE = frozenset(
+    {"instructions", "extra_params", "max_new_tokens", "initial_codec_chunk_frames", "non_streaming_mode"}
+)
 
 
 class Catalog:
@@ -126,7 +138,7 @@ class Catalog:
                 ):
                     raise
                 del options[exc.field]
-                if exc.field == "instructions":
+                if exc.field in IGNORABLE:
                     ignored.append(exc.field)
         # A clone the engine cannot make (a remote family that needs a transcript) is refused now, not
         # at the first segment.
@@ -195,9 +207,10 @@ class Catalog:
 
 def _harmless(name: str, value: object, builtin_voice: bool) -> bool:
     """Whether an option an engine refused can be dropped: it changes neither what is said nor whose
-    voice it is. vllm-omni's clients send ``task_type: CustomVoice`` and ``language: Auto`` with a
-    built-in voice, and voice-agent frameworks send ``instructions`` to every engine."""
-    if name == "instructions":
+    voice it is (``IGNORABLE``, dropped with a warning). vllm-omni's clients also send ``task_type:
+    CustomVoice`` and ``language: Auto`` with a built-in voice: they ask for what the engine does anyway,
+    and are dropped silently."""
+    if name in IGNORABLE:
         return True
     if name == "task_type":
         return value == "CustomVoice" and builtin_voice

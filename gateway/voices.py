@@ -9,6 +9,9 @@ rate, channels and length are checked from its header before it is decoded; it i
 block and stored in its canonical form: mono, at most 24 kHz (``max_clip_rate_hz``), 16-bit PCM
 (``gateway.clips``, ``gateway.store``).
 
+An upload that no engine here can speak is stored all the same, and its answer carries a ``warning``
+(``voice_requires_cloning``) that says so and how to serve it.
+
 Every failure is an OpenAI-style ``{"error": {"message", "type", "param", "code"}}``:
 
 ====  ==================================================================================
@@ -46,7 +49,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..engine.base import Voice
-from .clips import MAX_AUDIO_BYTES, MAX_STORED_RATE, decode_audio, decoding, parse_embedding
+from .clips import MAX_AUDIO_BYTES, MAX_STORED_RATE, check_embedding, decode_audio, decoding, parse_embedding
+from .clips import MAX_TEXT_BYTES as MAX_TEXT_BYTES  # the limits an import shares (gateway.voice_folder)
+from .clips import MAX_UPLOAD_EMBEDDING_DIM as MAX_UPLOAD_EMBEDDING_DIM
 from .http import Rejected, api_error
 from .multipart import FormLimits, Part, read_form, text_field
 from .store import (
@@ -63,13 +68,8 @@ logger = logging.getLogger(__name__)
 
 # The shared store (S3) usually comes back within seconds, and a client that retries sooner only adds load.
 STORE_RETRY_AFTER_S = 5
-#: vllm-omni's cap on an uploaded embedding (serving_speech.py ``upload_voice_embedding``), below the 8192
-#: a request's ``speaker_embedding`` may have: the largest speaker encoders give 2048 values.
-MAX_UPLOAD_EMBEDDING_DIM = 4096
 # 8192 numbers written out in full by json.dumps take about 200 KiB.
 MAX_EMBEDDING_BYTES = 256 * 1024
-# Names, consent records and transcripts of 30 s of speech are far shorter.
-MAX_TEXT_BYTES = 16 * 1024
 # The audio, the other fields and the multipart framing around them.
 MAX_BODY_BYTES = MAX_AUDIO_BYTES + 1024 * 1024
 # A rejected body is read and dropped up to this much so the client gets its answer: closing with
@@ -85,6 +85,15 @@ LIMITS = FormLimits(
     urlencoded_bytes=MAX_URLENCODED_BYTES,
     fields=16,
     too_large_codes={"audio_sample": "audio_too_large"},
+)
+
+
+#: The upload answer's ``warning`` when no engine here clones: the voice is stored (another gateway on the
+#: same store may speak it), but every use on this one is refused with ``voice_requires_cloning``.
+NO_CLONING_WARNING = (
+    "stored, but no engine of this gateway can clone voices, so using it here is refused "
+    "(voice_requires_cloning): serve it with a cloning engine, e.g. --engine remote in front of a vllm-omni "
+    'server with a Qwen3-TTS Base model (docs/deploy.md, "Cloning voices")'
 )
 
 
@@ -130,11 +139,8 @@ def _check_form(parts: dict[str, Part]) -> _Upload:
     if not has_audio and not has_embedding:
         raise Rejected(400, "missing_voice_source", "give audio_sample or speaker_embedding", "audio_sample")
     embedding = parse_embedding(embedding_text) if embedding_text else None
-    if embedding is not None and len(embedding) > MAX_UPLOAD_EMBEDDING_DIM:
-        message = (
-            f"speaker_embedding has {len(embedding)} values, over the {MAX_UPLOAD_EMBEDDING_DIM} allowed"
-        )
-        raise Rejected(400, "embedding_too_long", message, "speaker_embedding")
+    if embedding is not None:
+        check_embedding(embedding, max_dim=MAX_UPLOAD_EMBEDDING_DIM)
     return _Upload(
         name=name,
         consent=consent,
@@ -267,9 +273,11 @@ async def upload_voice(request: Request) -> JSONResponse:
         return api_error(400, "the request body was cut short", code="client_disconnected")
     finally:
         await chunks.aclose()
-    return JSONResponse(
-        {"success": True, "voice": _voice_json(info, catalog.cloning_engines() if catalog else [])}
-    )
+    engines = catalog.cloning_engines() if catalog else []
+    answer: dict[str, object] = {"success": True, "voice": _voice_json(info, engines)}
+    if not engines:
+        answer["warning"] = {"code": "voice_requires_cloning", "message": NO_CLONING_WARNING}
+    return JSONResponse(answer)
 
 
 async def list_voices(request: Request) -> JSONResponse:

@@ -59,6 +59,7 @@ from .messages import (
     SessionConfig,
 )
 from .segmenter import Granularity, Segmenter
+from .speech import speakable
 
 # vllm-omni's limits: a config may carry reference audio inline, other messages are small.
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -484,7 +485,9 @@ class Session:
 
     def _segments(self, stream: _Stream, texts: list[str]) -> list[Event]:
         out: list[Event] = []
-        for text in texts:
+        # A segment with nothing to say (emoji, "...") goes to no engine: REST refuses such a text
+        # (``empty_input``); here it may be part of a longer text, so it is dropped (``speakable``).
+        for text in filter(speakable, texts):
             assert stream.utterance is not None  # text is buffered only in an open utterance
             out.append(SegmentReady(stream.utterance, stream.sentences, text))
             stream.sentences += 1

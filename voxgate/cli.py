@@ -26,12 +26,34 @@ if TYPE_CHECKING:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every ``voxgate`` subcommand."""
-    parser = argparse.ArgumentParser(prog="voxgate", description="Real-time streaming TTS gateway")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="voxgate",
+        description="A real-time voice gateway: text streamed in, speech streamed out.",
+        epilog="Start a gateway with 'voxgate serve --engine piper', then try 'voxgate say \"Hello there.\" "
+        "-o out.wav'; 'voxgate COMMAND --help' shows a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the gateway")
     add_setting_flags(serve)
     _add_client_commands(commands)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (a checkout that was never installed says so)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("voxgate")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def _text(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("nothing to say: give the text, or - (or nothing) to read stdin")
+    return text
 
 
 def add_setting_flags(parser: argparse.ArgumentParser) -> None:
@@ -122,7 +144,11 @@ def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
         description="Stream text to a running gateway and write the speech as it arrives.",
     )
     say.add_argument(
-        "text", nargs="?", default="-", help="what to say; omitted or - reads stdin as it is written"
+        "text",
+        nargs="?",
+        default="-",
+        type=_text,
+        help="what to say; omitted or - reads stdin as it is written",
     )
     say.add_argument(
         "-o",
@@ -202,8 +228,12 @@ def _add_folder_commands(actions: argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``voxgate`` console script."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``voxgate`` console script; with no argument it prints its help (status 2)."""
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):
+        parser.print_help()
+        return 2
+    args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "voices" and args.action in ("import", "export"):
@@ -370,7 +400,7 @@ def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:
             voices, raw = client.list_voices(settings)
             print(json.dumps(json.loads(raw), indent=2) if args.json else client.voice_table(voices))
         case "voices", "upload":
-            voice = client.upload_voice(
+            voice, warning = client.upload_voice(
                 settings,
                 args.name,
                 consent=args.consent,
@@ -380,6 +410,8 @@ def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:
                 description=args.description,
             )
             print(f"uploaded voice {voice.name!r}: {voice.details()}")
+            if warning is not None:
+                print(f"voxgate: warning: {warning.message} ({warning.code})", file=sys.stderr)
         case "voices", "delete":
             print(client.delete_voice(settings, args.name))
 

@@ -364,6 +364,10 @@ def say(
         sender.join()
     if errors:
         raise ClientError(f"{errors} gateway error(s): the audio is incomplete")
+    if sender.first_text_at is None:
+        raise ClientError("nothing to say: no text came on stdin")
+    if not samples:
+        raise ClientError("the gateway made no audio: the text has nothing to speak (no letter or digit)")
     first_text_at = sender.first_text_at
     first_audio_s = (
         None if first_audio_at is None or first_text_at is None else first_audio_at - first_text_at
@@ -423,14 +427,32 @@ class UploadedVoice(msgspec.Struct, kw_only=True):
 
 
 class VoiceList(msgspec.Struct):
-    """``GET /v1/audio/voices``."""
+    """``GET /v1/audio/voices``: ``voices`` names every voice a request may use, uploaded ones too (as
+    vllm-omni lists them); ``voice_details`` holds the built-in ones (older gateways lack it)."""
 
     voices: list[str | _NamedVoice] = msgspec.field(default_factory=list)
+    voice_details: list[_NamedVoice] | None = None
     uploaded_voices: list[UploadedVoice] = msgspec.field(default_factory=list)
+
+    def builtin(self) -> list[str]:
+        """The built-in voices' names: ``voice_details``, else ``voices`` less the uploaded names."""
+        if self.voice_details is not None:
+            return [v.name for v in self.voice_details]
+        uploaded = {v.name.casefold() for v in self.uploaded_voices}
+        names = (v if isinstance(v, str) else v.name for v in self.voices)
+        return [n for n in names if n.casefold() not in uploaded]
+
+
+class UploadWarning(msgspec.Struct):
+    """The upload answer's ``warning``: the voice is stored, but something about it needs the user."""
+
+    code: str = ""
+    message: str = ""
 
 
 class _Uploaded(msgspec.Struct):
     voice: UploadedVoice
+    warning: UploadWarning | None = None
 
 
 class _Deleted(msgspec.Struct):
@@ -472,7 +494,7 @@ def list_voices(settings: ClientSettings) -> tuple[VoiceList, bytes]:
 def voice_table(voices: VoiceList) -> str:
     """``voices list`` as an aligned table: name, type, details."""
     rows = [("NAME", "TYPE", "DETAILS")]
-    rows += [(v if isinstance(v, str) else v.name, "built-in", "") for v in voices.voices]
+    rows += [(name, "built-in", "") for name in voices.builtin()]
     rows += [(v.name, "uploaded", v.details()) for v in voices.uploaded_voices]
     width = [max(len(row[i]) for row in rows) for i in range(2)]
     return "\n".join(f"{n:<{width[0]}}  {t:<{width[1]}}  {d}".rstrip() for n, t, d in rows)
@@ -487,8 +509,9 @@ def upload_voice(
     embedding: str | None = None,
     ref_text: str | None = None,
     description: str | None = None,
-) -> UploadedVoice:
-    """Upload a voice from an audio file or a JSON embedding file (exactly one of them)."""
+) -> tuple[UploadedVoice, UploadWarning | None]:
+    """Upload a voice from an audio file or a JSON embedding file (exactly one of them); returns the voice
+    and the gateway's warning about it, if any (no engine there can speak it: ``voice_requires_cloning``)."""
     if (audio is None) == (embedding is None):
         raise ClientError("give an audio file or --embedding FILE.json, not both")
     form = {"name": name, "consent": consent}
@@ -509,7 +532,8 @@ def upload_voice(
                 response = _request(settings, "POST", VOICES_PATH, data=form, files=parts)
     except (OSError, UnicodeDecodeError) as exc:
         raise ClientError(f"cannot read {embedding if audio is None else audio}: {exc}") from exc
-    return _decode(response, _Uploaded).voice
+    uploaded = _decode(response, _Uploaded)
+    return uploaded.voice, uploaded.warning
 
 
 def _check_json(path: str, text: str) -> None:

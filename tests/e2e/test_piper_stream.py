@@ -113,7 +113,7 @@ def test_bad_inputs_keep_the_session_usable(piper_gateway: str) -> None:
         for raw, code in [
             ("{oops", "invalid_json"),
             ('{"type":"nope"}', "unknown_type"),
-            ('{"type":"session.config","max_new_tokens":5}', "unsupported_option"),
+            ('{"type":"session.config","x_vector_only_mode":true}', "unsupported_option"),
             ('{"type":"session.config","language":"fr"}', "unsupported_option"),
         ]:
             ws.send(raw)

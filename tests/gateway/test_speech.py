@@ -91,7 +91,7 @@ def test_voice_forms_and_aliases() -> None:
         ({"input": "hi", "response_format": "ogg"}, 400, "response_format", "invalid_message"),
         ({"input": "hi", "speed": 9}, 400, "speed", "invalid_message"),
         ({"input": "hi", "voice": "nobody"}, 400, "voice", "voice_not_found"),
-        ({"input": "hi", "non_streaming_mode": True}, 400, "non_streaming_mode", "unsupported_option"),
+        ({"input": "hi", "x_vector_only_mode": True}, 400, "x_vector_only_mode", "unsupported_option"),
         ({"input": "hi", "task_type": "VoiceDesign"}, 400, "task_type", "unsupported_option"),
         ({"input": "hi", "bogus": 1}, 400, "bogus", "invalid_message"),
         (

@@ -256,7 +256,7 @@ def test_speaker_is_an_alias_of_voice() -> None:
     )
 
 
-def test_extra_params_reach_the_engine_options_or_are_refused_by_name() -> None:
+def test_extra_params_reach_the_engine_options_or_are_ignored() -> None:
     params = {"temperature": 0.7, "num_step": 16}
     taking = FakeEngine(supported=frozenset({"speed", "seed", "language", "extra_params"}))
     with serve_engine(taking) as address:
@@ -265,13 +265,14 @@ def test_extra_params_reach_the_engine_options_or_are_refused_by_name() -> None:
     assert response.status_code == 200, response.text
     assert batch.json()["succeeded"] == 1
     assert [r.options["extra_params"] for r in taking.requests] == [params, params]
-    with serve_engine(FakeEngine()) as address:
-        refused = post(address, SPEECH, input="Hi.", extra_params=params)
+    unable = FakeEngine()
+    with serve_engine(unable) as address:
+        # Model tuning an engine cannot use is ignored, with a warning (gateway.catalog.IGNORABLE).
+        ignored = post(address, SPEECH, input="Hi.", response_format="pcm", extra_params=params)
         empty = post(address, SPEECH, input="Hi.", response_format="pcm", extra_params={})
         not_an_object = post(address, SPEECH, input="Hi.", extra_params=[1])
-    assert refused.status_code == 400
-    assert refused.json()["error"]["code"] == "unsupported_option"
-    assert refused.json()["error"]["param"] == "extra_params"
+    assert ignored.status_code == 200
+    assert all("extra_params" not in r.options for r in unable.requests)
     assert empty.status_code == 200  # asks for nothing
     assert not_an_object.status_code == 400 and not_an_object.json()["error"]["param"] == "extra_params"
 

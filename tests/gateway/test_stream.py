@@ -192,9 +192,9 @@ def test_disconnect_stops_engine_work() -> None:
         (b"\x00\x01", "binary_not_accepted", None),
         ('{"type": "session.config", "sample_rate": 100}', "invalid_message", "$.sample_rate"),
         (
-            '{"type": "session.config", "non_streaming_mode": true}',
+            '{"type": "session.config", "x_vector_only_mode": true}',
             "unsupported_option",
-            "$.non_streaming_mode",
+            "$.x_vector_only_mode",
         ),
         ('{"type": "session.config", "voice": "nobody"}', "voice_not_found", "$.voice"),
     ],
@@ -224,7 +224,7 @@ def test_error_codes_are_distinct() -> None:
     [
         ('{"type": "input.text", "text": "hi"}', "config_required", 1008),
         ('{"type": "session.config", "sample_rate": 100}', "invalid_message", 1007),
-        ('{"type": "session.config", "non_streaming_mode": true}', "unsupported_option", 1008),
+        ('{"type": "session.config", "x_vector_only_mode": true}', "unsupported_option", 1008),
         ("nope", "invalid_json", 1007),
     ],
 )
