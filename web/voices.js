@@ -11,12 +11,29 @@ import { Recorder, recordingUnavailable } from "./recorder.js";
 
 export const VOICES_PATH = "/v1/audio/voices";
 
-/** Built-in voices as objects, whether the server lists names or {name, engine, language} objects. */
+/**
+ * The voice list as the page uses it. `voices` names every voice a request may use, uploaded ones too (as
+ * vllm-omni lists them), so the built-in ones come from `voice_details`; a gateway without it lists names
+ * (or {name, engine, language} objects), less the uploaded ones.
+ */
 export function normaliseVoices(body) {
-  const builtin = (body.voices || []).map((v) => (typeof v === "string" ? { name: v } : v));
+  const uploaded = body.uploaded_voices || [];
+  const uploadedNames = new Set(uploaded.map((v) => v.name.toLowerCase()));
+  const builtin = Array.isArray(body.voice_details)
+    ? body.voice_details.map((v) => ({ name: v.name, language: v.language, engine: (v.engines || []).join(", ") }))
+    : (body.voices || [])
+        .map((v) => (typeof v === "string" ? { name: v } : v))
+        .filter((v) => !uploadedNames.has(v.name.toLowerCase()));
   const cloning = Array.isArray(body.cloning_engines) ? body.cloning_engines : null;
   const engines = [...new Set((body.voice_details || []).flatMap((v) => v.engines || []))];
-  return { builtin, uploaded: body.uploaded_voices || [], cloning, engines };
+  return { builtin, uploaded, cloning, engines };
+}
+
+/** What the page says after an upload: the voice, and the gateway's warning when it gave one (no engine
+ * there can clone: the voice is stored, but using it is refused). */
+export function uploadMessage(body) {
+  const done = `Uploaded voice “${body.voice.name}”.`;
+  return body.warning ? `${done} Warning: ${body.warning.message}` : done;
 }
 
 /** The note to show when no engine of the gateway can clone, else "" (also when the server does not say). */
@@ -114,7 +131,7 @@ export class VoicePanel extends EventTarget {
     ui.submit.disabled = true;
     try {
       const body = await apiFetch(VOICES_PATH, this.hooks.key(), { method: "POST", body: form });
-      this.hooks.status(`Uploaded voice “${body.voice.name}”.`);
+      this.hooks.status(uploadMessage(body));
       ui.form.reset();
       this._setRecording(null);
       await this.refresh();
