@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 import uuid
 from collections.abc import Iterable, Mapping, MutableMapping
@@ -38,7 +37,6 @@ from typing import Any, Protocol
 from starlette.websockets import WebSocketDisconnect
 
 from ..protocol.codec import Codec, Inbound, Payload
-from ..protocol.core import Core
 from ..protocol.dialect import SessionCodec, sends
 from ..protocol.encoders import effective_bitrate
 from ..protocol.errors import INTERNAL_ERROR_MESSAGE, ErrorCode, ProtocolError
@@ -50,20 +48,20 @@ from ..protocol.messages import (
     ServerMessage,
     ServerWarning,
     SessionReady,
-    wire_context_id,
 )
 from ..protocol.output import Audio, Configure, Finish, Message, OutputFormat
-from ..protocol.session import Session, State
+from ..protocol.session import State
 from ..protocol.speech import check_limits
-from .catalog import Catalog, Resolved
+from .catalog import Catalog
 from .deadline import Deadline as Deadline  # re-exported: its tests import it from here
 from .errorlog import ErrorLog
 from .failures import REFUSALS, error_for
-from .jobs import AudioCap, Utterance
+from .host import SessionHost
 from .metrics import Metrics, SessionMeter
-from .outbox import Outbox, SlowConsumer
-from .pump import Pump
-from .ratelimit import TokenBuckets
+from .outbox import SlowConsumer
+from .ratelimit import REFERENCE_EVERY_S as REFERENCE_EVERY_S
+from .ratelimit import REFERENCES_BURST as REFERENCES_BURST
+from .ratelimit import References
 from .receipts import ReadReceipts
 from .sessions import Sessions, shutdown_error
 from .settings import Settings
@@ -73,9 +71,6 @@ logger = logging.getLogger(__name__)
 
 # The least time a fatal error and the close get to go out before the connection is dropped.
 CLOSE_TIMEOUT_S = 1.0
-# Inline ``ref_audio`` clips a session may have decoded: this many at once, then one every so often.
-REFERENCES_BURST = 3
-REFERENCE_EVERY_S = 10.0
 
 
 class _Stop(Exception):
@@ -117,47 +112,28 @@ class Connection:
     sessions: Sessions | None = None  # the process's sessions: their drain ends this one
     receipts: ReadReceipts | None = None  # the socket's read receipts (gateway.receipts), if it has them
     codec: Codec | None = None  # the socket's wire (protocol.codec); None: the session's own dialect
-    session: Session = field(init=False)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
     def __post_init__(self) -> None:
         s = self.settings
-        session = Session(
-            max_config_bytes=s.max_config_bytes,
-            max_message_bytes=s.max_message_bytes,
-            max_pending_text_chars=s.max_pending_text_chars,
-            extensions=self.extensions,
-            max_contexts=s.max_contexts,
-            context_idle_timeout_s=s.context_idle_timeout_s,
-        )
-        self.core = Core(OutputFormat("pcm", 24000), session)  # the first session.config sets the format
-        self.session = session
         self.log = _SessionLog(logger, {"session": self.id})
-        self.errors = ErrorLog(self.log)  # non-fatal errors' lines, rate-limited
-        self.outbox = Outbox(
-            s.max_buffered_audio_s,
-            max_messages=s.max_buffered_messages,
-            max_message_bytes=s.max_buffered_message_bytes,
-        )
-        self.pump = Pump(
-            self.core,
-            self.outbox,
+        self.host = host = SessionHost(
+            s,
             self.meter,
-            self._utterance,
             self.log,
             extensions=self.extensions,
             configure=self._configure,
             dropped=self._cleared,
         )
-        self.resolved: Resolved | None = None
+        self.session, self.core, self.outbox, self.pump = host.session, host.core, host.outbox, host.pump
+        self.errors = ErrorLog(self.log)  # non-fatal errors' lines, rate-limited
         self.sending = False  # the writer is inside a send (it may block on a client that does not read)
         self.receive_deadline = Deadline()  # the reader's config, idle and tick timeouts
         self.send_deadline = Deadline()  # the writer's send timeout (a client that stopped reading)
         self.last_activity = time.monotonic()
         self.wire: Codec = self.codec or SessionCodec(extensions=self.extensions)  # adopt() may wrap it
         self.held_s = 0.0  # audio the codec took and holds back (counted when it goes out)
-        self._references = TokenBuckets(1.0 / REFERENCE_EVERY_S, REFERENCES_BURST)  # inline ref_audio
-        self.cap = AudioCap(s.max_segment_audio_base_s, s.max_segment_audio_per_char_s)  # a segment's audio
+        self._references = References()  # inline ref_audio
         if self.receipts is not None:
             self.receipts.watch(s.send_timeout_s)
 
@@ -339,7 +315,7 @@ class Connection:
         except REFUSALS as exc:
             error = error_for(exc, voice_field=voice_field, ref_audio=config.ref_audio is not None)
             raise self.core.reject_config(error) from None
-        self.resolved = resolved
+        self.host.resolved = resolved
         self.wire = self.wire.adopt(config)
         engine = resolved.engine
         self.meter.configured(engine.name)
@@ -396,43 +372,15 @@ class Connection:
         self.log.info("configured: %s", effective)
 
     def _admit_reference(self) -> None:
-        """Take one of the session's inline-reference tokens: each ``ref_audio`` is decoded on the
-        process's few decode threads (tens of ms of CPU for a 30 s clip), so a socket that resends
-        configs with clips would keep them busy for every other session's uploads.
-
-        Raises:
-            ProtocolError: ``rate_limited`` (non-fatal after the first config) on ``$.ref_audio``.
-        """
-        wait = self._references.take("", time.monotonic())
-        if wait:
-            message = (
-                f"at most {REFERENCES_BURST} inline ref_audio clips at once and one every "
-                f"{REFERENCE_EVERY_S:g} s per session; retry in {math.ceil(wait)} s or upload the voice"
-            )
-            raise ProtocolError(ErrorCode.RATE_LIMITED, message, field="$.ref_audio")
-
-    def _utterance(self, index: int) -> Utterance:
-        config, resolved = self.session.config, self.resolved
-        assert config is not None and resolved is not None  # utterances start only once configured
-        return Utterance(
-            index, config, resolved.engine, resolved.voice, resolved.reference, resolved.options, self.cap
-        )
+        """Take one of the session's inline-reference tokens (``gateway.ratelimit.References``)."""
+        self._references.admit()
 
     def _report(self, err: ProtocolError, utterance: int | None = None) -> None:
         if err.fatal:
             self.log.info("error %s: %s", err.code, err.message)
         else:
             self.errors.refused(err.code, err.message)
-        self._send(
-            Error(
-                code=err.code,
-                message=err.message,
-                fatal=err.fatal,
-                field=err.field,
-                utterance_index=utterance,
-                context_id=wire_context_id(err.context_id),
-            )
-        )
+        self._send(Error.of(err, utterance, err.context_id))
 
     def _send(self, msg: ServerMessage) -> None:
         if sends(msg, extensions=self.extensions):
@@ -442,8 +390,7 @@ class Connection:
 
     async def _write(self) -> None:
         while True:
-            output = self.core.sending(await self.outbox.get(), time.perf_counter())
-            self.meter.sent(output)
+            output = self.host.take(await self.outbox.get(), time.perf_counter())
             match output:
                 case Finish():
                     with contextlib.suppress(WebSocketDisconnect, RuntimeError):
@@ -504,7 +451,7 @@ class Connection:
 
     async def _last_words(self, err: ProtocolError, patience_s: float) -> None:
         """Write the fatal ``err`` in the codec's shape within ``patience_s``, then close as it says."""
-        error = Error(code=err.code, message=err.message, fatal=True, field=err.field)
+        error = Error.of(err)
         with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError):
             async with asyncio.timeout(patience_s):
                 for payload in self.wire.encode(Message(error)):

@@ -32,6 +32,10 @@ from .shared_limits import SharedLimits
 
 #: Buckets kept at most (about 100 bytes each).
 MAX_BUCKETS = 10_000
+#: Inline ``ref_audio`` clips a session or a batch may have decoded: this many at once, then one every
+#: ``REFERENCE_EVERY_S``.
+REFERENCES_BURST = 3
+REFERENCE_EVERY_S = 10.0
 
 
 class TokenBuckets:
@@ -93,6 +97,47 @@ def retry_after(wait_s: float) -> int:
     return max(1, math.ceil(wait_s))
 
 
+class RateLimiter:
+    """The per-caller rate limit of REST requests (the fleet's buckets in Redis, else the process's own).
+
+    A batch's items each take a token too (``gateway.batch``): a batch is admitted item by item.
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        burst: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_entries: int = MAX_BUCKETS,
+        shared: SharedLimits | None = None,
+    ) -> None:
+        self.shared = shared
+        self.burst = max(1, burst)
+        self.buckets = TokenBuckets(rate, self.burst, max_entries=max_entries)
+        self.clock = clock
+
+    @staticmethod
+    def key(scope: Scope) -> str:
+        """The caller's bucket: its API key's owner, else its address."""
+        owner = str(scope.get("state", {}).get("owner", ""))
+        client = scope.get("client")
+        return f"key:{owner}" if owner else f"addr:{client[0] if client else ''}"
+
+    async def take(self, key: str) -> float:
+        """Take a token of ``key``'s bucket: 0 when taken, else the seconds until one is back."""
+        wait_s = None if self.shared is None else await self.shared.take(key, self.buckets.rate, self.burst)
+        if wait_s is None:
+            wait_s = self.buckets.take(key, self.clock())
+        return wait_s
+
+    def refusal(self, wait_s: float) -> tuple[ProtocolError, int]:
+        """The ``rate_limited`` error for a wait of ``wait_s``, and its ``Retry-After``."""
+        seconds = retry_after(wait_s)
+        message = f"too many requests: retry in {seconds} s ({self.buckets.rate:g} a second)"
+        return ProtocolError(ErrorCode.RATE_LIMITED, message), seconds
+
+
 class RateLimitMiddleware:
     """429 ``rate_limited`` with ``Retry-After`` for REST requests over the caller's rate.
 
@@ -100,6 +145,7 @@ class RateLimitMiddleware:
     keys (owner ``""``) the client's address is the bucket's key: the ASGI ``client``, the TCP peer's
     unless the peer is one of ``trusted_proxies`` (then uvicorn put the ``X-Forwarded-For`` address
     there, ``voxgate.cli.uvicorn_http_options``), so a client cannot pick its bucket with the header.
+    The limiter is left in the request's state (``rate_limiter``) for the routes that admit work in parts.
 
     Args:
         rate: requests per second per caller; 0 turns the limit off.
@@ -119,29 +165,50 @@ class RateLimitMiddleware:
         shared: SharedLimits | None = None,
     ) -> None:
         self.app = app
-        self.shared = shared
-        self.burst = max(1, burst)
-        self.buckets = TokenBuckets(rate, max(1, burst), max_entries=max_entries) if rate > 0 else None
-        self.clock = clock
+        self.limiter = (
+            RateLimiter(rate, burst, clock=clock, max_entries=max_entries, shared=shared)
+            if rate > 0
+            else None
+        )
+        self.buckets = None if self.limiter is None else self.limiter.buckets
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.buckets is None or scope["type"] != "http" or not scope["path"].startswith(API_PREFIX):
+        limiter = self.limiter
+        if limiter is None or scope["type"] != "http" or not scope["path"].startswith(API_PREFIX):
             await self.app(scope, receive, send)
             return
-        owner = str(scope.get("state", {}).get("owner", ""))
-        client = scope.get("client")
-        key = f"key:{owner}" if owner else f"addr:{client[0] if client else ''}"
-        wait_s = None if self.shared is None else await self.shared.take(key, self.buckets.rate, self.burst)
-        if wait_s is None:
-            wait_s = self.buckets.take(key, self.clock())
+        wait_s = await limiter.take(limiter.key(scope))
         if not wait_s:
+            scope.setdefault("state", {})["rate_limiter"] = limiter
             await self.app(scope, receive, send)
             return
-        seconds = retry_after(wait_s)
-        error = ProtocolError(
-            ErrorCode.RATE_LIMITED,
-            f"too many requests: retry in {seconds} s ({self.buckets.rate:g} a second)",
-        )
+        error, seconds = limiter.refusal(wait_s)
         response = error_response(error)
         response.headers["retry-after"] = str(seconds)
         await response(scope, receive, send)
+
+
+class References:
+    """The inline ``ref_audio`` clips one session (or one batch) may have decoded: ``REFERENCES_BURST`` at
+    once, then one every ``REFERENCE_EVERY_S``. Each is decoded on the process's few decode threads (tens
+    of ms of CPU for a 30 s clip), so a caller that sends clip after clip would keep them busy for every
+    other caller's uploads."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._buckets = TokenBuckets(1.0 / REFERENCE_EVERY_S, REFERENCES_BURST)
+        self._clock = clock
+
+    def admit(self) -> None:
+        """Take a clip's token.
+
+        Raises:
+            ProtocolError: ``rate_limited`` on ``$.ref_audio``.
+        """
+        wait = self._buckets.take("", self._clock())
+        if wait:
+            message = (
+                f"at most {REFERENCES_BURST} inline ref_audio clips at once and one every "
+                f"{REFERENCE_EVERY_S:g} s per session or batch; retry in {math.ceil(wait)} s, "
+                "or upload the voice"
+            )
+            raise ProtocolError(ErrorCode.RATE_LIMITED, message, field="$.ref_audio")

@@ -355,14 +355,7 @@ class Core:
         u.synthesis_s += synthesis_s
         self._out.append(Report(utterance, sentence))
         if error is not None:
-            msg = Error(
-                code=error.code,
-                message=error.message,
-                utterance_index=utterance,
-                field=error.field,
-                context_id=wire_context_id(u.context_id),
-            )
-            self._out.append(Message(msg, utterance))
+            self._out.append(Message(Error.of(error, utterance, u.context_id), utterance, failure=error))
         u.done += 1
         self._settle()
 
@@ -374,14 +367,7 @@ class Core:
         u = self._utterances.get(utterance)
         if u is None:
             return
-        msg = Error(
-            code=error.code,
-            message=error.message,
-            utterance_index=utterance,
-            field=error.field,
-            context_id=wire_context_id(u.context_id),
-        )
-        self._out.append(Message(msg, utterance))
+        self._out.append(Message(Error.of(error, utterance, u.context_id), utterance, failure=error))
 
     def data_to_send(self) -> list[Output]:
         """The outputs produced since the last call, in order; the shell acts on each."""

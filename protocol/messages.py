@@ -45,6 +45,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from .audio import AudioFormat
+from .errors import ProtocolError
 from .segmenter import Granularity
 
 SampleRate = Annotated[int, msgspec.Meta(ge=8000, le=48000)]
@@ -465,6 +466,18 @@ class Error(_Server, tag="error"):
     utterance_index: int | None = None
     field: str | None = None
     context_id: str | msgspec.UnsetType = msgspec.UNSET
+
+    @classmethod
+    def of(cls, err: ProtocolError, utterance: int | None = None, context_id: str | None = None) -> Error:
+        """The one way a ``ProtocolError`` becomes an ``error`` message (on the context's wire id)."""
+        return cls(
+            code=err.code,
+            message=err.message,
+            fatal=err.fatal,
+            utterance_index=utterance,
+            field=err.field,
+            context_id=wire_context_id(context_id),
+        )
 
 
 class ContextOpened(_Server, tag="context.opened"):

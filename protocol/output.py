@@ -96,12 +96,14 @@ class Speak:
 @dataclass(frozen=True, slots=True)
 class Message:
     """A server message; ``streamed`` and ``frame_header`` tell the dialect how ``audio.start``'s audio goes
-    out (in frames; each behind the frame header)."""
+    out (in frames; each behind the frame header). An ``error`` carries its ``failure``, whose HTTP status a
+    REST answer takes (an upstream's own 4xx, a ``Retry-After``): the status travels with the failure."""
 
     msg: ServerMessage
     utterance: int | None = None
     streamed: bool = True
     frame_header: bool = False
+    failure: ProtocolError | None = None
 
 
 @dataclass(frozen=True, slots=True)
