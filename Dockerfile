@@ -1,10 +1,12 @@
 # syntax=docker/dockerfile:1
 # The voxgate gateway. `docker build -t voxgate .` then
 #   docker run --rm -p 8000:8000 -e VOXGATE_UPSTREAMS=http://gpu-host:8091 voxgate   (a vllm-omni server speaks)
-# The image runs engine `remote` and installs no GPL code. For the embedded CPU engine (piper-tts, GPL-3.0):
+# The image runs engine `remote` and installs no GPL code: without an upstream it exits 2 and says so. For the
+# embedded CPU engine (piper-tts, GPL-3.0):
 #   docker build --build-arg EXTRAS=piper -t voxgate-piper . && docker run --rm -p 8000:8000 \
 #       -e VOXGATE_ENGINE=piper voxgate-piper
-# compose.yaml runs two of these behind nginx in front of a vllm-omni container; see docs/deploy.md.
+# compose.yaml runs two of these behind nginx in front of a vllm-omni container; docs/deploy.md ("The image
+# alone") says the same, and tests/test_deploy.py checks that both run.
 
 # Debian bookworm is named rather than left to the floating `slim` tag, so a rebuild gets the same distro.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

@@ -432,3 +432,96 @@ def test_every_dashboard_query_names_a_metric_the_gateway_exports() -> None:
 def test_the_proxy_does_not_serve_metrics(services: Services) -> None:
     config = _proxy_config(services).read_text(encoding="utf-8")
     assert re.search(r"location = /metrics \{\s*return 404;", config)
+
+
+# --- the image alone: what the docs say `docker run` does, it does ----------------------------------------
+
+
+def _docker_commands(text: str) -> list[tuple[str, list[str]]]:
+    """Every ``docker build`` / ``docker run`` in ``text`` (continuations joined, ``#`` comment prefixes of a
+    Dockerfile's continued lines too), as (verb, arguments), in order."""
+    joined = re.sub(r"\\\n[#\s]*", " ", text)
+    found = re.finditer(r"docker (build|run) ([^`\n&|;()]*)", joined)
+    return [(m[1], shlex.split(m[2])) for m in found]
+
+
+def _options(args: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """(options with their values, positional arguments) of a docker command line."""
+    valued = {"-p", "-e", "-v", "-t", "--name", "--build-arg", "--env", "--tag", "--publish", "--volume"}
+    options: dict[str, list[str]] = {}
+    positional: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in valued and i + 1 < len(args):
+            options.setdefault(arg, []).append(args[i + 1])
+            i += 2
+            continue
+        if not arg.startswith("-"):
+            positional.append(arg)
+        i += 1
+    return options, positional
+
+
+def _image_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for name, args in _dockerfile_instructions():
+        if name == "ENV":
+            env.update(pair.split("=", 1) for pair in shlex.split(args) if "=" in pair)  # type: ignore[misc]
+    return env
+
+
+def _image_runs() -> list[tuple[str, str, dict[str, str], set[str]]]:
+    """Each ``docker run`` the Dockerfile and docs/deploy.md show: (where, image, environment, extras)."""
+    default_extras = re.search(r'^ARG EXTRAS="([^"]*)"', DOCKERFILE.read_text(encoding="utf-8"), re.M)
+    assert default_extras is not None
+    runs = []
+    for where, path in (("Dockerfile", DOCKERFILE), ("docs/deploy.md", DOCS)):
+        built: dict[str, set[str]] = {}
+        for verb, args in _docker_commands(path.read_text(encoding="utf-8")):
+            options, positional = _options(args)
+            if verb == "build":
+                extras = {
+                    e
+                    for a in options.get("--build-arg", [])
+                    if a.startswith("EXTRAS=")
+                    for e in a[7:].split(",")
+                }
+                for tag in options.get("-t", []):
+                    built[tag] = {e for e in extras if e}
+                continue
+            image = positional[0]
+            env = {**_image_env(), **dict(e.split("=", 1) for e in options.get("-e", []) if "=" in e)}
+            extras = built.get(image, {e for e in default_extras.group(1).split(",") if e})
+            runs.append((where, image, env, extras))
+    return runs
+
+
+def test_the_docs_and_the_dockerfile_show_docker_runs_of_the_image() -> None:
+    wheres = {where for where, *_ in _image_runs()}
+    assert wheres == {"Dockerfile", "docs/deploy.md"}
+
+
+@pytest.mark.parametrize("run", _image_runs(), ids=lambda r: f"{r[0]}:{r[1]}")
+def test_each_docker_run_shown_starts_its_engines(run: tuple[str, str, dict[str, str], set[str]]) -> None:
+    """What ``voxgate serve`` checks before it starts (else it exits 2), for the image's environment plus the
+    command's ``-e``, and the extras its ``docker build`` installed."""
+    from voxgate.gateway.app import engine_names
+
+    where, image, env, extras = run
+    settings = Settings.from_env({k: v for k, v in env.items() if k.startswith("VOXGATE_")})
+    for name in engine_names(settings):
+        entry = ENGINES[name]
+        if entry.requires:
+            assert entry.extra in extras, (
+                f"{where}: {image} runs engine {name!r} without the {entry.extra!r} extra"
+            )
+        if entry.invalid is not None:
+            problem = entry.invalid(settings.engine_settings(name))
+            assert problem is None, f"{where}: docker run {image}: engine {name!r} {problem}"
+
+
+def test_the_docs_name_the_images_default_engine() -> None:
+    docs = DOCS.read_text(encoding="utf-8")
+    stated = re.findall(r"default engine is (?:still )?`([\w,-]+)`", docs)
+    assert stated and set(stated) == {_image_env()["VOXGATE_ENGINE"]}, stated
