@@ -1,0 +1,453 @@
+"""Streaming text normalization: an LLM's markdown reply as a person would read it aloud (sans-I/O).
+
+``Normalizer`` sits between a context's ``input.text`` and its segmenter (``protocol.session``). It is fed
+the client's text in pieces of any size and returns the spoken text it is sure of, holding back only the
+token still being written (the characters after the last whitespace): no rule looks further than one
+token, so a ``**`` split over two messages, or a URL over five, is read the same as if it came whole, and
+text without markup reaches the segmenter as soon as the segmenter could use it (it never cuts inside a
+word either). With ``text_normalization`` ``on`` or ``auto`` (docs/protocol.md, "Text normalization"):
+
+* markdown is not read aloud: emphasis (``*`` ``_`` ``**`` ``__``), headings, list markers, block quotes,
+  code fences and inline code (their text is kept), links (``[text](url)`` speaks its text), images (left
+  out whole), table pipes (a pause between cells), strikethrough (the struck text is left out), HTML tags;
+* a list item, a heading, a table row and a code line are each their own segment: a blank line (which the
+  segmenter always cuts at) goes before a list item, heading, table or fence and after such a line;
+* bare URLs and e-mail addresses are spoken compactly: "https://example.com/menu?id=42" as "example dot
+  com", "ann.lee@example.com" as "ann dot lee at example dot com";
+* emoji are left out (``keep_emoji`` keeps them);
+* with ``expand_numbers`` (``on``, and ``auto`` for an engine whose front end misreads them), numbers,
+  dates, times, amounts, percentages and phone numbers are written out in English (``protocol.numbers``);
+* ``pronunciations`` replace whole words by their ``alias``.
+
+``off`` passes text through unchanged. Every spoken character keeps the index of the client's character
+it stands for (``origins``, counted from the start of the utterance), so that what the engine says can be
+named in the client's own text (``source``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Final, Literal
+
+from .numbers import spell
+
+#: What ``text_normalization`` asks for: ``auto`` (the default) and ``on`` normalize, ``off`` reads as sent.
+TextNormalization = Literal["auto", "on", "off"]
+
+# Kinds of line, by how its end is spoken.
+_PLAIN: Final = 0  # a soft wrap: the newline is a space
+_BLOCK: Final = 1  # a list item, heading, table row or code line: its newline ends the segment
+_FENCE_INFO: Final = 2  # the rest of a code fence's opening line (its language): left out
+
+# A blank line: the segmenter always cuts at one (a sentence end for every granularity but "none").
+_BREAK: Final = "\n\n"
+_FENCE: Final = re.compile(r"```|~~~")
+_HEADING: Final = re.compile(r"#{1,6}")
+_BULLET: Final = frozenset("-*+")
+_NUMBERED: Final = re.compile(r"(\d{1,3})[.)]")
+_RULE: Final = re.compile(r"([-*_])\1{2,}")  # a thematic break: "---", "***", "___"
+_TABLE_RULE: Final = re.compile(r"\|?:?-+:?(?:\|:?-+:?)*\|?")  # "|---|:--:|", "---" in a table row
+_URL: Final = re.compile(r"(?:https?://|www\.)[^\s<>()\[\]\"'`*]+", re.IGNORECASE)
+_SCHEME: Final = re.compile(r"^(?:https?://)?(?:www\.)?", re.IGNORECASE)
+_HOST_END: Final = re.compile(r"[/?#:]")
+_EMAIL: Final = re.compile(r"[A-Za-z0-9][\w.+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
+# Characters a URL or address does not end with: the sentence's punctuation after it.
+_TRAILING: Final = ".,;:!?"
+# A number-like run at the start of a word; ``numbers.spell`` decides what, if anything, it is.
+_NUMBERISH: Final = re.compile(r"[-+(]?[$€£¥]?\d[\w$€£¥%+\-–.,:/()]*")
+_CLOSING: Final = _TRAILING + ")"
+# The plain number that starts a number-like run that is no number as a whole ("1,2,3").
+_LEADING: Final = re.compile(r"[$€£¥]?\d+(?:\.\d+)?")
+# Letters and the digits after them ("x86", "GPT4"): kept as they are, in one step.
+_WORD: Final = re.compile(r"[^\W\d_][^\W_]*")
+_TAG: Final = re.compile(r"</?[A-Za-z!]")
+
+
+def is_emoji(char: str) -> bool:
+    """Whether ``char`` is a pictograph (or a joiner, variation selector or skin tone that builds one)."""
+    code = ord(char)
+    return (
+        0x1F000 <= code <= 0x1FAFF
+        or 0x2600 <= code <= 0x27BF
+        or 0x2B00 <= code <= 0x2BFF
+        or 0x2300 <= code <= 0x23FF
+        or code in (0x200D, 0xFE0F, 0x20E3)
+        or 0xE0020 <= code <= 0xE007F
+    )
+
+
+class Alias:
+    """One pronunciation: the whole word ``text`` is spoken as ``alias``.
+
+    Args:
+        text: the word as written; matched whole (not inside a longer word).
+        alias: what to say instead.
+        case_sensitive: match ``text`` only in the same case (the default), else in any case.
+    """
+
+    __slots__ = ("alias", "case_sensitive", "text")
+
+    def __init__(self, text: str, alias: str, *, case_sensitive: bool = True) -> None:
+        self.text = text
+        self.alias = alias
+        self.case_sensitive = case_sensitive
+
+
+def _alias_pattern(aliases: Sequence[Alias]) -> re.Pattern[str] | None:
+    """One pattern for every alias, longest first, each whole-word (and case-insensitive when asked)."""
+    if not aliases:
+        return None
+    parts = [
+        re.escape(a.text) if a.case_sensitive else f"(?i:{re.escape(a.text)})"
+        for a in sorted(aliases, key=lambda a: -len(a.text))
+    ]
+    return re.compile(rf"(?:{'|'.join(parts)})(?!\w)")
+
+
+class Normalizer:
+    """Normalize one context's text as it streams in (see the module docstring).
+
+    Call ``feed`` with each ``input.text``, ``commit`` on ``input.commit`` and ``flush`` at the end of the
+    utterance (it ends it: the next ``feed`` starts a new one); ``reset`` drops what is held (barge-in).
+    ``source`` names a segment cut from the spoken text in the client's own characters.
+
+    Args:
+        mode: ``text_normalization``: ``auto``, ``on`` or ``off``.
+        expand_numbers: write numbers out under ``auto`` (for engines whose front end misreads them);
+            ``on`` always does, ``off`` never.
+        aliases: the pronunciations to apply.
+        keep_emoji: speak emoji as the engine would (by name); they are left out otherwise.
+    """
+
+    def __init__(
+        self,
+        mode: TextNormalization = "auto",
+        *,
+        expand_numbers: bool = True,
+        aliases: Sequence[Alias] = (),
+        keep_emoji: bool = False,
+    ) -> None:
+        self.enabled = mode != "off"
+        self.expand_numbers = mode == "on" or (self.enabled and expand_numbers)
+        self.keep_emoji = keep_emoji
+        self._alias_re = _alias_pattern(aliases)
+        self._aliases = {a.text if a.case_sensitive else a.text.lower(): a.alias for a in aliases}
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop everything held and start over (barge-in): client indices count from here again."""
+        self._fed = 0  # characters fed since the start (or the last reset)
+        # The spoken text not yet named by ``source``, the client index of each of its characters, and the
+        # client's text from ``_raw_at`` on.
+        self._spoken: list[str] = []
+        self._origins: list[int] = []
+        self._raw = ""
+        self._raw_at = 0
+        self._start()
+
+    def _start(self) -> None:
+        """Start an utterance: no markup is open."""
+        self._token = ""  # the token being written: no whitespace after it yet
+        self._token_at = 0  # the client index of its first character
+        self._line_start = True  # no token yet on this line
+        self._line = _PLAIN
+        self._line_said = False  # something of this line was spoken (a table's first pipe is not)
+        self._fence = False  # inside a code block
+        self._strike = False  # inside ~~struck text~~
+        self._skip = ""  # inside what is left out across tokens: "<" a tag, "!" an image, "(" a link's URL
+        self._depth = 0  # parentheses open in a link's URL
+        self._table = False  # this line is a table row
+
+    @property
+    def pending(self) -> str:
+        """The client's text held back: the last token, until the whitespace after it (or the end)."""
+        return self._token
+
+    @property
+    def origins(self) -> list[int]:
+        """For each spoken character not yet named by ``source``, the client index it stands for."""
+        return self._origins
+
+    def feed(self, text: str) -> str:
+        """Take the next piece of the client's text.
+
+        Returns:
+            The spoken text now certain (possibly empty); ``off`` returns ``text`` itself.
+        """
+        if not self.enabled:
+            return text
+        self._raw += text
+        out_text: list[str] = []
+        out_at: list[int] = []
+        start = self._fed
+        self._fed += len(text)
+        i = 0
+        n = len(text)
+        while i < n:
+            char = text[i]
+            if not char.isspace():
+                if not self._token:
+                    self._token_at = start + i
+                j = i + 1
+                while j < n and not text[j].isspace():
+                    j += 1
+                self._token += text[i:j]
+                i = j
+                continue
+            if self._token:
+                self._take_token(out_text, out_at)
+            if char == "\n":
+                self._newline(start + i, out_text, out_at)
+            else:
+                out_text.append(char)
+                out_at.append(start + i)
+            i += 1
+        return self._emit(out_text, out_at)
+
+    def commit(self) -> str:
+        """The client declared its text so far final (``input.commit``): speak the token held, if any."""
+        if not self.enabled or not self._token:
+            return ""
+        out_text: list[str] = []
+        out_at: list[int] = []
+        self._take_token(out_text, out_at)
+        return self._emit(out_text, out_at)
+
+    def flush(self) -> str:
+        """End the utterance: speak the token held; the next ``feed`` starts a new one (no markup open)."""
+        out = self.commit()
+        self._start()
+        return out
+
+    def source(self, segment: str) -> str:
+        """The client's text a segment stands for: from the character its first spoken character stands for
+        to the one its last does (markup around it, held by neither segment, is left out).
+
+        Call it with each segment the segmenter cut from this normalizer's text, in order; ``off`` returns
+        ``segment``. A segment not found in the spoken text (never, for a segmenter's cut) is returned as it
+        is.
+        """
+        if not self.enabled:
+            return segment
+        text = "".join(self._spoken)
+        at = text.find(segment)
+        if at < 0 or not segment:
+            return segment
+        cut = at + len(segment)
+        first, last = self._origins[at], self._origins[cut - 1]
+        named = self._raw[first - self._raw_at : last + 1 - self._raw_at]
+        self._spoken, self._origins = [text[cut:]], self._origins[cut:]
+        self._raw, self._raw_at = self._raw[last + 1 - self._raw_at :], last + 1
+        return named
+
+    def _emit(self, out_text: list[str], out_at: list[int]) -> str:
+        spoken = "".join(out_text)
+        self._spoken.append(spoken)
+        self._origins.extend(out_at)
+        return spoken
+
+    def _newline(self, at: int, out_text: list[str], out_at: list[int]) -> None:
+        if self._line == _BLOCK:
+            out_text.append(_BREAK)
+            out_at.extend((at, at))
+        else:
+            out_text.append("\n")
+            out_at.append(at)
+        self._line_start = True
+        self._line_said = False
+        self._table = False
+        self._line = _PLAIN
+
+    def _break(self, at: int, out_text: list[str], out_at: list[int]) -> None:
+        """End the segment before a block (a list item, heading, table or fence) that starts at ``at``."""
+        out_text.append(_BREAK)
+        out_at.extend((at, at))
+        self._line = _BLOCK
+
+    def _take_token(self, out_text: list[str], out_at: list[int]) -> None:
+        tok, at = self._token, self._token_at
+        self._token = ""
+        if self._line == _FENCE_INFO:
+            return
+        if self._fence:
+            if self._line_start and _FENCE.match(tok):
+                self._fence = False
+                self._line_start = False
+                return
+            self._line_start = False
+            self._line = _BLOCK
+            out_text.append(tok)
+            out_at.extend(range(at, at + len(tok)))
+            return
+        if self._line_start and not self._skip and not self._strike:
+            tok, at = self._line_marker(tok, at, out_text, out_at)
+        if self._table and _TABLE_RULE.fullmatch(tok):
+            return
+        if tok:
+            self._inline(tok, at, out_text, out_at)
+
+    def _line_marker(self, tok: str, at: int, out_text: list[str], out_at: list[int]) -> tuple[str, int]:
+        """Read the markdown that opens a line; return what is left of the token to read inline."""
+        if _FENCE.match(tok):
+            self._break(at, out_text, out_at)
+            self._fence = True
+            self._line = _FENCE_INFO
+            return "", at
+        quote = len(tok) - len(tok.lstrip(">"))
+        if quote:
+            tok, at = tok[quote:], at + quote
+            if not tok:
+                return "", at  # the line still starts: "> - item" is a list item
+        if _HEADING.fullmatch(tok) or (tok in _BULLET):
+            self._break(at, out_text, out_at)
+            self._line_start = False
+            return "", at
+        if _RULE.fullmatch(tok) or (_TABLE_RULE.fullmatch(tok) and "|" in tok):
+            self._line_start = False
+            self._line = _BLOCK
+            return "", at
+        self._line_start = False
+        numbered = _NUMBERED.fullmatch(tok)
+        if numbered is not None:
+            self._break(at, out_text, out_at)
+            number = numbered[1]
+            said = spell(number) if self.expand_numbers else number
+            self._put(f"{said},", at, len(tok), out_text, out_at)
+            return "", at
+        if tok.startswith("|"):
+            self._break(at, out_text, out_at)
+            self._table = True
+        return tok, at
+
+    def _put(self, words: str, at: int, span: int, out_text: list[str], out_at: list[int]) -> None:
+        """Say ``words`` for the ``span`` client characters from ``at``: each word character names the one
+        at the same proportion of the span, the first the first and the last the last."""
+        out_text.append(words)
+        last = max(len(words) - 1, 1)
+        out_at.extend(at + k * (span - 1) // last for k in range(len(words)))
+        self._line_said = True
+
+    def _keep(self, tok: str, i: int, j: int, at: int, out_text: list[str], out_at: list[int]) -> None:
+        out_text.append(tok[i:j])
+        out_at.extend(range(at + i, at + j))
+        self._line_said = True
+
+    def _inline(self, tok: str, at: int, out_text: list[str], out_at: list[int]) -> None:
+        """Read one token (no whitespace in it) after its line's markdown: inline markup, URLs, numbers."""
+        n = len(tok)
+        i = 0
+        while i < n:
+            if self._skip:
+                i = self._skipping(tok, i)
+                continue
+            if self._strike:
+                end = tok.find("~~", i)
+                if end < 0:
+                    return
+                self._strike = False
+                i = end + 2
+                continue
+            char = tok[i]
+            word_start = i == 0 or not tok[i - 1].isalnum()
+            if tok.startswith("~~", i):
+                self._strike = True
+                i += 2
+            elif tok.startswith("![", i):
+                self._skip = "!"
+                i += 2
+            elif tok.startswith("](", i):
+                self._skip, self._depth = "(", 1
+                i += 2
+            elif char in "[]`*":
+                i += 1
+            elif char == "_":
+                if 0 < i < n - 1 and tok[i - 1].isalnum() and tok[i + 1].isalnum():
+                    self._put(" ", at + i, 1, out_text, out_at)
+                i += 1
+            elif char == "|":
+                if self._line_said:
+                    self._put(",", at + i, 1, out_text, out_at)
+                i += 1
+            elif char == "<" and _URL.match(tok, i + 1):
+                i += 1  # an autolink, <https://...>: its ">" goes with the URL
+            elif char == "<" and _TAG.match(tok, i):
+                self._skip = "<"
+                i += 1
+            elif word_start and (m := self._special(tok, i)) is not None:
+                words, end = m
+                self._put(words, at + i, end - i, out_text, out_at)
+                i = end
+            elif (w := _WORD.match(tok, i)) is not None:
+                self._keep(tok, i, w.end(), at, out_text, out_at)
+                i = w.end()
+            elif char.isdigit():
+                j = i + 1
+                while j < n and tok[j].isdigit():
+                    j += 1
+                self._keep(tok, i, j, at, out_text, out_at)
+                i = j
+            elif is_emoji(char) and not self.keep_emoji:
+                i += 1
+            else:
+                self._keep(tok, i, i + 1, at, out_text, out_at)
+                i += 1
+
+    def _skipping(self, tok: str, i: int) -> int:
+        """Leave out the tag, image or link URL going on at ``i``; return where reading resumes."""
+        n = len(tok)
+        if self._skip == "<":
+            end = tok.find(">", i)
+            if end < 0:
+                return n
+            self._skip = ""
+            return end + 1
+        if self._skip == "!":
+            end = tok.find("]", i)
+            if end < 0:
+                return n
+            if tok.startswith("](", end):
+                self._skip, self._depth = "(", 1
+                return end + 2
+            self._skip = ""
+            return end + 1
+        while i < n:  # a link's URL, to its closing parenthesis
+            if tok[i] == "(":
+                self._depth += 1
+            elif tok[i] == ")":
+                self._depth -= 1
+                if not self._depth:
+                    self._skip = ""
+                    return i + 1
+            i += 1
+        return n
+
+    def _special(self, tok: str, i: int) -> tuple[str, int] | None:
+        """What starts at ``i`` (a word's start) if it is spoken other than as written, with where it ends:
+        a pronunciation, a URL, an e-mail address or (``expand_numbers``) a number."""
+        if self._alias_re is not None and (m := self._alias_re.match(tok, i)) is not None:
+            said = self._aliases.get(m[0])
+            return (said if said is not None else self._aliases[m[0].lower()]), m.end()
+        if (m := _URL.match(tok, i)) is not None:
+            url = m[0].rstrip(_TRAILING)
+            end = i + len(url) + (1 if tok.startswith(">", i + len(url)) else 0)
+            host = _HOST_END.split(_SCHEME.sub("", url), 1)[0]
+            return _dotted(host or url), end
+        if "@" in tok and (m := _EMAIL.match(tok, i)) is not None:
+            address = m[0].rstrip(_TRAILING)
+            user, _, host = address.partition("@")
+            return f"{_dotted(user)} at {_dotted(host)}", i + len(address)
+        if self.expand_numbers and (m := _NUMBERISH.match(tok, i)) is not None:
+            lead = _LEADING.match(m[0])
+            for text in (m[0], m[0].rstrip(_CLOSING), lead[0] if lead else ""):
+                end = i + len(text)
+                if text and (end == len(tok) or not tok[end].isalnum()) and (said := spell(text)):
+                    return said, end
+        return None
+
+
+def _dotted(name: str) -> str:
+    """A host or an address's user as said aloud: "example.com" -> "example dot com"."""
+    return re.sub(
+        r"[._-]+", lambda m: {".": " dot ", "_": " underscore ", "-": " dash "}[m[0][0]], name
+    ).strip()
