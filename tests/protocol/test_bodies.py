@@ -47,7 +47,8 @@ def test_sse_is_openais_deltas_then_done_with_usage_or_an_error_event() -> None:
     assert body.media_type == "text/event-stream"
     assert body.audio(b"\x00\x01", 0.1) == b'data: {"type":"speech.audio.delta","audio":"AAE="}\n\n'
     assert body.end(DONE) == (
-        b'data: {"type":"speech.audio.done","usage":{"input_tokens":5,"output_tokens":12,"total_tokens":17}}\n\n'
+        b'data: {"type":"speech.audio.done",'
+        b'"usage":{"input_tokens":5,"output_tokens":12,"total_tokens":17}}\n\n'
     )
     assert json.loads(body.error(FAILED)[6:]) == {
         "type": "speech.audio.error",
