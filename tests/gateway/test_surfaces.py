@@ -533,3 +533,51 @@ def test_every_compressed_format_a_surface_offers_streams_the_engines_audio(
         got = surface.speak(address, first, fmt=fmt)
     assert (got.errors, got.ended) == ([], normal_end(surface))
     assert_lasts(got, said(first))
+
+
+# -- the text cap ----------------------------------------------------------------------------------------
+
+#: A text over the pending-text cap: refused whole on every surface, in its shape, and nothing is spoken.
+TEXT_CAP = 200
+OVER_CAP = "Words upon words. " * 12  # 216 characters
+
+#: How each wire ends an exchange whose text was refused: sockets go on (the error is not fatal) and end
+#: normally; REST answers 413 before any audio.
+CAP_REFUSED = {
+    VLLM.name: ([UNCODED], "close 1000"),
+    **{name: (["text_backlog_full"], "close 1000") for name in (VOXGATE.name, TWILIO.name, TELNYX.name)},
+    "el-stream-input": (["text_backlog_full"], "close 1000"),
+    "el-multi-stream-input": (["text_backlog_full"], "close 1000"),
+    "el-rest": (["text_backlog_full"], "http 413"),
+    "el-rest-stream": (["text_backlog_full"], "http 413"),
+    "openai-body": (["text_backlog_full"], "http 413"),
+    "openai-sse": (["text_backlog_full"], "http 413"),
+}
+
+
+@pytest.mark.parametrize("surface", every())
+def test_a_text_over_the_pending_text_cap_is_refused_on_every_surface(surface: Surface) -> None:
+    engine = Scripted()
+    with serve_engine(engine, max_pending_text_chars=TEXT_CAP) as address:
+        got = surface.speak(address, OVER_CAP)
+        fits = surface.speak(address, "Fine.")
+    assert (got.errors, got.ended, got.audio) == (*CAP_REFUSED[surface.name], [])
+    assert (fits.errors, fits.ended) == ([], normal_end(surface))
+    assert [r.text for r in engine.requests] == ["Fine."]
+
+
+def test_a_batch_item_over_the_pending_text_cap_fails_and_the_others_are_spoken() -> None:
+    engine = Scripted()
+    items = [{"input": OVER_CAP}, {"input": "Fine."}]
+    with serve_engine(engine, max_pending_text_chars=TEXT_CAP) as address:
+        response = httpx.post(
+            f"http://{address}/v1/audio/speech/batch",
+            json={"items": items, "response_format": "pcm"},
+            timeout=TIMEOUT_S,
+        )
+    answer = response.json()
+    assert response.status_code == 200 and (answer["succeeded"], answer["failed"]) == (1, 1)
+    refused, spoken = answer["results"]
+    assert refused["status"] == "error" and "limit of 200" in refused["error"]
+    assert spoken["status"] == "success" and base64.b64decode(spoken["audio_data"])
+    assert [r.text for r in engine.requests] == ["Fine."]
