@@ -27,7 +27,10 @@ pytestmark = pytest.mark.slow
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
+    pytest.skip(
+        f"the demo page's browser tests need {CHROMIUM} (apt-get install -y chromium; .ci/run installs it)",
+        allow_module_level=True,
+    )
 try:
     from playwright.sync_api import Browser, Page, sync_playwright
 except ImportError:

@@ -61,7 +61,8 @@ def require_vllm_python() -> str:
     if python is not None and Path(python).exists():
         return python
     reason = (
-        f"no vllm-omni env: run .ci/vllm_omni_env.sh and set {ENV_VAR} to the python it prints"
+        "tests/vllm_omni run vllm-omni 0.30.0's own serving layer from an env of its own, and there is none: "
+        f"run .ci/vllm_omni_env.sh (it builds it; .ci/run does) and set {ENV_VAR} to the python it prints"
         if python is None
         else f"{ENV_VAR}={python} does not exist"
     )
