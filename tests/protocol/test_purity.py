@@ -26,6 +26,8 @@ def forbidden_imports(source: str) -> list[str]:
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
             names = [node.module]
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            names = _resolved(node)
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name | ast.Attribute)
@@ -38,6 +40,19 @@ def forbidden_imports(source: str) -> list[str]:
             names = [node.args[0].value]
         found.extend(name for name in names if any(name == f or name.startswith(f"{f}.") for f in FORBIDDEN))
     return found
+
+
+#: What a module of protocol/ is inside the installed package: relative imports count from here.
+PACKAGE = ("voxgate", "protocol")
+
+
+def _resolved(node: ast.ImportFrom) -> list[str]:
+    """The absolute names a relative import of a protocol/ module names (``from ..engine import x`` is
+    ``voxgate.engine``; ``from .. import gateway`` is ``voxgate.gateway``)."""
+    base = ".".join(PACKAGE[: len(PACKAGE) + 1 - node.level])
+    if node.module is not None:
+        return [f"{base}.{node.module}" if base else node.module]
+    return [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
 
 
 def test_protocol_modules_are_found() -> None:
@@ -62,6 +77,10 @@ def test_module_imports_no_io(path: Path) -> None:
         ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import anyio\n", ["anyio"]),
         ("import importlib\nimportlib.import_module('uvicorn')", ["uvicorn"]),
         ("__import__('websockets')", ["websockets"]),
+        ("from ..engine.base import TTSEngine", ["voxgate.engine.base"]),
+        ("from ..gateway import app", ["voxgate.gateway"]),
+        ("from .. import gateway", ["voxgate.gateway"]),
+        ("def f():\n    from ..engine import ENGINES\n", ["voxgate.engine"]),
     ],
 )
 def test_checker_catches_forbidden_imports(source: str, expected: list[str]) -> None:
