@@ -1,4 +1,4 @@
-"""The offline GPU runbook: ``bench/gpu_smoke.sh`` and ``docs/gpu.md`` (issue 8, point 6).
+"""The offline GPU runbook: ``bench/gpu_smoke.sh`` and ``docs/gpu.md``.
 
 No GPU and no network needed: ``--dry-run`` and ``--help`` start nothing, and ``--check`` is run where it must
 fail. What is checked: the dry run lists everything an offline box needs pre-staged, every download sits in
