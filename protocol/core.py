@@ -7,10 +7,10 @@ segmentation) turns them into events, which ``receive`` applies. The shell's eng
 through ``segment_started`` / ``audio`` / ``segment_done``; typed outputs (``protocol.output``) come
 out of ``data_to_send``, in the order they take effect. Time is an argument (``now``, in seconds of
 one monotonic clock): the core never reads a clock, and never awaits. Two things time alone decides:
-the early cut of an utterance's first segment, and the idle timeout of a named context.
-``next_deadline`` says when the next is due and the shell calls ``tick`` then (any message that comes
-in later fires it too). Flow control (a bounded outbox, send timeouts) and the session's own timeouts
-are the shell's.
+the cut of a segment before its sentence ends (timed cuts: the listener clock below), and the idle
+timeout of a named context. ``next_deadline`` says when the next is due and the shell calls ``tick``
+then (any message that comes in later fires it too). Flow control (a bounded outbox, send timeouts)
+and the session's own timeouts are the shell's.
 
 The rules it owns:
 
@@ -22,6 +22,15 @@ The rules it owns:
   reports on them produces nothing. A cancel costs what it cancels: utterances are also indexed by
   context, so a cancel of one context never walks the others' (a flood of cancels stays linear).
 - An utterance is forgotten once its ``session.done`` is written (``sending``).
+- The listener clock (timed cuts, ``eager_first_segment``; docs/protocol.md §5). A segment waits for its
+  sentence end, which sounds best, unless waiting would let the listener run dry. The first segment of an
+  utterance has its time budget, ``max_buffer_delay_ms`` from its first text. A later one is cut at the
+  best boundary its text has (``Segmenter.cut_early``) once ``now`` reaches the listener's deadline: when
+  the audio ahead of the listener runs out, less the engine's estimated time to the first audio of the
+  text waiting (``protocol.pace``), less ``MARGIN_S``. The audio ahead is each context's audio written
+  (``sending``) played in real time from its first frame (a gap restarts the clock), then the audio its
+  open utterance's segments still owe: what the engine made and is not written yet, and, for segments
+  not finished, at least ``Pace.audio_s`` of their text, from their estimated first audio on.
 - Contexts (``protocol.session``): messages of a named context's utterances carry its ``context_id``
   and its frames its ``context_number``; ``context.closed`` follows its last ``session.done`` (a
   graceful close), or its ``audio.cancelled`` (a cancel, an idle timeout). A named context is idle
@@ -66,6 +75,7 @@ from .output import (
     Report,
     Speak,
 )
+from .pace import Pace
 from .packer import AudioPacker
 from .session import (
     CloseRequested,
@@ -82,6 +92,10 @@ from .session import (
     UtteranceEnded,
     UtteranceStarted,
 )
+
+#: Slack the listener keeps when a segment is cut to be in time: frames in flight, the client's jitter
+#: buffer, the error of the engine estimate (``protocol.pace``): a cut this early costs nothing audible.
+MARGIN_S = 0.15
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -103,6 +117,10 @@ class _Segment:
     engine_s: float = 0.0  # engine audio taken so far (the clock of the words that come with it)
     word_chunks: int = 0  # audio.chunk word messages sent
     reported: bool = False  # its audio.done was written
+    started_t: float | None = None  # its audio.start was written: the engine began it
+    made_s: float = 0.0  # audio handed out (Audio outputs)
+    sent_s: float = 0.0  # of which written
+    finished: bool = False  # segment_done came
 
 
 @dataclass(slots=True)
@@ -124,14 +142,15 @@ class _Utterance:
 
 @dataclass(slots=True)
 class _Context:
-    """The timers of one context: its eager first segment's time budget, and (named ones) idleness."""
+    """The timers of one context: its timed cuts, its listener clock, and (named ones) idleness."""
 
     context_id: str | None
     number: int
     active_t: float = 0.0  # the last message naming it, or its last audio.done written
     closing: bool = False  # a graceful close waits for its utterances' session.done
-    deadline: float | None = None  # when the eager first segment's text has waited enough
+    deadline: float | None = None  # when a first segment's text has waited enough
     parked: bool = False  # the deadline passed but the text allowed no cut: wait for more text
+    play_end: float | None = None  # when the audio written so far ends, played in real time
 
 
 class Core:
@@ -154,34 +173,38 @@ class Core:
         self._out: list[Output] = []
         self._closing = False
         self._contexts: dict[int, _Context] = {0: _Context(None, 0)}
+        #: This session's engine, as seen so far: time to first audio, audio per character.
+        self.pace = Pace()
 
     def next_deadline(self) -> float | None:
         """When the shell must call ``tick`` (on the clock of ``now``), or None when nothing is due.
 
-        It only ever moves later between two messages (audio written pushes an idle timeout back), so a
-        shell that waits for it never wakes up late.
+        Between two messages it moves later as audio is written (more audio ahead of the listener, an
+        idle timeout pushed back). The engine's reports can move a timed cut's deadline a little earlier
+        (a segment gave less audio than estimated, the engine turned out slower), by no more than the
+        estimates' error, which ``MARGIN_S`` covers.
         """
-        due = [c.deadline for c in self._contexts.values() if c.deadline is not None and not c.parked]
+        due = [t for c in self._contexts.values() if (t := self._cut_at(c)) is not None]
         due += [t for c in self._contexts.values() if (t := self._idle_at(c)) is not None]
         return min(due, default=None)
 
     def tick(self, now: float) -> None:
-        """Let time pass: cut eager first segments whose budget is spent, and close idle contexts.
+        """Let time pass: cut segments that waiting would make late, and close idle contexts.
 
-        A segment that waited ``max_buffer_delay_ms`` since its first text arrived, with no sentence end,
-        is cut at the best point available (``Segmenter.cut_early``); if none is, the cut waits for
-        more text (that deadline is gone until a message arrives). A named context idle for
-        ``context_idle_timeout_s`` is closed (``context.closed``, reason ``idle_timeout``); one whose
-        audio is still being made or sent is looked at again a timeout later.
+        A first segment that waited ``max_buffer_delay_ms`` since its first text arrived, or a later one
+        whose listener is about to run dry (the listener clock, in the module docstring), with no sentence
+        end, is cut at the best point available (``Segmenter.cut_early``), and the text after it is looked
+        at again at once; if no point is, the cut waits for more text (that deadline is gone until a
+        message arrives). A named context idle for ``context_idle_timeout_s`` is closed
+        (``context.closed``, reason ``idle_timeout``); one whose audio is still being made or sent is
+        looked at again a timeout later.
         """
         for ctx in list(self._contexts.values()):
-            if ctx.deadline is not None and not ctx.parked and now >= ctx.deadline:
-                for event in self.session.cut_early(ctx.number):
+            while (due := self._cut_at(ctx)) is not None and now >= due:
+                events = self.session.cut_early(ctx.number)
+                for event in events:
                     self.receive(event, now)
-                if self.session.eager_pending_in(ctx.number):
-                    ctx.parked = True
-                else:
-                    ctx.deadline = None
+                ctx.parked = not events
         # Idle contexts close in the order their time ran out, however late the tick comes.
         idle = [(t, c) for c in self._contexts.values() if (t := self._idle_at(c)) is not None and now >= t]
         for _, ctx in sorted(idle, key=lambda pair: pair[0]):
@@ -352,6 +375,8 @@ class Core:
         self._frames(u, sentence, packer.end_segment())
         seg.synthesis_s, seg.error = synthesis_s, error is not None
         seg.total_bytes, seg.samples = packer.segment_bytes, packer.segment_samples
+        seg.finished = True
+        self.pace.spoken(len(seg.text), seg.samples / packer.sample_rate)
         u.synthesis_s += synthesis_s
         self._out.append(Report(utterance, sentence))
         if error is not None:
@@ -382,12 +407,22 @@ class Core:
             on an utterance cancelled meanwhile.
         """
         match output:
-            case Audio(utterance=index, sentence=sentence):
+            case Audio(utterance=index, sentence=sentence, audio_s=audio_s):
                 u = self._utterances.get(index)
                 if u is not None:
                     seg = u.segments[sentence]
-                    seg.first_sent_t = now if seg.first_sent_t is None else seg.first_sent_t
+                    if seg.first_sent_t is None:
+                        seg.first_sent_t = now
+                        if seg.started_t is not None:
+                            self.pace.first_audio(len(seg.text), now - seg.started_t)
+                    seg.sent_s += audio_s
                     u.first_audio_t = now if u.first_audio_t is None else u.first_audio_t
+                    if (ctx := self._contexts.get(u.context)) is not None:
+                        ctx.play_end = max(now, ctx.play_end or now) + audio_s
+            case Message(msg=AudioStart(utterance_index=index, sentence_index=int(sentence))):
+                u = self._utterances.get(index)
+                if u is not None:
+                    u.segments[sentence].started_t = now
             case Report(utterance=index, sentence=None):
                 u = self._utterances.get(index)
                 if u is None:
@@ -407,13 +442,41 @@ class Core:
     def _apply(self, events: list[Event], now: float) -> None:
         for event in events:
             self.receive(event, now)
+        session = self.session
         for ctx in self._contexts.values():
-            if not self.session.eager_pending_in(ctx.number):
+            if not (session.eager_pending_in(ctx.number) and session.first_pending_in(ctx.number)):
                 ctx.deadline = None
             elif ctx.deadline is None:
-                ctx.deadline = now + self.session.max_buffer_delay_s
+                ctx.deadline = now + session.max_buffer_delay_s
             ctx.parked = False
         self.tick(now)
+
+    def _cut_at(self, ctx: _Context) -> float | None:
+        """When the context's buffered text must be cut, if timed cuts apply to it."""
+        if ctx.parked or not self.session.eager_pending_in(ctx.number):
+            return None
+        if self.session.first_pending_in(ctx.number):
+            return ctx.deadline
+        index, text = self.session.pending_in(ctx.number)
+        u = self._utterances.get(-1 if index is None else index)
+        if u is None:  # pragma: no cover - a later segment's utterance has segments, so it is in flight
+            return None
+        return self._runs_dry(ctx, u) - self.pace.first_audio_s(len(text)) - MARGIN_S
+
+    def _runs_dry(self, ctx: _Context, u: _Utterance) -> float:
+        """When the listener of ``u`` hears its last audio, from the audio written and still owed."""
+        pace = self.pace
+        end = ctx.play_end if u.first_audio_t is not None else None
+        for seg in u.segments.values():
+            if seg.finished and seg.sent_s >= seg.made_s:
+                continue  # all of it written: in play_end
+            owed = seg.made_s if seg.finished else max(seg.made_s, pace.audio_s(len(seg.text)))
+            if seg.first_sent_t is None:  # it begins once the engine gives its first audio
+                begin = seg.ready_t if seg.started_t is None else seg.started_t
+                begin += pace.first_audio_s(len(seg.text))
+                end = begin if end is None else max(end, begin)
+            end = (seg.ready_t if end is None else end) + max(0.0, owed - seg.sent_s)
+        return max(seg.ready_t for seg in u.segments.values()) if end is None else end
 
     def _idle_at(self, ctx: _Context) -> float | None:
         limit = self.session.context_idle_timeout_s
@@ -498,6 +561,7 @@ class Core:
         if frames:  # audio a codec holds back is counted with the frames it comes out in
             new_samples, seg.counted = packer.samples_sent - seg.counted, packer.samples_sent
             audio_s = new_samples / packer.sample_rate / len(frames)  # a whole segment when not streamed
+            seg.made_s += new_samples / packer.sample_rate
             self._out.extend(Audio(frame, u.index, sentence, audio_s) for frame in frames)
 
     def _words(

@@ -21,19 +21,25 @@ Rules, by granularity:
   CJK characters.
 * ``"none"``: no punctuation cuts; only the hard cap and :meth:`Segmenter.flush` cut.
 
-With ``eager_first`` the first segment of each utterance (for every granularity, ``"none"``
-included) may be cut early, but only on :meth:`Segmenter.cut_early`, which the caller makes when the
-text of that segment has waited long enough (the session core's time budget, ``max_buffer_delay_ms``):
-the cut is driven by time, never by a word count, so a sentence that arrives whole, or fast, is never
-cut before its end. A sentence end is always taken. ``cut_early`` cuts only when the sentence end is not
-in sight (the text does not end in a possible sentence end awaiting its next character), at the last
-clause boundary after at least :data:`MIN_CLAUSE_WORDS` words, else at the last word boundary (between
-words, or between two CJK characters) after at least :data:`EAGER_MIN_WORDS` words
-(:data:`EAGER_MIN_CJK_CHARS` CJK characters), never inside a word, and only where at least
-:data:`EAGER_TAIL_WORDS` complete words (:data:`EAGER_TAIL_CJK_CHARS` CJK characters) of the visible
-text stay behind it, so the end of the sentence is never spoken alone. When no point qualifies it cuts
-nothing (the caller tries again when more text arrives). Without calls to ``cut_early`` the segments
-depend only on the text, never on how it was split into fragments.
+With ``eager_first`` (timed cuts) any segment of an utterance (for every granularity, ``"none"``
+included) may be cut before its end, but only on :meth:`Segmenter.cut_early`, which the caller makes when
+waiting longer would cost the listener: the session core's time budget (``max_buffer_delay_ms``) for the
+first segment, its listener clock for the later ones (``protocol.core``). The cut is driven by time,
+never by a word count, so a sentence that arrives whole, or in time, is never cut before its end. The
+first segment always takes a sentence end. ``cut_early`` cuts only when the sentence end is not in sight
+(the text does not end in a possible sentence end awaiting its next character), at the best boundary
+:func:`protocol.boundaries.score` finds: the last clause boundary after at least
+:data:`MIN_CLAUSE_WORDS` words, else the last gap before a word that opens a phrase ("and", "because",
+"with"), else the last word boundary (between words, or between two CJK characters), those two after at
+least :data:`EAGER_MIN_WORDS` words (:data:`EAGER_MIN_CJK_CHARS` CJK characters) in a first segment,
+:data:`LATE_MIN_WORDS` (:data:`LATE_MIN_CJK_CHARS`) in a later one, whose cut means its listener is about
+to run dry (a two-word phrase then beats silence; the cut is as late as the text allows, so short heads
+come only from text that arrives barely in time); never inside a word,
+and only where at least :data:`EAGER_TAIL_WORDS` words (:data:`EAGER_TAIL_CJK_CHARS` CJK characters) of
+the visible text stay behind it, so no word is left to be spoken alone (complete words in a first
+segment; in a later one the word still arriving counts too). When no point
+qualifies it cuts nothing (the caller tries again when more text arrives). Without calls to
+``cut_early`` the segments depend only on the text, never on how it was split into fragments.
 
 No segment exceeds ``max_chars`` characters. When the cap is reached the cut goes to the last
 unused punctuation boundary in the second half of the segment, else the last whitespace, else
@@ -44,6 +50,8 @@ from __future__ import annotations
 
 import re
 from typing import Final, Literal
+
+from . import boundaries
 
 # Where a segment may end besides the hard cap: nowhere ("none"), at sentence ends, or also at clauses.
 Granularity = Literal["none", "sentence", "clause"]
@@ -56,6 +64,10 @@ MAX_SEGMENT_CHARS: Final = 300
 EAGER_MIN_WORDS: Final = 4
 # The same for CJK text, in characters.
 EAGER_MIN_CJK_CHARS: Final = 6
+# The same for a later segment: its timed cut means the listener is about to run dry, and its head need
+# only not be one word alone ("I can | definitely help"); a first segment keeps its second of speech.
+LATE_MIN_WORDS: Final = 2
+LATE_MIN_CJK_CHARS: Final = 4
 # Complete words of the visible text that a timed early cut leaves behind it: the rest of the sentence
 # then holds at least these and the words still to come, never a lone "dog.".
 EAGER_TAIL_WORDS: Final = 2
@@ -118,9 +130,9 @@ class Segmenter:
 
     Args:
         granularity: ``"sentence"``, ``"clause"`` or ``"none"`` (see the module docstring).
-        eager_first: Let :meth:`cut_early` cut the first segment of each utterance early so audio
-            starts sooner. Applies to every granularity, ``"none"`` included, and only to the first
-            emitted segment; a sentence end is then always cut at.
+        eager_first: Let :meth:`cut_early` cut any segment of an utterance before its end (timed
+            cuts), so audio starts sooner and never runs dry. Applies to every granularity, ``"none"``
+            included; the first segment of each utterance then always takes a sentence end.
         max_chars: Hard cap on the length of a segment, in characters after stripping.
 
     Raises:
@@ -155,15 +167,20 @@ class Segmenter:
 
     @property
     def eager_pending(self) -> bool:
-        """Whether text of the utterance's eager first segment is buffered (``cut_early`` may cut it)."""
-        return self._eager and self._has_content
+        """Whether text of a segment that ``cut_early`` may cut is buffered (timed cuts are on)."""
+        return self._eager_first and self._has_content
+
+    @property
+    def first_pending(self) -> bool:
+        """Whether the buffered segment would be the utterance's first (nothing was cut yet)."""
+        return self._eager
 
     def cut_early(self) -> list[str]:
-        """Cut the eager first segment now, at the best point the text allows (see the module docstring).
+        """Cut the buffered segment now, at the best point the text allows (see the module docstring).
 
         Returns:
-            The segment cut, or nothing: no eager segment pending, its end in sight, or no point that
-            leaves enough words on both sides.
+            The segment cut, or nothing: timed cuts off, nothing buffered, its end in sight, or no point
+            that leaves enough words on both sides.
         """
         if self.eager_pending and not self._end_in_sight():
             at = self._early_point()
@@ -183,14 +200,33 @@ class Segmenter:
         return last in _ASCII_TERMINATORS or last in _CJK_TERMINATORS or last == "…"
 
     def _early_point(self) -> int:
-        """The last clause boundary, else word boundary, with enough complete words after it; else -1."""
-        words = self._words - (1 if self._in_token else 0)  # the last token may still grow
+        """The last clause boundary, else phrase, else word boundary, with enough complete words after
+        it; else -1."""
+        # The last token may still grow, so a first segment counts only the complete words behind a cut. A
+        # later one counts it too: the text goes on, and a word that grows is still a word.
+        words = self._words - (1 if self._in_token and self._eager else 0)
         cjk = self._cjk
-        for points in (self._clause_points, self._word_points):
-            for at, words_before, cjk_before in reversed(points):
-                if words - words_before >= EAGER_TAIL_WORDS or cjk - cjk_before >= EAGER_TAIL_CJK_CHARS:
-                    return at
-        return -1
+        for at, words_before, cjk_before in reversed(self._clause_points):
+            if words - words_before >= EAGER_TAIL_WORDS or cjk - cjk_before >= EAGER_TAIL_CJK_CHARS:
+                return at
+        best, best_score = -1, boundaries.NONE
+        min_words, min_cjk = (EAGER_MIN_WORDS, EAGER_MIN_CJK_CHARS) if self._eager else (0, 0)
+        for at, words_before, cjk_before, start in reversed(self._word_points):
+            head = words_before >= min_words or cjk_before >= min_cjk
+            tail = words - words_before >= EAGER_TAIL_WORDS or cjk - cjk_before >= EAGER_TAIL_CJK_CHARS
+            # The latest point of each score comes first, so it wins its score.
+            if head and tail and (score := self._gap_score(at, start)) > best_score:
+                best, best_score = at, score
+        return best
+
+    def _gap_score(self, at: int, start: int) -> int:
+        """``boundaries.score`` of the gap at ``at`` after the token from ``start`` (-1: between CJK)."""
+        if start < 0:
+            return boundaries.WORD
+        buf = self._buf
+        after = buf[at:].lstrip()
+        end = next((i for i, ch in enumerate(after) if ch.isspace()), len(after))
+        return boundaries.score(buf[start:at], after[:end])
 
     def push(self, text: str) -> list[str]:
         """Append text to the utterance.
@@ -257,9 +293,10 @@ class Segmenter:
         self._cjk = 0
         self._last_ws = -1
         self._soft = -1  # last punctuation boundary this granularity did not cut at
-        # Where cut_early may cut the eager first segment: (position, words before, CJK chars before).
+        # Where cut_early may cut: (position, words before, CJK chars before), and for word boundaries
+        # the start of the token before (-1 between two CJK characters).
         self._clause_points: list[tuple[int, int, int]] = []
-        self._word_points: list[tuple[int, int, int]] = []
+        self._word_points: list[tuple[int, int, int, int]] = []
 
     def _compact(self) -> None:
         drop = self._begin
@@ -271,7 +308,9 @@ class Segmenter:
             self._last_ws = self._last_ws - drop if self._last_ws >= 0 else -1
             self._soft = self._soft - drop if self._soft >= 0 else -1
             self._clause_points = [(at - drop, w, c) for at, w, c in self._clause_points]
-            self._word_points = [(at - drop, w, c) for at, w, c in self._word_points]
+            self._word_points = [
+                (at - drop, w, c, t - drop if t >= 0 else -1) for at, w, c, t in self._word_points
+            ]
 
     def _scan(self, *, final: bool) -> None:
         buf = self._buf
@@ -299,7 +338,7 @@ class Segmenter:
                     self._cut(i)
                 else:
                     self._soft = i
-                    if self._eager and kind == _CLAUSE and self._big_enough():
+                    if self._eager_first and kind == _CLAUSE and self._big_enough():
                         self._clause_points.append((i, self._words, self._cjk))
         if self._has_content and i - self._begin >= self._max_chars:
             self._cap(i, char)
@@ -310,7 +349,7 @@ class Segmenter:
         return self._words >= MIN_CLAUSE_WORDS or self._cjk >= MIN_CLAUSE_CJK_CHARS
 
     def _long_enough(self) -> bool:
-        return self._words >= EAGER_MIN_WORDS or self._cjk >= EAGER_MIN_CJK_CHARS
+        return self._words >= LATE_MIN_WORDS or self._cjk >= LATE_MIN_CJK_CHARS
 
     def _takes(self, kind: int) -> bool:
         if kind == _SENTENCE:
@@ -343,8 +382,8 @@ class Segmenter:
     def _absorb(self, k: int, char: str) -> None:
         if char.isspace():
             if self._has_content:
-                if self._eager and self._in_token and self._long_enough():
-                    self._word_points.append((k, self._words, self._cjk))
+                if self._eager_first and self._in_token and self._long_enough():
+                    self._word_points.append((k, self._words, self._cjk, self._tok_start))
                 self._last_ws = k
                 self._in_token = False
             else:
@@ -361,8 +400,8 @@ class Segmenter:
             self._tok_word = True
             self._words += 1
         if char >= "\u3040" and _is_cjk(char):
-            if self._eager and k > self._begin and self._long_enough() and _is_cjk(self._buf[k - 1]):
-                self._word_points.append((k, self._words, self._cjk))
+            if self._eager_first and k > self._begin and self._long_enough() and _is_cjk(self._buf[k - 1]):
+                self._word_points.append((k, self._words, self._cjk, -1))
             self._cjk += 1
 
     def _boundary(self, i: int, char: str, final: bool) -> int:

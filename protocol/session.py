@@ -263,18 +263,29 @@ class Session:
 
     @property
     def eager_pending(self) -> bool:
-        """Whether text of an open utterance's eager first segment waits, in any context."""
+        """Whether text that ``cut_early`` may cut waits in an open utterance, in any context."""
         return any(stream.segmenter.eager_pending for stream in self._streams())
 
     def eager_pending_in(self, context_number: int) -> bool:
-        """Whether the eager first segment of the context's open utterance waits (``cut_early`` cuts it)."""
+        """Whether text of the context's open utterance waits that ``cut_early`` may cut (timed cuts on)."""
         stream = self._by_number(context_number)
         return stream is not None and stream.segmenter.eager_pending
 
-    def cut_early(self, context_number: int = 0) -> list[Event]:
-        """Cut the context's eager first segment now, if the text allows (``Segmenter.cut_early``).
+    def first_pending_in(self, context_number: int) -> bool:
+        """Whether the context's buffered text is its open utterance's first segment (none cut yet)."""
+        stream = self._by_number(context_number)
+        return stream is not None and stream.segmenter.first_pending
 
-        The core calls it once the segment's text has waited ``max_buffer_delay_s``.
+    def pending_in(self, context_number: int) -> tuple[int | None, str]:
+        """The context's open utterance (None: none) and its text not yet cut into a segment."""
+        stream = self._by_number(context_number)
+        return (None, "") if stream is None else (stream.utterance, stream.segmenter.pending)
+
+    def cut_early(self, context_number: int = 0) -> list[Event]:
+        """Cut the context's buffered segment now, if the text allows (``Segmenter.cut_early``).
+
+        The core calls it once waiting longer would cost the listener: a first segment whose text has
+        waited ``max_buffer_delay_s``, a later one when its listener's audio is about to run out.
         """
         stream = self._by_number(context_number)
         return [] if stream is None else self._segments(stream, stream.segmenter.cut_early())

@@ -85,11 +85,34 @@ def test_flush_returns_rest_and_resets_eager() -> None:
     assert seg.push(words + " and") == []
     assert seg.cut_early() == ["w0 w1 w2 w3 w4 w5 w6 w7 w8 w9"]
     assert seg.push(" more words here") == []
-    assert seg.cut_early() == []  # not eager any more; no sentence end yet
-    assert seg.flush() == ["w10 w11 and more words here"]
+    assert seg.cut_early() == ["w10 w11"]  # a later segment: two words, before the phrase "and more"
+    assert seg.flush() == ["and more words here"]
     assert seg.push(words) == []
     assert seg.eager_pending
     assert seg.cut_early() == ["w0 w1 w2 w3 w4 w5 w6 w7 w8"]  # "w11" may still grow
+
+
+def test_cut_early_cuts_every_segment_of_the_utterance_not_only_the_first() -> None:
+    seg = Segmenter()
+    assert seg.push("Sure! I can definitely help you reschedule that appointment, and I will") == ["Sure!"]
+    assert seg.eager_pending and not seg.first_pending
+    assert seg.cut_early() == ["I can definitely help you reschedule that appointment,"]
+    assert seg.push(" check the calendar for") == []
+    assert seg.cut_early() == ["and I will check"]
+    assert seg.flush() == ["the calendar for"]
+
+
+def test_cut_early_prefers_a_phrase_boundary_to_a_plain_word_boundary() -> None:
+    seg = Segmenter()
+    assert seg.push("This page streams text to the gateway and turns it into speech right away") == []
+    # "into" opens the latest phrase with two complete words behind it ("away" may still grow).
+    assert seg.cut_early() == ["This page streams text to the gateway and turns it"]
+    seg = Segmenter()
+    assert seg.push("We will ship the parcel with the blue label tomorrow morning") == []
+    assert seg.cut_early() == ["We will ship the parcel"]  # before "with", not "label | tomorrow"
+    seg = Segmenter()
+    assert seg.push("one two three four five six seven") == []
+    assert seg.cut_early() == ["one two three four"]  # no phrase: the last word boundary
 
 
 def test_flush_of_whitespace_only_is_empty() -> None:
@@ -229,7 +252,7 @@ def test_cut_early_cuts_at_the_last_word_boundary_leaving_two_complete_words() -
     assert seg.push("one two three four five six seven eight nine ten eleven tw") == []
     assert seg.cut_early() == ["one two three four five six seven eight nine"]
     assert seg.pending == "ten eleven tw"
-    assert not seg.eager_pending
+    assert seg.eager_pending and not seg.first_pending  # later segments may be cut by time too
     assert seg.push("elve. Next") == ["ten eleven twelve."]
     assert seg.flush() == ["Next"]
 
