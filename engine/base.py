@@ -36,15 +36,29 @@ class UnsupportedOption(EngineError):
         super().__init__(f"{message}: {detail}" if detail else message)
 
 
+#: An unknown-voice error names this many of the voices there are, then how many more.
+NAMED_VOICES = 10
+
+
 class UnknownVoice(EngineError):
-    """The requested voice is not one the engine can speak."""
+    """The requested voice is not one the engine can speak; the message names a few that are."""
 
     def __init__(self, voice: str, engine: str, available: list[str]) -> None:
         self.voice = voice
         self.engine = engine
-        super().__init__(
-            f"voice {voice!r} is not available on engine {engine!r}; available: {', '.join(available)}"
-        )
+        named = ", ".join(available[:NAMED_VOICES])
+        more = len(available) - NAMED_VOICES
+        listed = f"{named}, ... and {more} more (GET /v1/audio/voices lists them)" if more > 0 else named
+        super().__init__(f"voice {voice[:100]!r} is not available on engine {engine!r}; available: {listed}")
+
+
+class UpstreamBusy(EngineError):
+    """Every upstream tried said it is busy now (429, or 503 with ``Retry-After``): the client may retry
+    after ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class RequestRefused(EngineError):

@@ -61,8 +61,18 @@ def proxy_for(base_url: str) -> str | None:
 async def post_json(
     session: aiohttp.ClientSession, base_url: str, path: str, body: object
 ) -> aiohttp.ClientResponse:
-    """``POST base_url + path`` with ``body`` as JSON; the answer with its headers read, its body not yet."""
-    return await session.post(base_url + path, data=_encode(body), headers=_JSON, proxy=proxy_for(base_url))
+    """``POST base_url + path`` with ``body`` as JSON; the answer with its headers read, its body not yet.
+
+    A redirect is never followed: it is the answer (the remote engine counts a 3xx as the upstream's
+    failure), since following it would send the body, a tenant's reference clip included, elsewhere.
+    """
+    return await session.post(
+        base_url + path,
+        data=_encode(body),
+        headers=_JSON,
+        proxy=proxy_for(base_url),
+        allow_redirects=False,
+    )
 
 
 def reader(response: aiohttp.ClientResponse) -> Callable[[], Awaitable[bytes]]:

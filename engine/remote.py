@@ -50,11 +50,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import email.utils
 import functools
 import hashlib
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Annotated
@@ -77,6 +79,7 @@ from .base import (
     SynthesisRequest,
     UnknownVoice,
     UnsupportedOption,
+    UpstreamBusy,
     Voice,
     VoiceReference,
 )
@@ -86,7 +89,7 @@ from .options import option
 from .qwen3_tts import qwen_language, word_timings, word_triples
 from .survey import ALIGNER_FLAG, Survey
 from .upstream_voices import UpstreamVoices
-from .upstreams import Upstream, UpstreamPool
+from .upstreams import ScrubUrls, Upstream, UpstreamPool, redact_url
 from .wav_stream import WavError, WavStream
 
 logger = logging.getLogger(__name__)
@@ -114,15 +117,24 @@ _UPSTREAM_FAULTS = frozenset({401, 403, 404, 405, 408, 429})
 _WORD = re.compile(r"[A-Za-z_]+")
 # An error answer's text is kept for its message; a few KB say all there is (vllm-omni's are a line).
 _ERROR_BODY_BYTES = 64 * 1024
+# What of an upstream's refusal reaches the client: the message its JSON names, one line at most this long.
+# Any other body (an HTML page, a traceback) is never relayed: the client gets the upstream's status.
+_REFUSAL_CHARS = 300
+# What of an error body goes to the log (escaped): enough to tell a traceback from a proxy's page.
+_LOGGED_BODY_BYTES = 200
+# A busy upstream's ``Retry-After`` as the client gets it: at least a second, at most a few minutes (an
+# upstream that asks for a day is not waited on for a day).
+_RETRY_AFTER_S = (1, 300)
 # The gateway's default audio cap (gateway.settings ``max_segment_audio_*``), for a request that does
 # not carry its own.
 _DEFAULT_CAP_BASE_S, _DEFAULT_CAP_PER_CHAR_S = 10.0, 0.3
 
 
 def _refusal(status: int, content: bytes, body: dict[str, object]) -> RequestRefused:
-    """A 4xx answer as a ``RequestRefused``: the upstream's message, and the field it is about."""
+    """A 4xx answer as a ``RequestRefused``: the message its JSON names (one printable line, bounded),
+    and the field it is about; a body that names none (an HTML page, plain text) gives its status alone."""
     text = content[:2000].decode(errors="replace")
-    message, field = text.strip(), None
+    message, field = "", None
     with contextlib.suppress(ValueError):
         payload = json.loads(text)
         error = payload.get("error") if isinstance(payload, dict) else None
@@ -136,12 +148,26 @@ def _refusal(status: int, content: bytes, body: dict[str, object]) -> RequestRef
             field = str(location[-1]) if isinstance(location, list) and location else None
         elif isinstance(detail, str):
             message = detail
+    message = " ".join("".join(c if c.isprintable() else " " for c in message).split())[:_REFUSAL_CHARS]
     if field is None:
         # vllm-omni names the field in its text ("Invalid language 'Xx'", "'ref_text' is only valid
         # for Base task"): take the first word of the message that is a field of the request sent.
         field = next((w for w in _WORD.findall(message) if w.lower() in body), None)
         field = field.lower() if field else None
-    return RequestRefused(f"upstream refused the request ({status}): {message}", field=field, status=status)
+    said = f": {message}" if message else ""
+    return RequestRefused(f"upstream refused the request ({status}){said}", field=field, status=status)
+
+
+def _retry_after(value: str | None) -> int:
+    """A ``Retry-After`` header (seconds or an HTTP date) as whole seconds within ``_RETRY_AFTER_S``."""
+    low, high = _RETRY_AFTER_S
+    seconds: float = low
+    if value is not None and value.strip().isdigit():
+        seconds = int(value.strip()[:9])
+    elif value is not None:
+        with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+    return int(min(max(seconds, low), high))
 
 
 class RemoteSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -210,6 +236,14 @@ class _UpstreamFailed(Exception):
     """This upstream could not start the stream; another may."""
 
 
+class _Busy(_UpstreamFailed):
+    """This upstream is busy now (429, or 503 with ``Retry-After``); another may not be."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class _NoAligner(Exception):
     """This upstream was launched without ``--forced-aligner``; another may have it."""
 
@@ -219,7 +253,8 @@ def _parse_words(header: str) -> list[tuple[str, int, int]]:
     try:
         return word_triples(json.loads(header))
     except (ValueError, TypeError, KeyError) as exc:
-        raise _UpstreamFailed(f"upstream sent unreadable word timestamps {header[:200]!r}: {exc}") from exc
+        logger.info("unreadable word timestamps %r: %s", header[:_LOGGED_BODY_BYTES], exc)
+        raise _UpstreamFailed("upstream sent unreadable word timestamps") from exc
 
 
 def _halves(text: str) -> tuple[str, str] | None:
@@ -297,6 +332,7 @@ class RemoteEngine:
         self._reference: VoiceReference | None = None
         #: Clips uploaded to each upstream and named there, for vllm-omni's speaker cache.
         self.uploads = UpstreamVoices(self._http)
+        self._scrub = ScrubUrls(self.pool)
 
     @property
     def family(self) -> Family:
@@ -317,10 +353,16 @@ class RemoteEngine:
 
     async def start(self) -> None:
         self._default_reference()  # a missing or unreadable file fails the start, not a request
+        # Probes and uploads never follow a redirect either (httpx's default, said here): an upload carries
+        # a tenant's clip.
         self._client = httpx.AsyncClient(
-            timeout=self._timeout, limits=httpx.Limits(max_keepalive_connections=64), headers=self._headers
+            timeout=self._timeout,
+            limits=httpx.Limits(max_keepalive_connections=64),
+            headers=self._headers,
+            follow_redirects=False,
         )
         self._speech = http_stream.open_session(self._connect_timeout_s, self._headers)
+        logging.getLogger("httpx").addFilter(self._scrub)  # it logs each probe's URL, credentials and all
         await self._survey()
         self._health = asyncio.create_task(self._health_loop())
 
@@ -450,6 +492,8 @@ class RemoteEngine:
             candidates = [u for u in candidates if self.survey.aligners.get(u.url, True)]
             if not candidates:
                 raise RequestRefused(_NO_ALIGNER, field="word_timestamps")
+        busy: list[int] = []  # the Retry-After of each upstream that said it is busy
+        failed = 0
         for upstream in candidates:
             waits = Waits(
                 first_byte_s=self.first_byte_timeout_s if body.get("stream") else None,
@@ -470,10 +514,16 @@ class RemoteEngine:
                             started = True
                             yield chunk
                 except _UpstreamFailed as exc:
-                    self.pool.failure(upstream, str(exc))
+                    reason = upstream.scrub(str(exc))
+                    self.pool.failure(upstream, reason)
                     if started:  # not retried elsewhere: the listener would hear the start twice
-                        raise EngineError(f"upstream {upstream.url} failed mid-stream: {exc}") from exc
-                    logger.warning("upstream %s failed before audio, trying the next: %s", upstream.url, exc)
+                        raise EngineError(f"upstream {upstream.label} failed mid-stream: {reason}") from None
+                    logger.warning(
+                        "upstream %s failed before audio, trying the next: %s", upstream.label, reason
+                    )
+                    failed += 1
+                    if isinstance(exc, _Busy):
+                        busy.append(exc.retry_after_s)
                     continue
                 except _NoAligner:
                     continue  # not this upstream's fault: the next one may have the aligner
@@ -481,6 +531,12 @@ class RemoteEngine:
                 return
         if words and not self.survey.may_time_words():
             raise RequestRefused(_NO_ALIGNER, field="word_timestamps")
+        if busy and len(busy) == failed:  # every upstream tried is busy: the client may come back
+            retry_after_s = min(busy)
+            raise UpstreamBusy(
+                f"the upstream speech servers are busy; retry after {retry_after_s} s",
+                retry_after_s=retry_after_s,
+            )
         raise EngineError(f"no upstream could serve the request: {self.pool.describe()}")
 
     @contextlib.asynccontextmanager
@@ -499,20 +555,39 @@ class RemoteEngine:
             raise _UpstreamFailed(str(exc) or repr(exc)) from exc
         try:
             status = response.status
+            if 300 <= status < 400:
+                # Never followed: a 307 would send the body, a tenant's reference clip included, to
+                # wherever the upstream points, and a 302 would turn the request into a GET there.
+                where = response.headers.get("location", "")
+                logger.warning(
+                    "upstream %s answered %d to %s; redirects are not followed",
+                    upstream.label,
+                    status,
+                    redact_url(where) if where else "no location",
+                )
+                raise _UpstreamFailed(f"answered a redirect ({status}), which is not followed")
             if status != 200:
                 try:
                     content = await bounded_read(http_stream.reader(response), _ERROR_BODY_BYTES, waits)
                 except (*http_stream.StreamError, UpstreamTimeout) as exc:
                     raise _UpstreamFailed(f"status {status}, then {exc!r}") from exc
+                # The body is the upstream's (a traceback, internal addresses): the log has its start,
+                # escaped; the client gets the status and, for a refusal, the message its JSON names.
+                logger.info(
+                    "upstream %s answered %d: %r", upstream.label, status, content[:_LOGGED_BODY_BYTES]
+                )
+                if status == 429 or (status == 503 and "retry-after" in response.headers):
+                    retry_after_s = _retry_after(response.headers.get("retry-after"))
+                    raise _Busy(f"status {status} (busy; retry after {retry_after_s} s)", retry_after_s)
                 if status >= 500 or status in _UPSTREAM_FAULTS:
-                    raise _UpstreamFailed(f"status {status}: {content[:200]!r}")
+                    raise _UpstreamFailed(f"status {status}")
                 if status == 400 and body.get("word_timestamps") and ALIGNER_FLAG.encode() in content:
                     self.survey.learn_aligner(upstream, False)
                     raise _NoAligner
                 raise _refusal(status, content, body)
             kind = response.headers.get("content-type", "")
             if not kind.startswith(_AUDIO_TYPES):
-                raise _UpstreamFailed(f"answered {kind or 'no content type'} instead of a WAV")
+                raise _UpstreamFailed(f"answered {kind[:60] or 'no content type'!r} instead of a WAV")
             yield response
         finally:
             http_stream.finish(response)
@@ -576,7 +651,7 @@ class RemoteEngine:
         if header is None and omitted:
             halves = _halves(text)
             if halves is None:
-                raise EngineError(f"upstream {upstream.url} left out the words of {text[:80]!r} for size")
+                raise EngineError(f"upstream {upstream.label} left out the words of {text[:80]!r} for size")
             for half in halves:
                 async with contextlib.aclosing(
                     self._timed(client, upstream, {**body, "input": half}, waits, max_audio_s)
@@ -588,14 +663,14 @@ class RemoteEngine:
         if header is None and self.survey.aligners.get(upstream.url):
             # vllm-omni's aligner timed nothing (a text without words, or a mismatch): it leaves the
             # header out, as its WebSocket route sends ``timestamps: null``. The audio still plays.
-            logger.warning("upstream %s timed no word of %r", upstream.url, text[:80])
+            logger.warning("upstream %s timed no word of %r", upstream.label, text[:80])
             yield AudioChunk(samples, rate)
             return
         if header is None:
             # An upstream that does not know the option (not vllm-omni, or one before 0.30) ignores it.
             self.survey.learn_aligner(upstream, False)
             raise RequestRefused(
-                f"upstream {upstream.url} answered without word timestamps; {_NO_ALIGNER}",
+                f"upstream {upstream.label} answered without word timestamps; {_NO_ALIGNER}",
                 field="word_timestamps",
             )
         self.survey.learn_aligner(upstream, True)
@@ -615,6 +690,7 @@ class RemoteEngine:
         return self._client is not None and bool(self.pool.candidates())
 
     async def aclose(self) -> None:
+        logging.getLogger("httpx").removeFilter(self._scrub)
         await self.uploads.aclose()
         if self._health is not None:
             self._health.cancel()

@@ -98,7 +98,7 @@ class Survey:
                 self.names, self.family = listed
                 logger.info(
                     "upstream %s lists %d voices (model family: %s)",
-                    upstream.url,
+                    upstream.label,
                     len(self.names),
                     self.family.label if self.family else "unknown",
                 )
@@ -155,7 +155,7 @@ class Survey:
                 raise ValueError(f"status {status}")
             names = voice_names(json.loads(content))
         except ValueError as exc:  # a voice list that is not one (JSONDecodeError is a ValueError)
-            logger.warning("could not learn from upstream %s: %r", upstream.url, exc)
+            logger.warning("could not learn from upstream %s: %s", upstream.label, upstream.scrub(repr(exc)))
             return None
         return names, detect([self.model]) if self.model else await self._served_family(upstream)
 
@@ -183,7 +183,7 @@ class Survey:
             url = f"{upstream.url}/v1/audio/speech"
             status, content = await self.fetch("POST", url, body, _REFUSAL_BYTES)
         except ProbeFailed as exc:
-            logger.info("word-timestamp probe of %s failed: %s", upstream.url, exc)
+            logger.info("word-timestamp probe of %s failed: %s", upstream.label, upstream.scrub(str(exc)))
             return
         self._probed.add(upstream.url)  # answered: not asked again, whatever it said
         if status == 400:
@@ -192,7 +192,9 @@ class Survey:
     def learn_aligner(self, upstream: Upstream, present: bool) -> None:
         """Whether ``upstream`` times words, as a probe or a segment's answer showed."""
         if self.aligners.get(upstream.url) != present:
-            logger.info("upstream %s %s word timestamps", upstream.url, "times" if present else "cannot time")
+            logger.info(
+                "upstream %s %s word timestamps", upstream.label, "times" if present else "cannot time"
+            )
         self.aligners[upstream.url] = present
 
     def may_time_words(self) -> bool:

@@ -165,7 +165,7 @@ class UpstreamVoices:
                 raise
             self.ready.get(upstream.url, OrderedDict()).pop(name, None)
             logger.warning(
-                "upstream %s refused uploaded voice %s, sending it inline: %s", upstream.url, name, exc
+                "upstream %s refused uploaded voice %s, sending it inline: %s", upstream.label, name, exc
             )
         async with contextlib.aclosing(open_stream(body)) as chunks:
             async for chunk in chunks:
@@ -195,15 +195,22 @@ class UpstreamVoices:
                 )
             # vllm-omni's ``immutable`` policy refuses a name it holds: by its name, the same clip.
             if response.status_code != 200 and "already exists" not in response.text:
-                raise RuntimeError(f"answered {response.status_code}: {response.text[:200]}")
+                logger.info(
+                    "upstream %s answered the upload %d: %r",
+                    upstream.label,
+                    response.status_code,
+                    response.text[:200],
+                )
+                raise RuntimeError(f"answered {response.status_code}")
         except (httpx.HTTPError, TimeoutError, RuntimeError) as exc:
             self._failed[(upstream.url, name)] = time.monotonic() + RETRY_S
-            logger.warning("could not upload voice %s to upstream %s: %r", name, upstream.url, exc)
+            reason = upstream.scrub(repr(exc))
+            logger.warning("could not upload voice %s to upstream %s: %s", name, upstream.label, reason)
             return
         self._failed.pop((upstream.url, name), None)
         held = self.ready.setdefault(upstream.url, OrderedDict())
         held[name] = None
-        logger.info("voice %s uploaded to upstream %s: requests name it from now on", name, upstream.url)
+        logger.info("voice %s uploaded to upstream %s: requests name it from now on", name, upstream.label)
         while len(held) > self.limit:
             old, _ = held.popitem(last=False)
             task = asyncio.create_task(self._delete(upstream, old))
@@ -215,7 +222,8 @@ class UpstreamVoices:
             async with asyncio.timeout(UPLOAD_TIMEOUT_S):
                 await self._client().delete(f"{upstream.url}/v1/audio/voices/{name}")
         except (httpx.HTTPError, TimeoutError) as exc:  # it stays there; vllm-omni's cap still holds
-            logger.warning("could not delete voice %s from upstream %s: %r", name, upstream.url, exc)
+            reason = upstream.scrub(repr(exc))
+            logger.warning("could not delete voice %s from upstream %s: %s", name, upstream.label, reason)
 
     async def settled(self) -> None:
         """Wait for the uploads and deletes in flight (tests, and a clean close)."""

@@ -5,15 +5,36 @@ upstreams, holds a ``lease`` while a request is in flight, and reports ``success
 An upstream whose last health check failed, or whose circuit is open, is not offered; once the
 cooldown has passed the circuit is half-open and the upstream is offered again, and one more
 failure opens it for another cooldown.
+
+An upstream is named, wherever it is named (errors a client sees, ``/metrics`` labels, the log), by its
+``label``: ``redact_url`` of its URL, ``scheme://host:port`` with no user, password, path or query, so a
+URL that carries credentials (``http://user:PASS@host``) or a secret path never leaves the process. What
+the pool records of a failure passes through ``Upstream.scrub`` too, and so does the log of the HTTP client
+the probes use (httpx logs every request's URL at INFO: ``ScrubUrls``).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+def redact_url(url: str) -> str:
+    """``url`` as ``scheme://host:port`` (the port only when it has one): no user, password, path or
+    query, however it was written. The one way an upstream is named in errors, metrics and logs."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:  # an unreadable port: name the scheme alone
+        return f"{url.partition(':')[0][:16]}://?"
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}{f':{port}' if port is not None else ''}"
 
 
 @dataclass
@@ -26,6 +47,24 @@ class Upstream:
     opened_at: float | None = None
     healthy: bool = True
     last_error: str = ""
+    #: How the upstream is named everywhere outside the request itself (``redact_url``).
+    label: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.label = redact_url(self.url)
+
+    def scrub(self, text: str) -> str:
+        """``text`` (an exception's message, a reason) with the upstream's URL as its label, and its
+        user and password left out wherever they appear (a password short enough to be part of ordinary
+        words is left out only as ``user:password@``)."""
+        text = text.replace(self.url, self.label)
+        userinfo, at, _ = urllib.parse.urlsplit(self.url).netloc.rpartition("@")
+        if at:
+            text = text.replace(userinfo + at, "")
+            password = userinfo.partition(":")[2]
+            if len(password) >= 6:
+                text = text.replace(password, "***").replace(urllib.parse.unquote(password), "***")
+        return text
 
 
 class UpstreamPool:
@@ -91,18 +130,36 @@ class UpstreamPool:
     def failure(self, upstream: Upstream, reason: str) -> None:
         """A request failed on this upstream's side; enough in a row open its circuit."""
         upstream.failures += 1
-        upstream.last_error = reason
+        upstream.last_error = upstream.scrub(reason)
         if upstream.failures >= self.breaker_failures:
             upstream.opened_at = self._clock()
 
     def down(self, upstream: Upstream, reason: str) -> None:
         """A probe got no answer: the upstream is not offered until its next health check passes."""
         upstream.healthy = False
-        upstream.last_error = reason
+        upstream.last_error = upstream.scrub(reason)
 
     def describe(self) -> str:
         """One line per upstream, for error messages and logs."""
-        return "; ".join(
-            f"{u.url}: {'up' if self.available(u) else 'down'}{f' ({u.last_error})' if u.last_error else ''}"
-            for u in self.upstreams
-        )
+        lines = []
+        for u in self.upstreams:
+            why = f" ({u.last_error})" if u.last_error else ""
+            lines.append(f"{u.label}: {'up' if self.available(u) else 'down'}{why}")
+        return "; ".join(lines)
+
+
+class ScrubUrls(logging.Filter):
+    """Scrubs the upstreams' URLs (``Upstream.scrub``) out of the records of the logger it is added to."""
+
+    def __init__(self, pool: UpstreamPool) -> None:
+        super().__init__()
+        self.pool = pool
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        scrubbed = text
+        for upstream in self.pool.upstreams:
+            scrubbed = upstream.scrub(scrubbed)
+        if scrubbed != text:
+            record.msg, record.args = scrubbed, ()
+        return True

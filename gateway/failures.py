@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import logging
 
-from ..engine.base import EngineError, RequestRefused, UnknownVoice, UnsupportedOption, UnsupportedText
+from ..engine.base import (
+    EngineError,
+    RequestRefused,
+    UnknownVoice,
+    UnsupportedOption,
+    UnsupportedText,
+    UpstreamBusy,
+)
 from ..protocol.errors import INTERNAL_ERROR_MESSAGE, ErrorCode, ProtocolError
 from .catalog import VoiceNotServable
 from .http import Rejected
@@ -48,12 +55,15 @@ def error_for(exc: Exception, *, voice_field: str = "$.voice", ref_audio: bool =
             message = "the voice store is unavailable; try again shortly"
             return ProtocolError(ErrorCode.VOICE_STORE_UNAVAILABLE, message, field=voice_field)
     # While synthesizing: text the voice cannot read is the client's to fix; an upstream's refusal keeps its
-    # own status and field; any other EngineError is an engine_error; anything else is a bug, an
+    # own status and field; busy upstreams are upstream_busy with their Retry-After; any other EngineError
+    # is an engine_error; anything else is a bug, an
     # internal_error (the details go to the log).
     if isinstance(exc, UnsupportedText):
         return ProtocolError(ErrorCode.UNSUPPORTED_SCRIPT, str(exc))
     if isinstance(exc, RequestRefused):
         return ProtocolError(ErrorCode.REQUEST_REFUSED, str(exc), field=exc.field, status=exc.status)
+    if isinstance(exc, UpstreamBusy):  # its upstreams' Retry-After kept (REST: the header)
+        return ProtocolError(ErrorCode.UPSTREAM_BUSY, str(exc), retry_after=exc.retry_after_s)
     if isinstance(exc, EngineError):
         return ProtocolError(ErrorCode.ENGINE_ERROR, str(exc))
     return ProtocolError(ErrorCode.INTERNAL_ERROR, INTERNAL_ERROR_MESSAGE, fatal=True)

@@ -44,8 +44,12 @@ def api_error(
 
 
 def error_response(err: ProtocolError) -> JSONResponse:
-    """A ``ProtocolError`` as an HTTP error: its status and code from ``protocol.errors.FAILURES``."""
-    return api_error(err.status, err.message, param=err.param, code=err.code)
+    """A ``ProtocolError`` as an HTTP error: its status and code from ``protocol.errors.FAILURES``, and
+    its ``Retry-After`` when it has one (``upstream_busy``)."""
+    response = api_error(err.status, err.message, param=err.param, code=err.code)
+    if err.retry_after is not None:
+        response.headers["retry-after"] = str(err.retry_after)
+    return response
 
 
 async def read_body(request: Request, limit: int) -> bytes:

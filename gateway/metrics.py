@@ -7,7 +7,8 @@ time. A ``SessionMeter`` is one session's (or one REST request's) view of the me
 
 Labels stay bounded: ``engine`` (the configured engines), ``dialect`` (``voxgate.v1``, ``vllm-omni``,
 ``elevenlabs``, or ``openai`` for ``POST /v1/audio/speech``), ``since``, ``code`` (the protocol's error
-codes) and ``upstream`` (the configured URLs). Nothing is labelled by key, owner, session or voice.
+codes) and ``upstream`` (the configured URLs as ``scheme://host:port``, ``engine.upstreams.redact_url``: no
+credentials, path or query). Nothing is labelled by key, owner, session or voice.
 """
 
 from __future__ import annotations
@@ -262,7 +263,7 @@ class _Upstreams(Collector):
             if not isinstance(pool, UpstreamPool):
                 continue
             for upstream in pool.upstreams:
-                key = [engine.name, upstream.url]
+                key = [engine.name, upstream.label]  # scheme://host:port: no credentials, no path
                 healthy.add_metric(key, 1.0 if upstream.healthy else 0.0)
                 breaker.add_metric(key, float(_BREAKER[pool.breaker(upstream)]))
                 in_flight.add_metric(key, float(upstream.outstanding))

@@ -71,6 +71,9 @@ class ErrorCode(enum.StrEnum):
     #: The shared voice store (``voice_store``: object storage) did not answer: try again shortly.
     VOICE_STORE_UNAVAILABLE = "voice_store_unavailable"
     ENGINE_ERROR = "engine_error"
+    #: Every upstream speech server asked is busy (its 429, or 503 with ``Retry-After``): retry after
+    #: ``retry_after`` seconds (REST: the ``Retry-After`` header). Never fatal (per segment).
+    UPSTREAM_BUSY = "upstream_busy"
     #: The engine's upstream refused a segment as invalid (its 4xx); ``field`` names what it is about.
     REQUEST_REFUSED = "request_refused"
     #: A segment's text has letters of a script the voice's language does not use (Chinese to an English
@@ -130,6 +133,8 @@ FAILURES: dict[ErrorCode, Failure] = {
     ErrorCode.INVALID_REF_AUDIO: Failure(_POLICY, 400, "$.ref_audio"),
     ErrorCode.VOICE_STORE_UNAVAILABLE: Failure(CloseCode.INTERNAL_ERROR, 503, "$.voice"),
     ErrorCode.ENGINE_ERROR: Failure(CloseCode.INTERNAL_ERROR, 502),
+    # Never fatal, as ``engine_error``; 503 with ``Retry-After`` (the upstreams' own) over HTTP.
+    ErrorCode.UPSTREAM_BUSY: Failure(CloseCode.INTERNAL_ERROR, 503),
     # The upstream's own 4xx replaces the 400 (``ProtocolError.status``).
     ErrorCode.REQUEST_REFUSED: Failure(_POLICY, 400),
     # Never fatal (per segment); the field differs by surface (``$.text``, REST's ``input``): none named.
@@ -179,6 +184,7 @@ class ProtocolError(Exception):
         field: the offending field path (``$.sample_rate``); the code's usual field if omitted.
         status: the HTTP status; the code's ``FAILURES`` entry if omitted (an upstream's 4xx sets it).
         context_id: the context the refused message named, if any (reported with the error).
+        retry_after: seconds after which a retry may succeed (REST sends it as ``Retry-After``), if known.
     """
 
     def __init__(
@@ -191,6 +197,7 @@ class ProtocolError(Exception):
         field: str | None = None,
         status: int | None = None,
         context_id: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         failure = FAILURES[code]
@@ -201,6 +208,7 @@ class ProtocolError(Exception):
         self.field = failure.field if field is None else field
         self.status = failure.http_status if status is None else status
         self.context_id = context_id
+        self.retry_after = retry_after
 
     @property
     def param(self) -> str | None:
