@@ -31,6 +31,12 @@ from .http import Rejected
 # vllm-omni's limit for a reference clip.
 MAX_AUDIO_BYTES = 10 * 1024 * 1024
 MAX_EMBEDDING_DIM = 8192  # vllm-omni's bound on speaker_embedding
+#: vllm-omni's cap on an uploaded embedding (serving_speech.py ``upload_voice_embedding``), below the 8192
+#: a request's ``speaker_embedding`` may have: the largest speaker encoders give 2048 values.
+MAX_UPLOAD_EMBEDDING_DIM = 4096
+#: A voice's text fields (name, consent, transcript, description): names, consent records and transcripts
+#: of 30 s of speech are far shorter.
+MAX_TEXT_BYTES = 16 * 1024
 MIN_DURATION_S = 1.0  # shorter clips carry too little of a voice to clone
 MAX_DURATION_S = 30.0  # cloning models condition on a few seconds; longer only costs memory
 MIN_SAMPLE_RATE = 8000
@@ -95,9 +101,54 @@ def parse_embedding(text: str) -> npt.NDArray[np.float32]:
             embedding = np.asarray(values, dtype=np.float64).astype(np.float32)
     except OverflowError:  # an integer beyond float64
         embedding = np.array([np.inf], dtype=np.float32)
-    if not np.isfinite(embedding).all():
-        raise Rejected(400, "embedding_not_finite", "speaker_embedding has NaN or infinite values", param)
+    return check_embedding(embedding, param)
+
+
+def check_embedding(
+    embedding: npt.NDArray[np.float32], param: str = "speaker_embedding", max_dim: int = MAX_EMBEDDING_DIM
+) -> npt.NDArray[np.float32]:
+    """``embedding`` when it is a non-empty vector of at most ``max_dim`` finite values: what a request's
+    ``speaker_embedding`` is held to, an upload's (``MAX_UPLOAD_EMBEDDING_DIM``), an imported and a
+    stored one's."""
+    if embedding.ndim != 1 or embedding.size == 0:
+        raise Rejected(400, "empty_embedding", f"{param} is empty or not a vector", param)
+    if embedding.size > max_dim:
+        message = f"{param} has {embedding.size} values, over the {max_dim} allowed"
+        raise Rejected(400, "embedding_too_long", message, param)
+    check_finite(embedding, param, "embedding_not_finite", "values")
     return embedding
+
+
+def check_finite(
+    values: npt.NDArray[np.float32], param: str, code: str = "invalid_audio", what: str = "samples"
+) -> None:
+    """Refuse samples (or values) that are NaN or infinite: an engine would speak noise or fail."""
+    if not np.isfinite(values).all():
+        raise Rejected(400, code, f"{param} has NaN or infinite {what}", param)
+
+
+def check_text(value: str | None, param: str) -> None:
+    """Refuse a text field of a voice over ``MAX_TEXT_BYTES`` (as an upload's form refuses it)."""
+    if value is not None and len(value.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+        raise Rejected(413, "field_too_large", f"{param} is larger than {MAX_TEXT_BYTES} bytes", param)
+
+
+def check_clip(rate: int, channels: int, frames: int, param: str, *, slack_s: float = 0.0) -> None:
+    """Refuse a clip by what its header says: rate, channels, an unknown length, a length outside 1 to 30 s
+    (``slack_s`` more either way, for a clip resampled since). Nothing is decoded."""
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE or not 1 <= channels <= MAX_CHANNELS:
+        message = (
+            f"unsupported audio: {rate} Hz, {channels} channels ({MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz, "
+            f"1-{MAX_CHANNELS} channels)"
+        )
+        raise Rejected(400, "invalid_audio", message, param)
+    if frames >= _UNKNOWN_FRAMES:
+        message = f"{param} does not state its length in its header (a streamed file?); re-encode it whole"
+        raise Rejected(400, "invalid_audio", message, param)
+    if not (MIN_DURATION_S - slack_s) * rate <= frames <= (MAX_DURATION_S + slack_s) * rate:
+        length = f"{MIN_DURATION_S:g} to {MAX_DURATION_S:g} s"
+        message = f"{param} must be {length} long; its header says {frames / rate:.6g} s"
+        raise Rejected(400, "invalid_duration", message, param)
 
 
 class _Bytes:
@@ -138,19 +189,7 @@ class _Header(NamedTuple):
 def _check_header(f: soundfile.SoundFile, param: str) -> _Header:
     """What the container says about the clip, refused before a single sample is decoded."""
     rate, channels, frames, fmt = f.samplerate, f.channels, f.frames, f.format
-    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE or not 1 <= channels <= MAX_CHANNELS:
-        message = (
-            f"unsupported audio: {rate} Hz, {channels} channels ({MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz, "
-            f"1-{MAX_CHANNELS} channels)"
-        )
-        raise Rejected(400, "invalid_audio", message, param)
-    if frames >= _UNKNOWN_FRAMES:
-        message = f"{param} does not state its length in its header (a streamed file?); re-encode it whole"
-        raise Rejected(400, "invalid_audio", message, param)
-    if not MIN_DURATION_S * rate <= frames <= MAX_DURATION_S * rate:
-        length = f"{MIN_DURATION_S:g} to {MAX_DURATION_S:g} s"
-        message = f"{param} must be {length} long; its header says {frames / rate:.6g} s"
-        raise Rejected(400, "invalid_duration", message, param)
+    check_clip(rate, channels, frames, param)
     return _Header(rate, channels, frames, _MIME_TYPES.get(fmt, f"audio/x-{fmt.lower()}"))
 
 
@@ -173,8 +212,7 @@ def _decode_blocks(
         remaining -= len(read)
         # ``block`` is reused, so what is kept must be a copy: the mean is one, the single channel is not.
         mono = read.mean(axis=1, dtype=np.float32) if header.channels > 1 else read[:, 0].copy()
-        if not np.isfinite(mono).all():
-            raise Rejected(400, "invalid_audio", f"{param} has NaN or infinite samples", param)
+        check_finite(mono, param)
         pieces.append(resampler.process(mono))
     pieces.append(resampler.process(np.zeros(0, np.float32), last=True))
     decoded = int(MAX_DURATION_S * header.rate) + 1 - remaining

@@ -13,6 +13,11 @@ final name, then the folder is fsynced, so a crash leaves the old voice or the n
 file. Reads always go to disk, so an upload or a delete made through another process is seen at once;
 parsed headers are cached by (inode, size, mtime, ctime). A file that does not parse is skipped with
 a warning and never raises out of ``list``, ``info`` or ``get``.
+
+Every file is checked when it is read as an upload is checked (``gateway.clips``: text fields, the clip's
+rate and length, the embedding's size, finite values), so a file that no upload could have left (copied
+in by hand, from an older version, tampered with) is skipped the same way: never listed, served or
+exported.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ import numpy.typing as npt
 import safetensors.numpy
 from safetensors import SafetensorError, safe_open
 
+from .clips import MAX_EMBEDDING_DIM, check_clip, check_embedding, check_finite, check_text
+from .http import Rejected
 from .names import UnsafeName, normalize_name
 
 logger = logging.getLogger(__name__)
@@ -57,6 +64,8 @@ PCM16_SCALE = 32768.0
 AUDIO_DTYPES = ("I16", "F32")
 # Far longer than any write takes, so a younger temp file may still belong to a live writer.
 STALE_TEMP_S = 60.0
+# A stored clip was resampled from what the upload's header said (1 to 30 s): allow its length this much.
+RESAMPLED_SLACK_S = 0.01
 # auth.owner_of yields 24 hex digits; anything else must never reach the file system.
 _OWNER_RE = re.compile(r"[0-9a-f]{1,64}")
 
@@ -199,10 +208,16 @@ def _header(f: Any) -> tuple[dict[str, str], dict[str, _Tensor]]:
     return meta, tensors
 
 
-def _read_header(path: Path) -> tuple[dict[str, str], dict[str, _Tensor]]:
+def _read_info(path: Path, *, size: int, owner: str) -> VoiceInfo:
+    """The voice file's summary, checked as an upload is: its header, and a float32 tensor's values (an
+    embedding, or a clip stored by an earlier version; 16-bit PCM is always finite, and is not read)."""
     try:
         with safe_open(str(path), framework="numpy") as f:
-            return _header(f)
+            meta, tensors = _header(f)
+            info = _info(meta, tensors, size=size, owner=owner, file_name=path.name)
+            if tensors[info.kind].dtype == "F32":
+                check_payload(info.kind, f.get_tensor(info.kind))
+            return info
     except SafetensorError as exc:
         raise _Unreadable(f"bad header: {exc}") from exc
 
@@ -226,6 +241,7 @@ def _info(
         sample_rate = int(meta.get("sample_rate", "0"))
         if count <= 0 or (kind == "audio" and sample_rate <= 0):
             raise _Unreadable("empty tensor or missing sample rate")
+        _check_as_uploaded(meta, kind, count, sample_rate)
         return VoiceInfo(
             name=name,
             consent=meta["consent"],
@@ -241,6 +257,32 @@ def _info(
         )
     except (KeyError, ValueError) as exc:
         raise _Unreadable(f"bad metadata: {exc!r}") from exc
+
+
+def _check_as_uploaded(meta: dict[str, str], kind: str, count: int, sample_rate: int) -> None:
+    """What an upload checks (``gateway.clips``) that the header tells: text fields, the clip's rate and
+    length, the embedding's size. A file that fails is not a voice we wrote (a foreign or tampered file)."""
+    try:
+        for key in ("name", "consent", "ref_text", "speaker_description", "mime_type"):
+            check_text(meta.get(key), key)
+        if kind == "audio":
+            check_clip(sample_rate, 1, count, kind, slack_s=RESAMPLED_SLACK_S)
+        elif count > MAX_EMBEDDING_DIM:  # a request's bound: uploads (4096) were once held to it
+            raise _Unreadable(f"an embedding of {count} values, over the {MAX_EMBEDDING_DIM} allowed")
+    except Rejected as exc:
+        raise _Unreadable(exc.message) from None
+
+
+def check_payload(kind: str, values: npt.NDArray[np.float32]) -> None:
+    """The checks of an upload on a stored voice's samples or values (finite), as ``_Unreadable``; only a
+    float32 tensor (a clip stored by an earlier version, an embedding) can fail them."""
+    try:
+        if kind == "audio":
+            check_finite(values, kind)
+        else:
+            check_embedding(values, kind)
+    except Rejected as exc:
+        raise _Unreadable(exc.message) from None
 
 
 def _pcm16(audio: npt.NDArray[Any]) -> npt.NDArray[np.int16]:
@@ -301,7 +343,10 @@ def encode(
     payload = safetensors.numpy.save({kind: tensor}, meta)
     dtype = "I16" if kind == "audio" else "F32"
     tensors: dict[str, _Tensor] = {kind: _Tensor(dtype=dtype, shape=tensor.shape)}
-    return payload, _info(meta, tensors, size=len(payload), owner=owner, file_name=_file_name(name))
+    try:  # what every read checks (``_check_as_uploaded``): a voice stored is a voice that can be read
+        return payload, _info(meta, tensors, size=len(payload), owner=owner, file_name=_file_name(name))
+    except _Unreadable as exc:
+        raise ValueError(str(exc)) from None
 
 
 class VoiceStore:
@@ -332,6 +377,7 @@ class VoiceStore:
                 meta, tensors = _header(f)
                 info = _info(meta, tensors, size=size, owner=owner, file_name=path.name)
                 payload = _float32(f.get_tensor(info.kind))
+            check_payload(info.kind, payload)
         except FileNotFoundError:
             return None
         except (_Unreadable, SafetensorError, OSError) as exc:
@@ -400,7 +446,9 @@ class VoiceStore:
             VoiceLimitReached: the owner has ``max_voices`` voices and ``name`` is not one of them.
             VoiceQuotaExceeded: the owner's other voice files and this one would pass ``max_bytes``.
             ValueError: not exactly one of ``audio`` and ``embedding``, an empty one, one with NaN or
-                infinite values, or no sample rate.
+                infinite values, no sample rate, or what an upload refuses (``gateway.clips``: a clip
+                outside 1 to 30 s or 8 to 192 kHz, an embedding of over 8192 values, a text field of
+                over 16 KiB).
         """
         name = check_name(name)
         payload, info = encode(
@@ -488,8 +536,7 @@ class VoiceStore:
         try:
             if stat.st_size > MAX_FILE_BYTES:
                 raise _Unreadable(f"{stat.st_size} bytes is larger than any voice")
-            meta, tensors = _read_header(path)
-            info = _info(meta, tensors, size=stat.st_size, owner=owner, file_name=path.name)
+            info = _read_info(path, size=stat.st_size, owner=owner)
         except FileNotFoundError:
             return None
         except (_Unreadable, OSError) as exc:

@@ -14,6 +14,9 @@ object per owner (``<owner>/.lock``) taken with a create-only conditional PUT (`
 two replicas cannot both pass the count. A lock left by a crashed replica is taken over once it is
 ``LOCK_STALE_S`` old (by its Last-Modified, so replicas' clocks must agree within a second or so).
 
+Every object is checked when read as an upload is (``gateway.store``: header, text fields, the clip's
+rate and length, finite values), and read at most ``MAX_FILE_BYTES`` far whatever its HEAD or GET said.
+
 Caching: every read asks the store first (HEAD, or the LIST itself), and a cached header or clip is used
 only while its ETag is the object's, so a delete or a re-upload made through another replica is seen on
 the next use: no staleness beyond the store's own read-after-write consistency, at the cost of one HEAD
@@ -58,6 +61,7 @@ from .store import (
     _Tensor,
     _Unreadable,
     check_name,
+    check_payload,
     encode,
 )
 
@@ -75,6 +79,8 @@ LOCK_WAIT_S = 3 * LOCK_STALE_S
 HEADER_PROBE_BYTES = 64 << 10
 # 30 s at 24 kHz is 2.9 MB as float32: 64 MiB keeps the ~20 most recently spoken long voices in memory.
 CLIP_CACHE_BYTES = 64 << 20
+# A GET's body is read in pieces of this size, so a body past MAX_FILE_BYTES is refused within one piece.
+READ_CHUNK_BYTES = 1 << 20
 # Fail a request to a store that went away within seconds, not after object_store's 3-minute default.
 _RETRY = {"max_retries": 2, "retry_timeout": timedelta(seconds=10)}
 _CLIENT = {"allow_http": True, "connect_timeout": "5s", "timeout": "60s"}
@@ -159,11 +165,11 @@ class S3VoiceStore:
             try:
                 if meta["size"] > MAX_FILE_BYTES:
                     raise _Unreadable(f"{meta['size']} bytes is larger than any voice")
-                result = obstore.get(self._s3, key)
-                data = bytes(result.bytes())
+                e_tag, data = self._read(key)
                 header, tensors = parse_header(data, len(data))
                 info = _info(header, tensors, size=len(data), owner=owner, file_name=key.rsplit("/", 1)[1])
                 payload = _float32(safetensors.numpy.load(data)[info.kind])
+                check_payload(info.kind, payload)
             except FileNotFoundError:  # deleted since the HEAD
                 return None
             except (_Unreadable, SafetensorError) as exc:
@@ -175,8 +181,22 @@ class S3VoiceStore:
                 if info.kind == "audio"
                 else VoiceData(info=info, embedding=payload)
             )
-            self._remember(key, _Clip(e_tag=str(result.meta["e_tag"]), data=voice, nbytes=payload.nbytes))
+            self._remember(key, _Clip(e_tag=e_tag, data=voice, nbytes=payload.nbytes))
             return voice
+
+    def _read(self, key: str) -> tuple[str, bytes]:
+        """The object's ETag and bytes, read at most ``MAX_FILE_BYTES`` far: an object larger than the
+        HEAD before said (replaced meanwhile, or a store that lies) is refused, not held whole."""
+        result = obstore.get(self._s3, key)
+        size = int(result.meta["size"])
+        if size > MAX_FILE_BYTES:
+            raise _Unreadable(f"{size} bytes is larger than any voice")
+        data = bytearray()
+        for chunk in result.stream(min_chunk_size=READ_CHUNK_BYTES):
+            data += chunk
+            if len(data) > MAX_FILE_BYTES:
+                raise _Unreadable(f"over {MAX_FILE_BYTES} bytes, larger than any voice")
+        return str(result.meta["e_tag"]), bytes(data)
 
     def info(self, owner: str, name: str) -> VoiceInfo | None:
         """The voice's metadata (its name matched in any case), or None when absent or unreadable."""
@@ -299,10 +319,14 @@ class S3VoiceStore:
             if end > len(head):
                 head = bytes(obstore.get_range(self._s3, key, start=0, end=min(end, size)))
             meta, tensors = parse_header(head, size)
-            info = _info(meta, tensors, size=size, owner=owner, file_name=key.rsplit("/", 1)[1])
+            read = _info(meta, tensors, size=size, owner=owner, file_name=key.rsplit("/", 1)[1])
+            if tensors[read.kind].dtype == "F32":  # an embedding, or a clip of an earlier version
+                data = head if len(head) == size else self._read(key)[1]
+                check_payload(read.kind, _float32(safetensors.numpy.load(data)[read.kind]))
+            info = read
         except FileNotFoundError:  # deleted since the listing
             return None
-        except _Unreadable as exc:
+        except (_Unreadable, SafetensorError) as exc:
             logger.warning("skipping unreadable voice object %s: %s", key, exc)
         with self._lock:
             self._headers[key] = (e_tag, info)

@@ -13,8 +13,11 @@ metadata as the header's strings: ``name``, ``voice_name_lower`` (the key it is 
 ``{name}_{consent}_{created_at}.safetensors`` with other characters than ``[A-Za-z0-9_.-]`` made ``_``,
 is never read back: the header says whose voice it is.
 
-Import takes each readable file through the checks of an upload (``gateway.clips.decode_audio``: mono, 1 to
-30 s, at most ``max_clip_rate_hz``) into ``VoiceBackend.save`` (the store's own format, local or S3); export
+Import takes each readable file through the checks of an upload (``gateway.clips``: text fields of at most
+``MAX_TEXT_BYTES``, an embedding of at most ``MAX_UPLOAD_EMBEDDING_DIM`` finite values, a clip's rate,
+channels and length before it is decoded, then ``decode_audio``: mono, 1 to 30 s, at most
+``max_clip_rate_hz``) into ``VoiceBackend.save`` (the store's own format, local or S3); a file that fails
+one is reported by its file name with the reason, and the import goes on with the next. Export
 writes each stored voice as vllm-omni's upload would, atomically (a hidden temp file renamed), with
 ``created_at`` strictly increasing so no two exported voices share a cache key. A voice whose name is
 already in the destination is skipped unless ``replace`` is given; a file that is not a voice is skipped
@@ -37,10 +40,17 @@ import safetensors.numpy
 import soundfile
 from safetensors import SafetensorError, safe_open
 
-from .clips import MAX_STORED_RATE, decode_audio
+from .clips import (
+    MAX_STORED_RATE,
+    MAX_UPLOAD_EMBEDDING_DIM,
+    check_clip,
+    check_embedding,
+    check_finite,
+    check_text,
+    decode_audio,
+)
 from .http import Rejected
-from .store import MAX_FILE_BYTES, VoiceData, VoiceError, write_atomic
-from .voices import MAX_UPLOAD_EMBEDDING_DIM
+from .store import MAX_FILE_BYTES, VoiceData, write_atomic
 from .voicestore import VoiceBackend
 
 SUFFIX = ".safetensors"
@@ -50,6 +60,8 @@ EMBEDDING_TENSOR = "speaker_embedding"
 # name, consent and time stay under the 255 bytes a file name may have.
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_.\-]")
 _PIECE_CHARS = 64
+# vllm-omni writes float32; the other float widths numpy reads are taken too (bfloat16 and float8 it has not).
+_DTYPES = ("F16", "F32", "F64")
 
 
 class Moved(msgspec.Struct, frozen=True):
@@ -95,10 +107,13 @@ def _text(meta: dict[str, str], key: str) -> str | None:
 
 
 def read_voice(path: Path) -> FolderVoice:
-    """The voice in one file of a vllm-omni speaker folder.
+    """The voice in one file of a vllm-omni speaker folder, checked as an upload of it would be (the
+    functions of ``gateway.clips``: text fields, embedding, the clip's rate, channels, length and samples).
 
     Raises:
-        _NotAVoice: unreadable, too large, no name, or neither an ``audio`` nor a ``speaker_embedding``.
+        _NotAVoice: unreadable, too large, no name, or neither an ``audio`` nor a ``speaker_embedding``,
+            or a tensor of a type other than float.
+        Rejected: what an upload of the voice would be refused for.
     """
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
@@ -109,9 +124,14 @@ def read_voice(path: Path) -> FolderVoice:
             tensor = AUDIO_TENSOR if AUDIO_TENSOR in keys else EMBEDDING_TENSOR
             if tensor not in keys:
                 raise _NotAVoice(f"holds neither {AUDIO_TENSOR!r} nor {EMBEDDING_TENSOR!r}")
+            dtype = f.get_slice(tensor).get_dtype()
+            if dtype not in _DTYPES:
+                raise _NotAVoice(f"its {tensor!r} is {dtype}, not a float tensor ({', '.join(_DTYPES)})")
             values = np.asarray(f.get_tensor(tensor), dtype=np.float32)
     except (SafetensorError, OSError) as exc:
         raise _NotAVoice(f"not a safetensors file: {exc}") from exc
+    for key in ("name", "voice_name_lower", "consent", "ref_text", "speaker_description"):
+        check_text(meta.get(key), key)
     # vllm-omni restores a file by ``voice_name_lower`` or ``name``; its original case is ``name``.
     name = _text(meta, "name") or _text(meta, "voice_name_lower")
     if name is None:
@@ -126,13 +146,18 @@ def read_voice(path: Path) -> FolderVoice:
         speaker_description=_text(meta, "speaker_description"),
     )
     if tensor == EMBEDDING_TENSOR:
-        return msgspec.structs.replace(voice, embedding=values.reshape(-1))
+        embedding = check_embedding(values.reshape(-1), EMBEDDING_TENSOR, MAX_UPLOAD_EMBEDDING_DIM)
+        return msgspec.structs.replace(voice, embedding=embedding)
     try:
         rate = int(meta.get("sample_rate", "0"))
     except ValueError:
         rate = 0
     if rate <= 0:
         raise _NotAVoice("audio without a sample rate")
+    if values.ndim not in (1, 2):
+        raise _NotAVoice(f"audio of shape {values.shape}: one column per channel expected")
+    check_clip(rate, 1 if values.ndim == 1 else values.shape[1], len(values), AUDIO_TENSOR)
+    check_finite(values, AUDIO_TENSOR)
     return msgspec.structs.replace(voice, audio=values, sample_rate=rate)
 
 
@@ -166,8 +191,6 @@ def import_folder(
             voice = read_voice(path)
             if not replace and store.info(owner, voice.name) is not None:
                 raise _NotAVoice(f"voice {voice.name!r} exists (replace it with --replace)")
-            if voice.embedding is not None and len(voice.embedding) > MAX_UPLOAD_EMBEDDING_DIM:
-                raise _NotAVoice(f"an embedding of over {MAX_UPLOAD_EMBEDDING_DIM} values")
             audio, rate = _canonical_audio(voice, max_rate) if voice.audio is not None else (None, 0)
             info = store.save(
                 owner,
@@ -182,7 +205,7 @@ def import_folder(
             )
         except Rejected as exc:
             skipped.append(Skipped(path.name, exc.message))
-        except (_NotAVoice, VoiceError) as exc:  # VoiceError: a name, the owner's count or bytes
+        except (_NotAVoice, ValueError) as exc:  # store.VoiceError: a name, the owner's count or bytes
             skipped.append(Skipped(path.name, str(exc)))
         else:
             moved.append(Moved(info.name, path.name))

@@ -7,6 +7,8 @@ own code. Here: the round trip, what is skipped and why, and the command line.
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 import safetensors.numpy
 from safetensors import safe_open
 from voxgate.gateway.auth import owner_of
+from voxgate.gateway.clips import MAX_TEXT_BYTES, MAX_UPLOAD_EMBEDDING_DIM
 from voxgate.gateway.store import VoiceStore
 from voxgate.gateway.voice_folder import export_folder, import_folder
 
@@ -217,3 +220,91 @@ def test_cli_exports_and_imports_without_a_gateway(
     assert "exists" in capsys.readouterr().err
     assert main(["voices", "import", str(tmp_path / "missing"), "--voices-dir", str(tmp_path / "copy")]) == 1
     assert "no folder" in capsys.readouterr().err
+
+
+def raw_file(folder: Path, filename: str, dtype: str, count: int, **meta: str) -> None:
+    """A safetensors file with one ``speaker_embedding`` tensor of ``dtype`` (BF16, F8_E4M3: numpy has
+    neither, so the file is written by hand)."""
+    width = {"BF16": 2, "F8_E4M3": 1}[dtype]
+    spec = {"dtype": dtype, "shape": [count], "data_offsets": [0, width * count]}
+    head = json.dumps({"speaker_embedding": spec, "__metadata__": meta}).encode()
+    head += b" " * (-len(head) % 8)
+    (folder / filename).write_bytes(struct.pack("<Q", len(head)) + head + b"\x3c" * (width * count))
+
+
+def test_import_reports_each_bad_file_and_imports_every_good_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each file is checked as an upload is (the same functions and limits); a bad one is reported by its
+    file name with the reason, and the import goes on."""
+    folder = tmp_path / "speakers"
+    nan = np.ones(256, dtype=np.float32)
+    nan[7] = np.nan
+    vllm_file(folder, "a-nan.safetensors", {"speaker_embedding": nan}, name="nan", consent="ok")
+    for i in range(3):
+        vllm_file(
+            folder,
+            f"b-good{i}.safetensors",
+            {"audio": clip(20 + i)},
+            name=f"good{i}",
+            consent="ok",
+            sample_rate="16000",
+        )
+        vllm_file(
+            folder,
+            f"c-vector{i}.safetensors",
+            {"speaker_embedding": np.ones(64, np.float32)},
+            name=f"vector{i}",
+            consent="ok",
+        )
+    raw_file(folder, "d-bf16.safetensors", "BF16", 64, name="bf16", consent="ok")
+    raw_file(folder, "d-f8.safetensors", "F8_E4M3", 64, name="f8", consent="ok")
+    vllm_file(
+        folder, "e-rate.safetensors", {"audio": clip(30)}, name="rate", consent="ok", sample_rate=str(10**12)
+    )
+    vllm_file(folder, "e-hz.safetensors", {"audio": clip(31)}, name="hz", consent="ok", sample_rate="1")
+    transcript = "word " * (MAX_TEXT_BYTES // 5 + 1)
+    vllm_file(
+        folder,
+        "f-text.safetensors",
+        {"audio": clip(32)},
+        name="text",
+        consent="ok",
+        sample_rate="16000",
+        ref_text=transcript,
+    )
+    wide = np.ones(MAX_UPLOAD_EMBEDDING_DIM + 1, np.float32)
+    vllm_file(folder, "g-wide.safetensors", {"speaker_embedding": wide}, name="wide", consent="ok")
+    voices = tmp_path / "voices"
+
+    assert main(["voices", "import", str(folder), "--voices-dir", str(voices)]) == 1
+    out, err = capsys.readouterr()
+    imported = sorted(VoiceStore(voices).list(""), key=lambda info: info.name)
+    assert [info.name for info in imported] == [f"good{i}" for i in range(3)] + [
+        f"vector{i}" for i in range(3)
+    ]
+    assert out.count("imported ") == 6
+    reasons = dict(
+        line.removeprefix("skipped ").split(": ", 1)
+        for line in err.splitlines()
+        if line.startswith("skipped ")
+    )
+    assert sorted(reasons) == sorted(
+        [
+            "a-nan.safetensors",
+            "d-bf16.safetensors",
+            "d-f8.safetensors",
+            "e-rate.safetensors",
+            "e-hz.safetensors",
+            "f-text.safetensors",
+            "g-wide.safetensors",
+        ]
+    )
+    assert "NaN" in reasons["a-nan.safetensors"]
+    assert "BF16" in reasons["d-bf16.safetensors"] and "F8_E4M3" in reasons["d-f8.safetensors"]
+    assert "Hz" in reasons["e-rate.safetensors"] and "Hz" in reasons["e-hz.safetensors"]
+    assert (
+        "ref_text" in reasons["f-text.safetensors"] and str(MAX_TEXT_BYTES) in reasons["f-text.safetensors"]
+    )
+    assert str(MAX_UPLOAD_EMBEDDING_DIM) in reasons["g-wide.safetensors"]
+    assert "6 imported, 7 skipped" in err

@@ -33,6 +33,7 @@ from voxgate.gateway.store_s3 import S3VoiceStore
 
 from tests.conftest import TIMEOUT_S, recv, recv_message, send, serve_engine, session, voxgate_connect
 from tests.gateway.test_voice_crash import NAMES, Possible, checksum, run_until_killed
+from tests.gateway.test_voice_store_reads import OWNER, bad_voices, file_name
 from tests.redis_server import free_port
 from tests.seaweed_server import BUCKET, SeaweedServer, location, seaweed_server
 
@@ -343,3 +344,19 @@ def test_a_store_that_cannot_be_reached_is_a_503_not_a_crash(
         assert response.status_code == 503, response.text
         assert response.json()["error"]["code"] == "voice_store_unavailable"
         assert "Retry-After" in response.headers
+
+
+def test_voices_an_upload_would_refuse_are_never_listed_or_served_from_s3(
+    seaweed: SeaweedServer, prefix: str
+) -> None:
+    s3 = bucket(seaweed, prefix)
+    for name, data in bad_voices().items():
+        obstore.put(s3, f"{OWNER}/{file_name(name)}", data, use_multipart=False)
+    voices = S3VoiceStore(BUCKET, prefix)
+    assert [info.name for info in voices.list(OWNER)] == ["good"]
+    for name in bad_voices():
+        if name != "good":
+            assert voices.get(OWNER, name) is None, name
+            assert voices.info(OWNER, name) is None, name
+    good = voices.get(OWNER, "good")
+    assert good is not None and good.audio is not None and good.info.duration_s == 1.5
