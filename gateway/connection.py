@@ -37,31 +37,26 @@ from typing import Any, Protocol
 from starlette.websockets import WebSocketDisconnect
 
 from ..protocol.codec import Codec, Inbound, Payload
+from ..protocol.core import Core
 from ..protocol.dialect import SessionCodec, sends
-from ..protocol.encoders import effective_bitrate
 from ..protocol.errors import INTERNAL_ERROR_MESSAGE, ErrorCode, ProtocolError
 from ..protocol.messages import (
-    EffectiveConfig,
     Error,
-    Limits,
     PlaybackPosition,
     ServerMessage,
     ServerWarning,
     SessionReady,
 )
 from ..protocol.output import Audio, Configure, Finish, Message, OutputFormat
-from ..protocol.session import State
+from ..protocol.session import Session, State
 from ..protocol.speech import check_limits
 from .catalog import Catalog
 from .deadline import Deadline as Deadline  # re-exported: its tests import it from here
-from .errorlog import ErrorLog
 from .failures import REFUSALS, error_for
-from .host import SessionHost
+from .host import Log, SessionHost, effective_config
 from .metrics import Metrics, SessionMeter
-from .outbox import SlowConsumer
-from .ratelimit import REFERENCE_EVERY_S as REFERENCE_EVERY_S
-from .ratelimit import REFERENCES_BURST as REFERENCES_BURST
-from .ratelimit import References
+from .outbox import Outbox, SlowConsumer
+from .pump import Pump
 from .receipts import ReadReceipts
 from .sessions import Sessions, shutdown_error
 from .settings import Settings
@@ -99,6 +94,15 @@ class Socket(Protocol):
     async def close(self, code: int = 1000, reason: str | None = None) -> None: ...
 
 
+@dataclass(slots=True)
+class _Writer:
+    """The writer's state."""
+
+    deadline: Deadline = field(default_factory=Deadline)  # its send timeout (a client that stopped reading)
+    sending: bool = False  # inside a send (it may block on a client that does not read)
+    held_s: float = 0.0  # audio the codec took and holds back (counted when it goes out)
+
+
 @dataclass
 class Connection:
     """Drives one accepted WebSocket until it ends, speaking its wire through ``codec``."""
@@ -116,26 +120,37 @@ class Connection:
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.log = _SessionLog(logger, {"session": self.id})
-        self.host = host = SessionHost(
-            s,
-            self.meter,
-            self.log,
-            extensions=self.extensions,
-            configure=self._configure,
-            dropped=self._cleared,
+        log = _SessionLog(logger, {"session": self.id})
+        self.host = SessionHost(
+            s, self.meter, log, extensions=self.extensions, configure=self._configure, dropped=self._cleared
         )
-        self.session, self.core, self.outbox, self.pump = host.session, host.core, host.outbox, host.pump
-        self.errors = ErrorLog(self.log)  # non-fatal errors' lines, rate-limited
-        self.sending = False  # the writer is inside a send (it may block on a client that does not read)
+        self.writer = _Writer()
         self.receive_deadline = Deadline()  # the reader's config, idle and tick timeouts
-        self.send_deadline = Deadline()  # the writer's send timeout (a client that stopped reading)
         self.last_activity = time.monotonic()
         self.wire: Codec = self.codec or SessionCodec(extensions=self.extensions)  # adopt() may wrap it
-        self.held_s = 0.0  # audio the codec took and holds back (counted when it goes out)
-        self._references = References()  # inline ref_audio
         if self.receipts is not None:
             self.receipts.watch(s.send_timeout_s)
+
+    # The host's parts, by their names.
+    @property
+    def session(self) -> Session:
+        return self.host.session
+
+    @property
+    def core(self) -> Core:
+        return self.host.core
+
+    @property
+    def outbox(self) -> Outbox:
+        return self.host.outbox
+
+    @property
+    def pump(self) -> Pump:
+        return self.host.pump
+
+    @property
+    def log(self) -> Log:
+        return self.host.log
 
     async def run(self) -> None:
         stop: _Stop | None = None
@@ -154,7 +169,7 @@ class Connection:
             stop = _Stop(slow_consumer_error(group.exceptions[0]))  # type: ignore[arg-type]
         finally:
             self.receive_deadline.close()
-            self.send_deadline.close()
+            self.writer.deadline.close()
             if self.receipts is not None:
                 self.receipts.close()
             await self.pump.aclose()
@@ -179,7 +194,7 @@ class Connection:
 
         def receipted() -> None:
             self.last_activity = time.monotonic()
-            self.send_deadline.extend(timeout_s)
+            self.writer.deadline.extend(timeout_s)
 
         receipts.on_receipt = receipted
         try:
@@ -194,7 +209,7 @@ class Connection:
         try:
             await self._read_messages()
         finally:
-            self.errors.flush()  # the count of errors left out of the log, as the reader ends
+            self.host.errors.flush()  # the count of errors left out of the log, as the reader ends
 
     async def _read_messages(self) -> None:
         await self._apply(self.wire.opening())
@@ -283,7 +298,7 @@ class Connection:
         return bool(
             len(self.outbox)
             or self.pump.busy
-            or self.sending
+            or self.writer.sending
             or (self.receipts is not None and self.receipts.awaiting)
         )
 
@@ -319,48 +334,17 @@ class Connection:
         self.wire = self.wire.adopt(config)
         engine = resolved.engine
         self.meter.configured(engine.name)
-        s = self.settings
-        granularity, eager = config.segmentation()
         rate = config.output_rate(engine.sample_rate)
         try:
             self.core.accept_config(config, OutputFormat.of(config, rate).check())
         except ProtocolError as err:
             raise self.core.reject_config(err) from None
-        effective = EffectiveConfig(
-            voice=resolved.voice,
-            engine=engine.name,
-            response_format=config.response_format,
-            sample_rate=rate,
-            speed=config.speed,
-            seed=config.seed,
-            stream_audio=config.streamed,
-            split_granularity=granularity,
-            eager_first_segment=eager,
-            max_buffer_delay_ms=config.max_buffer_delay_ms,
-            frame_ms=config.frame_ms,
-            frame_header=config.frame_header,
-            bitrate=effective_bitrate(config.response_format, rate, config.bitrate),
-            framing=config.framing,
-        )
-        limits = Limits(
-            max_message_bytes=s.max_message_bytes,
-            max_config_bytes=s.max_config_bytes,
-            idle_timeout_s=s.idle_timeout_s,
-            max_buffered_audio_s=s.max_buffered_audio_s,
-            send_timeout_s=s.send_timeout_s,
-            max_pending_text_chars=s.max_pending_text_chars,
-            max_sessions=s.max_sessions,
-            max_sessions_per_key=s.max_sessions_per_key,
-            max_segment_audio_base_s=s.max_segment_audio_base_s,
-            max_segment_audio_per_char_s=s.max_segment_audio_per_char_s,
-            max_contexts=s.max_contexts,
-            context_idle_timeout_s=s.context_idle_timeout_s,
-            rate_limit_per_s=s.rate_limit_per_s,
-            rate_limit_burst=s.rate_limit_burst,
-            header_timeout_s=s.header_timeout_s,
-        )
+        effective = effective_config(config, resolved, rate)
         ready = SessionReady(
-            session_id=self.id, config=effective, limits=limits, ignored_fields=list(ignored_fields)
+            session_id=self.id,
+            config=effective,
+            limits=self.host.limits(),
+            ignored_fields=list(ignored_fields),
         )
         self._send(ready)
         for name in resolved.ignored:
@@ -373,13 +357,13 @@ class Connection:
 
     def _admit_reference(self) -> None:
         """Take one of the session's inline-reference tokens (``gateway.ratelimit.References``)."""
-        self._references.admit()
+        self.host.references.admit()
 
     def _report(self, err: ProtocolError, utterance: int | None = None) -> None:
         if err.fatal:
             self.log.info("error %s: %s", err.code, err.message)
         else:
-            self.errors.refused(err.code, err.message)
+            self.host.errors.refused(err.code, err.message)
         self._send(Error.of(err, utterance, err.context_id))
 
     def _send(self, msg: ServerMessage) -> None:
@@ -397,9 +381,9 @@ class Connection:
                         await self.ws.close(*self.wire.close(None))
                     raise _Stop()
                 case Audio() | Message():
-                    audio_s = self.held_s + (output.audio_s if isinstance(output, Audio) else 0.0)
+                    audio_s = self.writer.held_s + (output.audio_s if isinstance(output, Audio) else 0.0)
                     payloads = self.wire.encode(output)
-                    self.held_s = 0.0 if payloads else audio_s
+                    self.writer.held_s = 0.0 if payloads else audio_s
                     for payload in payloads:
                         await self._send_now(payload, audio_s)
                         audio_s = 0.0
@@ -412,13 +396,13 @@ class Connection:
         # writer waits while more than ``max_buffered_audio_s`` of what it wrote is unread, so the engine
         # runs ahead of the client by at most that twice (the outbox's bound, then this one), whatever the
         # socket's buffers hold.
-        self.sending = True
+        self.writer.sending = True
         self.meter.wrote(payload)
         try:
             if isinstance(payload, bytes):
-                await self.send_deadline.within(self.ws.send_bytes(payload), self.settings.send_timeout_s)
+                await self.writer.deadline.within(self.ws.send_bytes(payload), self.settings.send_timeout_s)
             else:
-                await self.send_deadline.within(self.ws.send_text(payload), self.settings.send_timeout_s)
+                await self.writer.deadline.within(self.ws.send_text(payload), self.settings.send_timeout_s)
             if self.receipts is not None:
                 self.receipts.wrote(audio_s)
                 lead_s = self.settings.max_buffered_audio_s
@@ -434,7 +418,7 @@ class Connection:
         except TimeoutError:
             raise SlowConsumer(f"the client read nothing for {self.settings.send_timeout_s:g} s") from None
         finally:
-            self.sending = False
+            self.writer.sending = False
 
     async def _abort(self, err: ProtocolError) -> None:
         """Report a fatal error and close. A client that stopped reading gets one more send timeout

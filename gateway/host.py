@@ -21,16 +21,27 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from ..protocol.core import Core
+from ..protocol.encoders import effective_bitrate
 from ..protocol.errors import ErrorCode, ProtocolError
-from ..protocol.messages import Error, InputDone, InputText, SessionConfig, SessionDone
+from ..protocol.messages import (
+    EffectiveConfig,
+    Error,
+    InputDone,
+    InputText,
+    Limits,
+    SessionConfig,
+    SessionDone,
+)
 from ..protocol.output import Audio, Message, Output, OutputFormat
 from ..protocol.session import Session
 from .catalog import Resolved
+from .errorlog import ErrorLog
 from .failures import error_for
 from .jobs import AudioCap, Utterance
 from .metrics import SessionMeter
 from .outbox import Outbox
 from .pump import Configurer, Pump
+from .ratelimit import References
 from .settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -96,6 +107,8 @@ class SessionHost:
             dropped=dropped,
         )
         self._task: asyncio.Task[None] | None = None  # the pump, when the host runs it (REST)
+        self.references = References()  # the inline ref_audio clips it may have decoded
+        self.errors = ErrorLog(log)  # non-fatal errors' lines, rate-limited
 
     def utterance(self, index: int) -> Utterance:
         """The engine, voice and config utterance ``index`` speaks with (those in force as it starts)."""
@@ -104,6 +117,10 @@ class SessionHost:
         return Utterance(
             index, config, resolved.engine, resolved.voice, resolved.reference, resolved.options, self.cap
         )
+
+    def limits(self) -> Limits:
+        """The limits in force, as ``session.ready`` reports them: the settings' of the same names."""
+        return Limits(**{name: getattr(self.settings, name) for name in Limits.__struct_fields__})
 
     def take(self, output: Output, now: float) -> Output | None:
         """The writer's step: ``output`` as it goes out (``Core.sending``), counted by the meter."""
@@ -209,3 +226,24 @@ def _failure(error: Error) -> ProtocolError:
     except ValueError:
         known = ErrorCode.INTERNAL_ERROR
     return ProtocolError(known, error.message, field=error.field)
+
+
+def effective_config(config: SessionConfig, resolved: Resolved, rate: int) -> EffectiveConfig:
+    """What the server will do with an accepted ``config``, as ``session.ready`` reports it."""
+    granularity, eager = config.segmentation()
+    return EffectiveConfig(
+        voice=resolved.voice,
+        engine=resolved.engine.name,
+        response_format=config.response_format,
+        sample_rate=rate,
+        speed=config.speed,
+        seed=config.seed,
+        stream_audio=config.streamed,
+        split_granularity=granularity,
+        eager_first_segment=eager,
+        max_buffer_delay_ms=config.max_buffer_delay_ms,
+        frame_ms=config.frame_ms,
+        frame_header=config.frame_header,
+        bitrate=effective_bitrate(config.response_format, rate, config.bitrate),
+        framing=config.framing,
+    )

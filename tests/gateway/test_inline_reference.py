@@ -12,7 +12,7 @@ import soundfile
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway import catalog as catalog_module
 from voxgate.gateway import clips
-from voxgate.gateway.connection import REFERENCES_BURST
+from voxgate.gateway.ratelimit import REFERENCES_BURST
 
 from tests.conftest import recv_message, recv_until, send, serve_engine, session, voxgate_connect
 
