@@ -35,11 +35,12 @@ from ..protocol.elevenlabs import (
 from ..protocol.encoders import MEDIA_TYPES as COMPRESSED_MEDIA_TYPES
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.output import OutputFormat
+from ..protocol.speech import speakable
 from .body import respond
 from .catalog import Catalog
 from .elevenlabs import DIALECT, check_voice
 from .failures import REFUSALS, error_for
-from .host import SessionHost
+from .host import SessionHost, ignored_headers
 from .http import BodyTooLarge, read_body
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ async def _speak(request: Request, shape: _Shape) -> Response:
     try:
         params = parse_params(request.query_params)
         body = decode_body(await read_body(request, MAX_BODY_BYTES))
-        if not body.text.strip():
+        if not speakable(body.text):
             raise ProtocolError(ErrorCode.EMPTY_INPUT, "text has nothing to speak", field="text")
         params = Params(
             params.output_format, body.model_id or params.model_id, body.seed, params.inactivity_timeout_s
@@ -89,7 +90,8 @@ async def _speak(request: Request, shape: _Shape) -> Response:
         return _refused(err)
     segments = Stream(voice_id, params, multi=False, words=words)
     answer = shape(segments, MEDIA_TYPES[fmt.fmt])
-    return await respond(host, answer, _refused, {"x-sample-rate": str(rate)})
+    headers = {"x-sample-rate": str(rate), **ignored_headers(resolved)}
+    return await respond(host, answer, _refused, headers)
 
 
 async def convert(request: Request) -> Response:

@@ -228,6 +228,14 @@ def _failure(error: Error) -> ProtocolError:
     return ProtocolError(known, error.message, field=error.field)
 
 
+def ignored_headers(resolved: Resolved) -> dict[str, str]:
+    """A REST answer's ``X-Voxgate-Warning`` for the options its engine ignores (a socket gets a ``warning``
+    message with code ``option_ignored`` for each): ``option_ignored=$.instructions, option_ignored=...``."""
+    if not resolved.ignored:
+        return {}
+    return {"x-voxgate-warning": ", ".join(f"option_ignored=$.{name}" for name in resolved.ignored)}
+
+
 def effective_config(config: SessionConfig, resolved: Resolved, rate: int) -> EffectiveConfig:
     """What the server will do with an accepted ``config``, as ``session.ready`` reports it."""
     granularity, eager = config.segmentation()

@@ -40,7 +40,7 @@ from ..protocol.speech import (
 from .body import respond
 from .catalog import Catalog, Resolved
 from .failures import REFUSALS, error_for
-from .host import SessionHost
+from .host import SessionHost, ignored_headers
 from .http import error_response, read_json
 from .metrics import REST_DIALECT, Metrics
 
@@ -134,6 +134,7 @@ async def create_speech(request: Request) -> Response:
         return _refused(request, err)
     fmt = prepared.fmt
     headers = {"x-sample-rate": str(fmt.sample_rate), "x-voxgate-engine": prepared.resolved.engine.name}
+    headers |= ignored_headers(prepared.resolved)
     return await respond(host, body_of(req, fmt), functools.partial(_refused, request), headers)
 
 

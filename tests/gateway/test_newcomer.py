@@ -83,6 +83,8 @@ def test_an_option_an_engine_cannot_use_is_ignored_with_a_warning_on_every_surfa
         with session(address, extra_params=params, instructions="calm") as ws:
             warnings = [recv_message(ws), recv_message(ws)]
     assert rest.status_code == 200 and rest.content
+    warned = {w.strip() for w in rest.headers["x-voxgate-warning"].split(",")}
+    assert warned == {"option_ignored=$.extra_params", "option_ignored=$.instructions"}
     assert {(w["type"], w["code"], w["field"]) for w in warnings} == {
         ("warning", "option_ignored", "$.extra_params"),
         ("warning", "option_ignored", "$.instructions"),
