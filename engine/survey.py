@@ -43,6 +43,12 @@ ALIGNER_FLAG = "--forced-aligner"
 _PLACEHOLDER_VOICE = "default"
 # A voice list or model list: vllm-omni's is a few hundred bytes; a megabyte is thousands of voices.
 _LIST_BYTES = 1024 * 1024
+#: Voices kept of an upstream's list (in its order): a checkpoint has a few dozen speakers at most. Every
+#: request resolves its voice against the list, and every listing carries it: 100k names cost 36 ms of CPU a
+#: request and a 13 MB listing.
+MAX_LISTED_VOICES = 1000
+#: A longer name is not a speaker's (vllm-omni's are a word); it is left out.
+MAX_VOICE_NAME_CHARS = 128
 # The probe's refusal is a line of JSON.
 _REFUSAL_BYTES = 64 * 1024
 
@@ -52,7 +58,8 @@ class ProbeFailed(Exception):
 
 
 def voice_names(payload: object) -> list[str]:
-    """Names from ``{"voices": [...]}``: plain names (vllm-omni) or objects with a ``name``."""
+    """Names from ``{"voices": [...]}``: plain names (vllm-omni) or objects with a ``name``; the first
+    ``MAX_LISTED_VOICES`` of them, each at most ``MAX_VOICE_NAME_CHARS`` long (the rest are logged)."""
     listed = payload.get("voices") if isinstance(payload, dict) else None
     if not isinstance(listed, list):
         raise ValueError(f"no voice list in {str(payload)[:100]!r}")
@@ -60,7 +67,16 @@ def voice_names(payload: object) -> list[str]:
         v if isinstance(v, str) else str(v.get("name", "")) if isinstance(v, dict) else "" for v in listed
     ]
     # Voices voxgate uploaded for the speaker cache (``engine.upstream_voices``) are clones, not presets.
-    return [n for n in names if n and n.lower() != _PLACEHOLDER_VOICE and not is_uploaded(n)]
+    names = [n for n in names if n and n.lower() != _PLACEHOLDER_VOICE and not is_uploaded(n)]
+    kept = list(dict.fromkeys(n for n in names if len(n) <= MAX_VOICE_NAME_CHARS))[:MAX_LISTED_VOICES]
+    if len(kept) < len(names):
+        logger.warning(
+            "the upstream lists %d voices: kept the first %d (names up to %d characters, no repeats)",
+            len(names),
+            len(kept),
+            MAX_VOICE_NAME_CHARS,
+        )
+    return kept
 
 
 class Survey:

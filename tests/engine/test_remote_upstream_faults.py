@@ -37,6 +37,8 @@ from tests.engine.upstream_stub import SAMPLE_RATE, StubUpstream, pcm16, tone
 SECRET = "s3cr3t-PASS"
 # What an upstream puts in its error bodies: internal detail a client must not see.
 INTERNAL = "Traceback at /opt/vllm/internal.py on 10.9.8.7"
+# engine.survey.MAX_LISTED_VOICES: the voices kept of an upstream's list.
+LISTED_VOICES = 1000
 
 
 @dataclass
@@ -226,3 +228,23 @@ def test_a_busy_upstream_fails_over_to_one_that_is_not() -> None:
         responses = [post_speech(b, "First one."), post_speech(b, "Second one.")]
     assert all(r.status_code == 200 and r.content for r in responses)
     assert server.synthesis()
+
+
+# -- L4: a hostile upstream's voice list is bounded -------------------------------------------------
+
+
+def test_a_huge_voice_list_is_cut_to_a_bound_and_errors_name_a_few(caplog: pytest.LogCaptureFixture) -> None:
+    names = [f"v{i}" for i in range(100_000)]  # 900 KB of JSON: under the read bound, far over the count
+    server = Scripted(voices=["vivian", *names, "x" * 5000])
+    caplog.set_level(logging.INFO)
+    with scripted(server) as url, gateway(url, **FAST) as b:
+        listed = httpx.get(f"http://{b}/v1/audio/voices", timeout=TIMEOUT_S)
+        unknown = post_speech(b, "Hello there.", voice="nobody")
+        known = post_speech(b, "Hello there.", voice="v5")
+    voices = [v["name"] for v in listed.json()["voice_details"] if "remote" in v["engines"]]
+    assert len(voices) == LISTED_VOICES and voices[0] == "vivian", len(voices)
+    assert len(listed.content) < 1024 * 1024, len(listed.content)
+    assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "voice_not_found"
+    assert len(unknown.text) < 1024 and "more" in unknown.json()["error"]["message"], len(unknown.text)
+    assert known.status_code == 200 and known.content
+    assert any("kept the first 1000" in r.getMessage() and "100002" in r.getMessage() for r in caplog.records)
