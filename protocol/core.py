@@ -106,6 +106,7 @@ def _ms(seconds: float | None) -> float | None:
 class _Segment:
     text: str
     ready_t: float
+    source: str = ""  # the client's text it stands for (sentence_text)
     counted: int = 0  # utterance samples already handed out as Audio
     started: bool = False  # synthesis began (its text left the session's backlog)
     first_sent_t: float | None = None
@@ -264,8 +265,8 @@ class Core:
                 self._out.append(Configure(config, ignored))
             case UtteranceStarted(utterance_index=u, context_number=c):
                 self._open(u, now, c)
-            case SegmentReady(utterance_index=u, sentence_index=s, text=text):
-                self._utterance(u).segments[s] = _Segment(text, now)
+            case SegmentReady(utterance_index=u, sentence_index=s, text=text, source=source):
+                self._utterance(u).segments[s] = _Segment(text, now, source=source or text)
                 self.session.backlog += len(text)
                 self._out.append(Speak(u, s, text))
             case UtteranceEnded(utterance_index=u, total_sentences=n, context_number=c):
@@ -325,7 +326,7 @@ class Core:
         msg = AudioStart(
             utterance_index=utterance,
             sentence_index=sentence,
-            sentence_text=seg.text,
+            sentence_text=seg.source,  # the client's text (seg.text is what the engine says)
             format=u.packer.fmt,
             sample_rate=u.packer.sample_rate,
             start_sample=start,

@@ -67,6 +67,7 @@ from .messages import (
     WordTimestamp,
     WordTimestamps,
 )
+from .normalize import TextNormalization
 
 #: ElevenLabs' ``output_format`` values voxgate produces: our format, rate and bit rate (None: not compressed)
 #: for each. Every one works on every route; the compressed ones come as one encoder stream per utterance
@@ -140,6 +141,8 @@ class RequestBody(msgspec.Struct, frozen=True, kw_only=True):
     model_id: str | None = None
     seed: int | None = None
     voice_settings: VoiceSettings | None = None
+    #: ElevenLabs' ``auto`` / ``on`` / ``off``: voxgate's ``text_normalization`` (None: the query's).
+    apply_text_normalization: TextNormalization | None = None
 
 
 _T = TypeVar("_T")
@@ -181,14 +184,16 @@ class Params:
     """The query parameters that change what a stream makes; the others are accepted and ignored.
 
     Ignored the way ElevenLabs ignores what a model cannot do: ``language_code``, ``enable_logging``,
-    ``enable_ssml_parsing``, ``apply_text_normalization``, ``auto_mode``, ``sync_alignment``,
-    ``optimize_streaming_latency``, ``chunk_length_schedule`` (voxgate cuts at sentences itself).
+    ``enable_ssml_parsing``, ``auto_mode``, ``sync_alignment``, ``optimize_streaming_latency``,
+    ``chunk_length_schedule`` (voxgate cuts at sentences itself). ``apply_text_normalization`` is
+    voxgate's ``text_normalization``.
     """
 
     output_format: str = "pcm_24000"
     model_id: str | None = None
     seed: int | None = None
     inactivity_timeout_s: int = DEFAULT_INACTIVITY_TIMEOUT_S
+    text_normalization: TextNormalization = "auto"
 
     @property
     def audio(self) -> tuple[AudioFormat, int]:
@@ -207,7 +212,7 @@ def parse_params(query: Mapping[str, str]) -> Params:
 
     Raises:
         ProtocolError: an ``output_format`` we cannot make (``unsupported_format``), or a
-            malformed ``inactivity_timeout`` / ``seed`` (``invalid_message``).
+            malformed ``inactivity_timeout`` / ``seed`` / ``apply_text_normalization`` (``invalid_message``).
     """
     fmt = query.get("output_format", DEFAULT_OUTPUT_FORMAT)
     formats = sorted(OUTPUT_FORMATS)
@@ -221,7 +226,14 @@ def parse_params(query: Mapping[str, str]) -> Params:
     seed = _int(query, "seed", None)
     if seed is None and query.get("seed") is not None:
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, "seed must be an integer", field="seed")
-    return Params(fmt, query.get("model_id"), seed, timeout)
+    normalization = query.get("apply_text_normalization", "auto")
+    if normalization not in _NORMALIZATIONS:
+        message = f"apply_text_normalization must be one of {list(_NORMALIZATIONS)}, not {normalization!r}"
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, message, field="apply_text_normalization")
+    return Params(fmt, query.get("model_id"), seed, timeout, _NORMALIZATIONS[normalization])
+
+
+_NORMALIZATIONS: dict[str, TextNormalization] = {"auto": "auto", "on": "on", "off": "off"}
 
 
 def _int(query: Mapping[str, str], name: str, default: int | None) -> int | None:
@@ -241,6 +253,7 @@ def session_config(
     *,
     words: bool = False,
     whole_segments: bool = True,
+    text_normalization: TextNormalization | None = None,
 ) -> SessionConfig:
     """The ``session.config`` of a socket (or REST request): our voice named ``voice_id``, the query's format.
 
@@ -251,6 +264,7 @@ def session_config(
         words: ask the engine for word timings (``word_timestamps``), which the alignment follows.
         whole_segments: one audio message per segment (REST, which sends each with its alignment); the
             sockets stream (False).
+        text_normalization: a REST body's ``apply_text_normalization``, which wins over the query's.
 
     Raises:
         ProtocolError: a ``speed`` out of range (``invalid_message``).
@@ -266,6 +280,7 @@ def session_config(
         "model": params.model_id,
         "seed": params.seed,
         "word_timestamps": words,
+        "text_normalization": text_normalization or params.text_normalization,
     }
     if settings is not None and settings.speed is not None:
         fields["speed"] = settings.speed

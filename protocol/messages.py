@@ -46,6 +46,7 @@ import msgspec
 
 from .audio import AudioFormat
 from .errors import ProtocolError
+from .normalize import Alias, TextNormalization
 from .segmenter import Granularity
 
 SampleRate = Annotated[int, msgspec.Meta(ge=8000, le=48000)]
@@ -75,6 +76,35 @@ MAX_NEW_TOKENS = 4096
 ContextId = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
 #: Why a context was closed: ``context.close`` / ``session.close``, ``input.cancel``, or its idle timeout.
 CloseReason = Literal["closed", "cancelled", "idle_timeout"]
+
+
+#: Pronunciations one request may carry: a voice agent's product names and people, not a dictionary.
+MAX_PRONUNCIATIONS = 256
+_Word = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+
+
+class Pronunciation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How to say one word (``pronunciations``): ``alias`` is said instead of ``text``; ``ipa`` is kept for
+    engines that take phonemes (not applied yet). ``text`` matches whole words, in its own case unless
+    ``case_sensitive`` is false."""
+
+    text: _Word
+    alias: Annotated[str, msgspec.Meta(max_length=200)] | None = None
+    ipa: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
+    case_sensitive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.alias is None and self.ipa is None:
+            raise ValueError("a pronunciation needs an alias or an ipa")
+
+
+def aliases(pronunciations: list[Pronunciation] | None) -> list[Alias]:
+    """The ``alias`` entries of ``pronunciations``, as the normalizer applies them."""
+    return [
+        Alias(p.text, p.alias, case_sensitive=p.case_sensitive)
+        for p in pronunciations or ()
+        if p.alias is not None
+    ]
 
 
 class _Client(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
@@ -107,6 +137,11 @@ class SpeechOptions(msgspec.Struct, frozen=True, kw_only=True):
     #: ``temperature``, ``top_p`` and ``top_k`` to its sampling and hands the rest to the model as
     #: ``extra_args``); an engine that cannot take them refuses them by name.
     extra_params: dict[str, object] | None = None
+    #: How the text is read (``protocol.normalize``): ``auto`` and ``on`` read markdown, URLs and emoji
+    #: as a person would, ``off`` reads the text as sent.
+    text_normalization: TextNormalization = "auto"
+    #: Words said otherwise (voxgate's own; ElevenLabs' pronunciation dictionaries hold the same).
+    pronunciations: Annotated[list[Pronunciation], msgspec.Meta(max_length=MAX_PRONUNCIATIONS)] | None = None
 
     def engine_options(self) -> dict[str, object]:
         """The options an engine must honour or refuse (see ``engine_options``)."""

@@ -13,7 +13,7 @@ word either). With ``text_normalization`` ``on`` or ``auto`` (docs/protocol.md, 
 * a list item, a heading, a table row and a code line are each their own segment: a blank line (which the
   segmenter always cuts at) goes before a list item, heading, table or fence and after such a line;
 * bare URLs and e-mail addresses are spoken compactly: "https://example.com/menu?id=42" as "example dot
-  com", "ann.lee@example.com" as "ann dot lee at example dot com";
+  com", and the domain of an e-mail address: "ann@example.com" as "ann at example dot com";
 * emoji are left out (``keep_emoji`` keeps them);
 * with ``expand_numbers`` (``on``, and ``auto`` for an engine whose front end misreads them), numbers,
   dates, times, amounts, percentages and phone numbers are written out in English (``protocol.numbers``);
@@ -40,6 +40,9 @@ _PLAIN: Final = 0  # a soft wrap: the newline is a space
 _BLOCK: Final = 1  # a list item, heading, table row or code line: its newline ends the segment
 _FENCE_INFO: Final = 2  # the rest of a code fence's opening line (its language): left out
 
+# Longest token held back: past it the token is read in pieces of this size (a run of text without spaces,
+# never a word or a URL, which stay far shorter); the segmenter would cut it at 300 characters anyway.
+MAX_TOKEN_CHARS: Final = 1000
 # A blank line: the segmenter always cuts at one (a sentence end for every granularity but "none").
 _BREAK: Final = "\n\n"
 _FENCE: Final = re.compile(r"```|~~~")
@@ -51,7 +54,13 @@ _TABLE_RULE: Final = re.compile(r"\|?:?-+:?(?:\|:?-+:?)*\|?")  # "|---|:--:|", "
 _URL: Final = re.compile(r"(?:https?://|www\.)[^\s<>()\[\]\"'`*]+", re.IGNORECASE)
 _SCHEME: Final = re.compile(r"^(?:https?://)?(?:www\.)?", re.IGNORECASE)
 _HOST_END: Final = re.compile(r"[/?#:]")
-_EMAIL: Final = re.compile(r"[A-Za-z0-9][\w.+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
+_DOMAIN: Final = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")  # after an e-mail address's "@"
+# Punctuation that reads the same whatever follows it ("!" but at a token's start, where "![" is an image).
+_SENTENCE: Final = ".,!?;:"
+# A token that reads the same whatever comes after it: letters, then such punctuation.
+_PLAIN_PREFIX: Final = re.compile(r"[^\W\d_]*[.,!?;:]*")
+# What a token that is a URL starts with: a token that may still become one waits.
+_URL_STARTS: Final = ("https://", "http://", "www.")
 # Characters a URL or address does not end with: the sentence's punctuation after it.
 _TRAILING: Final = ".,;:!?"
 # A number-like run at the start of a word; ``numbers.spell`` decides what, if anything, it is.
@@ -133,6 +142,9 @@ class Normalizer:
         self.keep_emoji = keep_emoji
         self._alias_re = _alias_pattern(aliases)
         self._aliases = {a.text if a.case_sensitive else a.text.lower(): a.alias for a in aliases}
+        self._alias_texts = [
+            (a.text if a.case_sensitive else a.text.lower(), a.case_sensitive) for a in aliases
+        ]
         self.reset()
 
     def reset(self) -> None:
@@ -150,6 +162,7 @@ class Normalizer:
         """Start an utterance: no markup is open."""
         self._token = ""  # the token being written: no whitespace after it yet
         self._token_at = 0  # the client index of its first character
+        self._done = 0  # characters of it already read (``_plain``)
         self._line_start = True  # no token yet on this line
         self._line = _PLAIN
         self._line_said = False  # something of this line was spoken (a table's first pipe is not)
@@ -194,6 +207,11 @@ class Normalizer:
                     j += 1
                 self._token += text[i:j]
                 i = j
+                while len(self._token) >= MAX_TOKEN_CHARS:
+                    rest = self._token[MAX_TOKEN_CHARS:]
+                    self._token = self._token[:MAX_TOKEN_CHARS]
+                    self._take_token(out_text, out_at)
+                    self._token, self._token_at = rest, self._token_at + MAX_TOKEN_CHARS
                 continue
             if self._token:
                 self._take_token(out_text, out_at)
@@ -203,7 +221,26 @@ class Normalizer:
                 out_text.append(char)
                 out_at.append(start + i)
             i += 1
+        if self._token and self._plain(self._token):
+            self._take_token(out_text, out_at, final=False)
         return self._emit(out_text, out_at)
+
+    def _plain(self, tok: str) -> bool:
+        """Whether the token held can be read now, as far as it goes: a word and the punctuation after it,
+        which no character to come reads otherwise (no pronunciation, URL or markup can start so), so that
+        the segmenter sees the word, and a sentence end after it, without waiting for the next space."""
+        if _PLAIN_PREFIX.fullmatch(tok, self._done) is None or tok[0] == "!":  # "![": an image
+            return False
+        k = self._done  # where the word that ends the token starts: a pronunciation or URL may start there
+        while k and tok[k - 1].isalnum():
+            k -= 1
+        tok = tok[k:]
+        lowered = tok.lower()
+        if any(start.startswith(lowered) for start in _URL_STARTS):
+            return False
+        return not any(
+            text.startswith(tok if sensitive else lowered) for text, sensitive in self._alias_texts
+        )
 
     def commit(self) -> str:
         """The client declared its text so far final (``input.commit``): speak the token held, if any."""
@@ -265,27 +302,31 @@ class Normalizer:
         out_at.extend((at, at))
         self._line = _BLOCK
 
-    def _take_token(self, out_text: list[str], out_at: list[int]) -> None:
-        tok, at = self._token, self._token_at
-        self._token = ""
+    def _take_token(self, out_text: list[str], out_at: list[int], *, final: bool = True) -> None:
+        """Read the token held from where its reading stopped: whole (``final``), or as far as it goes
+        (``_plain``; the rest is read once it is complete)."""
+        tok, at, done = self._token, self._token_at, self._done
+        if final:
+            self._token, self._done = "", 0
+        else:
+            self._done = len(tok)
         if self._line == _FENCE_INFO:
             return
         if self._fence:
-            if self._line_start and _FENCE.match(tok):
+            if not done and self._line_start and _FENCE.match(tok):
                 self._fence = False
                 self._line_start = False
                 return
             self._line_start = False
             self._line = _BLOCK
-            out_text.append(tok)
-            out_at.extend(range(at, at + len(tok)))
+            out_text.append(tok[done:])
+            out_at.extend(range(at + done, at + len(tok)))
             return
-        if self._line_start and not self._skip and not self._strike:
+        if not done and self._line_start and not self._skip and not self._strike:
             tok, at = self._line_marker(tok, at, out_text, out_at)
-        if self._table and _TABLE_RULE.fullmatch(tok):
+        if not done and self._table and _TABLE_RULE.fullmatch(tok):
             return
-        if tok:
-            self._inline(tok, at, out_text, out_at)
+        self._inline(tok, at, done, out_text, out_at)
 
     def _line_marker(self, tok: str, at: int, out_text: list[str], out_at: list[int]) -> tuple[str, int]:
         """Read the markdown that opens a line; return what is left of the token to read inline."""
@@ -333,10 +374,10 @@ class Normalizer:
         out_at.extend(range(at + i, at + j))
         self._line_said = True
 
-    def _inline(self, tok: str, at: int, out_text: list[str], out_at: list[int]) -> None:
-        """Read one token (no whitespace in it) after its line's markdown: inline markup, URLs, numbers."""
+    def _inline(self, tok: str, at: int, i: int, out_text: list[str], out_at: list[int]) -> None:
+        """Read one token (no whitespace in it) from ``i`` on, after its line's markdown: inline markup, URLs,
+        numbers. What it says for a character depends on the one before it and those after it only."""
         n = len(tok)
-        i = 0
         while i < n:
             if self._skip:
                 i = self._skipping(tok, i)
@@ -353,7 +394,9 @@ class Normalizer:
             if tok.startswith("~~", i):
                 self._strike = True
                 i += 2
-            elif tok.startswith("![", i):
+            elif tok.startswith("![", i) and (
+                i == 0 or not (tok[i - 1].isalnum() or tok[i - 1] in _SENTENCE)
+            ):
                 self._skip = "!"
                 i += 2
             elif tok.startswith("](", i):
@@ -365,6 +408,10 @@ class Normalizer:
                 if 0 < i < n - 1 and tok[i - 1].isalnum() and tok[i + 1].isalnum():
                     self._put(" ", at + i, 1, out_text, out_at)
                 i += 1
+            elif char == "@" and i and tok[i - 1].isalnum() and (m := _DOMAIN.match(tok, i + 1)) is not None:
+                host = m[0].rstrip(_TRAILING)  # an e-mail address: its user is read as written
+                self._put(f" at {_dotted(host)}", at + i, len(host) + 1, out_text, out_at)
+                i += len(host) + 1
             elif char == "|":
                 if self._line_said:
                     self._put(",", at + i, 1, out_text, out_at)
@@ -424,7 +471,7 @@ class Normalizer:
 
     def _special(self, tok: str, i: int) -> tuple[str, int] | None:
         """What starts at ``i`` (a word's start) if it is spoken other than as written, with where it ends:
-        a pronunciation, a URL, an e-mail address or (``expand_numbers``) a number."""
+        a pronunciation, a URL or (``expand_numbers``) a number."""
         if self._alias_re is not None and (m := self._alias_re.match(tok, i)) is not None:
             said = self._aliases.get(m[0])
             return (said if said is not None else self._aliases[m[0].lower()]), m.end()
@@ -433,10 +480,6 @@ class Normalizer:
             end = i + len(url) + (1 if tok.startswith(">", i + len(url)) else 0)
             host = _HOST_END.split(_SCHEME.sub("", url), 1)[0]
             return _dotted(host or url), end
-        if "@" in tok and (m := _EMAIL.match(tok, i)) is not None:
-            address = m[0].rstrip(_TRAILING)
-            user, _, host = address.partition("@")
-            return f"{_dotted(user)} at {_dotted(host)}", i + len(address)
         if self.expand_numbers and (m := _NUMBERISH.match(tok, i)) is not None:
             lead = _LEADING.match(m[0])
             for text in (m[0], m[0].rstrip(_CLOSING), lead[0] if lead else ""):

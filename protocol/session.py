@@ -37,7 +37,7 @@ or not (``UtteranceCancelled``: every context), at ``session.close``, or when th
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -57,7 +57,9 @@ from .messages import (
     ServerMessage,
     SessionClose,
     SessionConfig,
+    aliases,
 )
+from .normalize import Normalizer
 from .segmenter import Granularity, Segmenter
 from .speech import speakable
 
@@ -124,6 +126,8 @@ class SegmentReady(Event, frozen=True):
     utterance_index: int
     sentence_index: int
     text: str
+    #: The client's text the segment stands for (``Normalizer.source``), where it differs from ``text``.
+    source: str = ""
 
 
 class UtteranceStarted(Event, frozen=True):
@@ -203,6 +207,7 @@ class _Stream:
     segmenter: Segmenter
     utterance: int | None = None  # the open utterance's index
     sentences: int = 0  # segments of the open utterance so far
+    normalizer: Normalizer = field(default_factory=Normalizer)  # before the segmenter: text as spoken
 
 
 class Session:
@@ -255,6 +260,9 @@ class Session:
         #: Utterances whose ``session.done`` is not out yet (the ``Core`` keeps it), and their cap.
         self.in_flight = 0
         self.max_in_flight = max_in_flight
+        #: Whether ``text_normalization`` ``auto`` writes numbers out, for an engine whose front end
+        #: misreads them (Piper's espeak): the host sets it from the engine; ``on`` always does.
+        self.expand_numbers = False
 
     @property
     def _segmenter(self) -> Segmenter:
@@ -354,13 +362,13 @@ class Session:
                 if stream.utterance is None:
                     stream.utterance, stream.sentences = self._next_index(), 0
                     events.append(UtteranceStarted(stream.utterance, stream.number))
-                events.extend(self._segments(stream, stream.segmenter.push(text)))
+                events.extend(self._segments(stream, stream.segmenter.push(stream.normalizer.feed(text))))
             case InputDone():
                 self._check_admitted(cid)
                 events.extend(self._end_utterance(self._stream(cid, events)))
             case InputCommit(commit_id=commit_id):
                 stream = self._stream(cid, events)
-                texts = stream.segmenter.commit()
+                texts = stream.segmenter.push(stream.normalizer.commit()) + stream.segmenter.commit()
                 events.extend(self._segments(stream, texts))
                 last = stream.sentences - 1 if texts else None
                 index = self.utterance_index if stream.utterance is None else stream.utterance
@@ -401,7 +409,7 @@ class Session:
         self._segmentation = config.segmentation()
         # Accepted only while no utterance is open: every segmenter is empty.
         for stream in self._streams():
-            stream.segmenter = self._new_segmenter()
+            stream.segmenter, stream.normalizer = self._new_segmenter(), self._new_normalizer()
         self.max_buffer_delay_s = config.max_buffer_delay_ms / 1000.0
 
     def reject_config(self, error: ProtocolError) -> ProtocolError:
@@ -442,7 +450,9 @@ class Session:
 
     def _check_backlog(self, text: str, context_id: str | None) -> None:
         cap = self.max_pending_text_chars
-        pending = self.backlog + sum(len(stream.segmenter.pending) for stream in self._streams())
+        pending = self.backlog + sum(
+            len(stream.segmenter.pending) + len(stream.normalizer.pending) for stream in self._streams()
+        )
         if cap and pending + len(text) > cap:
             raise self._error(
                 ErrorCode.TEXT_BACKLOG_FULL,
@@ -463,6 +473,15 @@ class Session:
         granularity, eager = self._segmentation
         return Segmenter(granularity, eager_first=eager)
 
+    def _new_normalizer(self) -> Normalizer:
+        config = self.config
+        assert config is not None  # a context opens, and a config is accepted, only once configured
+        return Normalizer(
+            config.text_normalization,
+            expand_numbers=self.expand_numbers,
+            aliases=aliases(config.pronunciations),
+        )
+
     def _stream(self, context_id: str | None, events: list[Event]) -> _Stream:
         """The context a message names, opened if new (past the cap: refused, nothing changed)."""
         if context_id is None:
@@ -479,7 +498,9 @@ class Session:
                 context_id=context_id,
             )
         self._numbers += 1
-        stream = self._named[context_id] = _Stream(context_id, self._numbers, self._new_segmenter())
+        stream = self._named[context_id] = _Stream(
+            context_id, self._numbers, self._new_segmenter(), normalizer=self._new_normalizer()
+        )
         events.append(ContextStarted(context_id, stream.number))
         return stream
 
@@ -490,6 +511,7 @@ class Session:
         opened = [s.utterance for s in self._streams() if s.utterance is not None]
         for stream in self._streams():
             stream.segmenter.reset()
+            stream.normalizer.reset()
             stream.utterance = None
         self._named.clear()
         return [UtteranceCancelled(min(opened, default=None))]
@@ -500,14 +522,17 @@ class Session:
         # (``empty_input``); here it may be part of a longer text, so it is dropped (``speakable``).
         for text in filter(speakable, texts):
             assert stream.utterance is not None  # text is buffered only in an open utterance
-            out.append(SegmentReady(stream.utterance, stream.sentences, text))
+            source = stream.normalizer.source(text)
+            source = "" if source == text else source
+            out.append(SegmentReady(stream.utterance, stream.sentences, text, source))
             stream.sentences += 1
         return out
 
     def _end_utterance(self, stream: _Stream) -> list[Event]:
         if stream.utterance is None:  # input.done with no text: an empty utterance
             stream.utterance, stream.sentences = self._next_index(), 0
-        events = self._segments(stream, stream.segmenter.flush())
+        texts = stream.segmenter.push(stream.normalizer.flush()) + stream.segmenter.flush()
+        events = self._segments(stream, texts)
         events.append(UtteranceEnded(stream.utterance, stream.sentences, stream.number))
         stream.utterance = None
         return events

@@ -18,7 +18,17 @@ from typing import Annotated, Literal
 import msgspec
 
 from .errors import ErrorCode, ProtocolError
-from .messages import DEFAULT_SAMPLE_RATE, Embedding, Seed, SpeechOptions, Speed, TaskType
+from .messages import (
+    DEFAULT_SAMPLE_RATE,
+    MAX_PRONUNCIATIONS,
+    Embedding,
+    Pronunciation,
+    Seed,
+    SpeechOptions,
+    Speed,
+    TaskType,
+)
+from .normalize import TextNormalization
 
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for this route
 #: vllm-omni's default cap on ``instructions`` (serving_speech.py ``_TTS_MAX_INSTRUCTIONS_LENGTH``); its
@@ -103,6 +113,9 @@ class _BatchFields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     initial_codec_chunk_frames: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)] | None = None
     non_streaming_mode: bool | None = None
     extra_params: dict[str, object] | None = None
+    #: voxgate's own (``SpeechOptions``): how the text is read, and words said otherwise.
+    text_normalization: TextNormalization | None = None
+    pronunciations: Annotated[list[Pronunciation], msgspec.Meta(max_length=MAX_PRONUNCIATIONS)] | None = None
 
     @property
     def voice_name(self) -> str | None:
