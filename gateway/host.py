@@ -144,7 +144,14 @@ class SessionHost:
         core.accept_config(config, fmt)
         core.data_to_send()  # the config's Configure: accepted above
         self.resolved = resolved
-        core.receive_message(InputText(text=text), now)
+        try:
+            core.receive_message(InputText(text=text), now)
+        except ProtocolError as err:
+            if err.code is not ErrorCode.TEXT_BACKLOG_FULL:
+                raise
+            cap = self.settings.max_pending_text_chars
+            message = f"the text is {len(text)} characters, over this server's limit of {cap}: split it"
+            raise ProtocolError(err.code, message, field=err.field) from None
         core.receive_message(InputDone(), now)
         self._task = asyncio.create_task(self.pump.run())
         try:
