@@ -13,6 +13,12 @@ Quotas (``max_voices``, ``max_bytes``) are counted from a LIST of the owner's ob
 object per owner (``<owner>/.lock``) taken with a create-only conditional PUT (``If-None-Match: *``), so
 two replicas cannot both pass the count. A lock left by a crashed replica is taken over once it is
 ``LOCK_STALE_S`` old (by its Last-Modified, so replicas' clocks must agree within a second or so).
+The holder keeps it fresh: a thread rewrites it every ``LOCK_STALE_S / LOCK_RENEWALS`` (a new body each
+time, ``If-Match`` its last ETag, so a renewal never revives a lock taken over meanwhile), however long the
+voice's PUT takes. The holder writes the voice only while its last renewal is recent enough that no
+waiter can have found the lock stale; and if the lock was lost during the PUT (a store so slow that
+renewals lag), it counts again under the lock and removes its new voice when the owner is then over a
+limit, answering as if the count had refused it.
 
 Every object is checked when read as an upload is (``gateway.store``: header, text fields, the clip's
 rate and length, finite values), and read at most ``MAX_FILE_BYTES`` far whatever its HEAD or GET said.
@@ -72,6 +78,10 @@ LOCK_NAME = ".lock"
 # the owner's uploads wait this long at most.
 LOCK_STALE_S = 5.0
 LOCK_POLL_S = 0.02
+# The holder renews its lock this many times per LOCK_STALE_S, and trusts it while its last renewal (from
+# when it was sent) is younger than half LOCK_STALE_S: Last-Modified has whole seconds, so a waiter may see
+# the lock up to a second older than it is.
+LOCK_RENEWALS = 5
 # Past this a lock that keeps being renewed means a store in trouble: fail the upload instead of hanging.
 LOCK_WAIT_S = 3 * LOCK_STALE_S
 # A header holds the metadata strings (name, consent, transcripts: a few KiB); one ranged GET of this
@@ -254,7 +264,7 @@ class S3VoiceStore:
             )
             key, legacy = self._key(owner, name), self._key(owner, name, exact=True)
             quota = self.max_bytes if max_bytes is None else max_bytes
-            with self._locked(_folder_name(owner)):
+            with self._locked(_folder_name(owner)) as lock:
                 sizes = {str(m["path"]): int(m["size"]) for m in self._objects(_folder_name(owner))}
                 # The voice's own objects (its name, or as named before names ignored case) are replaced.
                 others = [size for k, size in sizes.items() if k not in (key, legacy)]
@@ -263,11 +273,16 @@ class S3VoiceStore:
                     raise VoiceLimitReached(self.max_voices)
                 if quota and sum(others) + len(payload) > quota:
                     raise VoiceQuotaExceeded(quota, sum(others), len(payload))
+                if not lock.held():  # renewals lag: another replica may be counting without this voice
+                    raise VoiceStoreUnavailable(f"the voice store's lock {lock.key} could not be kept")
                 obstore.put(self._s3, key, payload, use_multipart=False)
+                kept = lock.held()
                 if legacy != key and legacy in sizes:  # the same voice, from a folder of an earlier version
                     obstore.delete(self._s3, legacy)
             self._forget(key)
             self._forget(legacy)
+            if not kept and not replacing:
+                self._count_again(owner, key, legacy, quota)
             if replacing:
                 logger.info("voice %r of owner %r replaced", name, owner or PUBLIC_DIR)
             return info
@@ -282,6 +297,24 @@ class S3VoiceStore:
             self._forget(key)
             obstore.delete(self._s3, key)
             return True
+
+    def _count_again(self, owner: str, key: str, legacy: str, quota: int) -> None:
+        """The lock was lost while ``key`` (a new voice) was written, so another replica may have counted
+        without it: count again under the lock, and remove it if the owner is over a limit with it."""
+        folder = _folder_name(owner)
+        logger.warning(
+            "the voice store's lock %s/%s was lost during an upload: counting again", folder, LOCK_NAME
+        )
+        with self._locked(folder):
+            sizes = {str(m["path"]): int(m["size"]) for m in self._objects(folder)}
+            others = [size for k, size in sizes.items() if k not in (key, legacy)]
+            own = sizes.get(key, 0)
+            if len(others) >= self.max_voices:
+                obstore.delete(self._s3, key)
+                raise VoiceLimitReached(self.max_voices)
+            if quota and sum(others) + own > quota:
+                obstore.delete(self._s3, key)
+                raise VoiceQuotaExceeded(quota, sum(others), own)
 
     def _key(self, owner: str, name: str, *, exact: bool = False) -> str:
         return f"{_folder_name(owner)}/{_file_name(name, exact=exact)}"
@@ -351,43 +384,96 @@ class S3VoiceStore:
                 self._clip_bytes -= old.nbytes
 
     @contextlib.contextmanager
-    def _locked(self, folder: str) -> Iterator[None]:
-        """Serialise the count-then-write of saves across every replica sharing the bucket."""
+    def _locked(self, folder: str) -> Iterator[_Lock]:
+        """Serialise the count-then-write of saves across every replica sharing the bucket; the lock is
+        renewed while the block runs (``_Lock``)."""
         key = f"{folder}/{LOCK_NAME}"
         token = uuid.uuid4().hex.encode()
         deadline = time.monotonic() + LOCK_WAIT_S
-        while not self._acquire(key, token):
+        while True:
+            sent = time.monotonic()
+            e_tag = self._acquire(key, token)
+            if e_tag is not None:
+                break
             if time.monotonic() > deadline:
                 raise VoiceStoreUnavailable(
                     f"the voice store's lock {key} stayed taken for {LOCK_WAIT_S:.0f} s"
                 )
             time.sleep(LOCK_POLL_S)
+        lock = _Lock(self._s3, key, token, e_tag, sent)
         try:
-            yield
+            yield lock
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                if bytes(obstore.get(self._s3, key).bytes()) == token:  # not taken over as stale meanwhile
-                    obstore.delete(self._s3, key)
+            lock.release()
 
-    def _acquire(self, key: str, token: bytes) -> bool:
+    def _acquire(self, key: str, token: bytes) -> str | None:
+        """Take the lock (its ETag), or None while another replica holds it."""
         try:
-            obstore.put(self._s3, key, token, mode="create", use_multipart=False)
-            return True
+            return str(obstore.put(self._s3, key, token, mode="create", use_multipart=False)["e_tag"])
         except (AlreadyExistsError, PreconditionError):
             pass
         try:
             held = obstore.head(self._s3, key)
         except FileNotFoundError:  # released meanwhile: try again at once
-            return False
+            return None
         if time.time() - held["last_modified"].timestamp() < LOCK_STALE_S:
-            return False
+            return None
         try:  # a crashed replica's lock: take it over, unless another waiter just did
-            obstore.put(self._s3, key, token, mode={"e_tag": held["e_tag"]}, use_multipart=False)
+            taken = obstore.put(self._s3, key, token, mode={"e_tag": held["e_tag"]}, use_multipart=False)
         except (AlreadyExistsError, PreconditionError, FileNotFoundError):
-            return False
+            return None
         logger.warning(
             "took over the voice store's lock %s, left %.0f s ago",
             key,
             time.time() - held["last_modified"].timestamp(),
         )
-        return True
+        return str(taken["e_tag"])
+
+
+class _Lock:
+    """A held lock object, rewritten by a thread every ``LOCK_STALE_S / LOCK_RENEWALS`` until released.
+
+    Each renewal writes a new body (the token and a count: S3's ETag is the body's MD5, and a waiter
+    takes a stale lock over ``If-Match`` the ETag it saw, so an unchanged body would let it) with
+    ``If-Match`` the last ETag written, so a lock taken over meanwhile is never written again.
+    """
+
+    def __init__(self, s3: S3Store, key: str, token: bytes, e_tag: str, sent: float) -> None:
+        self.key = key
+        self._s3, self._token, self._e_tag = s3, token, e_tag
+        self._renewed = sent  # when the last write of it was sent (monotonic)
+        self._lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="voxgate-s3-lock", daemon=True)
+        self._thread.start()
+
+    def held(self) -> bool:
+        """Whether it is surely still this holder's: no waiter can have found it stale yet."""
+        return not self._lost and time.monotonic() - self._renewed < LOCK_STALE_S / 2
+
+    def _renew(self) -> None:
+        count = 0
+        while not self._stop.wait(LOCK_STALE_S / LOCK_RENEWALS):
+            count += 1
+            sent = time.monotonic()
+            body = self._token + b" %d" % count
+            try:
+                put = obstore.put(self._s3, self.key, body, mode={"e_tag": self._e_tag}, use_multipart=False)
+            except (AlreadyExistsError, PreconditionError, FileNotFoundError):
+                self._lost = True
+                logger.warning("the voice store's lock %s was taken over while held", self.key)
+                return
+            except BaseError as exc:  # the store is failing: try again on the next beat
+                logger.debug("renewing the voice store's lock %s failed: %s", self.key, exc)
+                continue
+            self._e_tag, self._renewed = str(put["e_tag"]), sent
+
+    def release(self) -> None:
+        """Stop renewing, and delete the lock unless it was taken over."""
+        self._stop.set()
+        self._thread.join()
+        if self._lost:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            if obstore.head(self._s3, self.key)["e_tag"] == self._e_tag:  # not taken over meanwhile
+                obstore.delete(self._s3, self.key)
