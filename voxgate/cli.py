@@ -385,7 +385,7 @@ def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
 
 
 def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:
-    from . import client
+    from . import client, voice_client
 
     match args.command, getattr(args, "action", None):
         case "say", _:
@@ -397,10 +397,10 @@ def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:
             if not args.quiet:
                 print(result.summary(), file=sys.stderr)
         case "voices", "list":
-            voices, raw = client.list_voices(settings)
-            print(json.dumps(json.loads(raw), indent=2) if args.json else client.voice_table(voices))
+            voices, raw = voice_client.list_voices(settings)
+            print(json.dumps(json.loads(raw), indent=2) if args.json else voice_client.voice_table(voices))
         case "voices", "upload":
-            voice, warning = client.upload_voice(
+            voice, warning = voice_client.upload_voice(
                 settings,
                 args.name,
                 consent=args.consent,
@@ -413,7 +413,7 @@ def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:
             if warning is not None:
                 print(f"voxgate: warning: {warning.message} ({warning.code})", file=sys.stderr)
         case "voices", "delete":
-            print(client.delete_voice(settings, args.name))
+            print(voice_client.delete_voice(settings, args.name))
 
 
 if __name__ == "__main__":

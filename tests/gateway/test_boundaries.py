@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = ROOT / "gateway"
-CLIENT_MODULES = {"voxgate.client", "voxgate.cli"}
+CLIENT_MODULES = {"voxgate.client", "voxgate.voice_client", "voxgate.cli"}
 SERVER_MODULES = sorted(p.stem for p in GATEWAY.glob("*.py") if p.stem != "__init__")
 
 
@@ -35,6 +35,7 @@ def test_no_server_module_imports_the_client(module: str) -> None:
     assert not imported(GATEWAY / f"{module}.py") & CLIENT_MODULES
 
 
-def test_the_client_imports_nothing_of_the_server() -> None:
-    found = imported(ROOT / "voxgate" / "client.py")
+@pytest.mark.parametrize("name", ["client.py", "voice_client.py"])
+def test_the_client_imports_nothing_of_the_server(name: str) -> None:
+    found = imported(ROOT / "voxgate" / name)
     assert not {n for n in found if n.startswith(("voxgate.gateway", "voxgate.engine"))}, found

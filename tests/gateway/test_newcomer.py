@@ -19,7 +19,7 @@ import soundfile
 from voxgate.engine.fake import FakeEngine
 
 from tests.conftest import recv_message, recv_until, send, serve_engine, session
-from voxgate import cli, client
+from voxgate import cli, voice_client
 
 VOICES = "/v1/audio/voices"
 
@@ -69,7 +69,8 @@ def test_the_cli_prints_the_upload_warning_and_lists_each_voice_once(
 
 
 def test_an_older_gateways_list_without_details_still_shows_each_voice_once() -> None:
-    listing = client.VoiceList(voices=["joe", "anna"], uploaded_voices=[client.UploadedVoice(name="Anna")])
+    uploaded = [voice_client.UploadedVoice(name="Anna")]
+    listing = voice_client.VoiceList(voices=["joe", "anna"], uploaded_voices=uploaded)
     assert listing.builtin() == ["joe"]
 
 
