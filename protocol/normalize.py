@@ -421,8 +421,8 @@ class Normalizer:
             elif char == "<" and _TAG.match(tok, i):
                 self._skip = "<"
                 i += 1
-            elif word_start and (m := self._special(tok, i)) is not None:
-                words, end = m
+            elif word_start and (said := self._special(tok, i)) is not None:
+                words, end = said
                 self._put(words, at + i, end - i, out_text, out_at)
                 i = end
             elif (w := _WORD.match(tok, i)) is not None:
