@@ -161,27 +161,33 @@ class HeldAudio(Body):
 
     def end(self, done: SessionDone) -> bytes:
         self.done = done
-        data, self._audio = b"".join(self._audio), []
-        return sized(data, self.fmt, self.sample_rate, round(self._samples))
+        chunks, self._audio = self._audio, []
+        size, samples = sum(len(c) for c in chunks), round(self._samples)
+        if chunks and len(chunks[0]) >= _FLAC_TOTAL_AT + 5:
+            # The head is in the first piece: it is patched alone, and the answer joined once (an item of
+            # a batch is about 100 MB of WAV at 48 kHz: each copy of it counts).
+            chunks[0] = sized(chunks[0], self.fmt, self.sample_rate, samples, size)
+            return b"".join(chunks)
+        return sized(b"".join(chunks), self.fmt, self.sample_rate, samples)
 
     def headers(self) -> dict[str, str]:
         return words_headers(self.timed) if self.words else {}
 
 
-def sized(data: bytes, fmt: str, sample_rate: int, samples: int) -> bytes:
+def sized(data: bytes, fmt: str, sample_rate: int, samples: int, size: int | None = None) -> bytes:
     """A whole ``wav`` or ``flac`` with the sizes its streamed head could not know; other formats as they are.
 
     A streamed WAV's RIFF and data sizes say "unknown" (0xFFFFFFFF), and a streamed FLAC's STREAMINFO has a
     total of 0 samples; readers of whole files (Python's ``wave``, libsndfile) take those literally.
+    ``data`` may be the file's head alone, with ``size`` the whole file's bytes.
     """
+    size = len(data) if size is None else size
     if fmt == "wav" and len(data) >= _WAV_HEADER_BYTES:
-        return wav_header(sample_rate, len(data) - _WAV_HEADER_BYTES) + data[_WAV_HEADER_BYTES:]
+        return wav_header(sample_rate, size - _WAV_HEADER_BYTES) + data[_WAV_HEADER_BYTES:]
     if fmt == "flac" and len(data) >= _FLAC_TOTAL_AT + 5 and data.startswith(b"fLaC"):
         at = _FLAC_TOTAL_AT
-        total = bytes(((data[at] & 0xF0) | ((samples >> 32) & 0x0F),)) + (samples & 0xFFFFFFFF).to_bytes(
-            4, "big"
-        )
-        return data[:at] + total + data[at + 5 :]
+        high = bytes(((data[at] & 0xF0) | ((samples >> 32) & 0x0F),))
+        return data[:at] + high + (samples & 0xFFFFFFFF).to_bytes(4, "big") + data[at + 5 :]
     return data
 
 

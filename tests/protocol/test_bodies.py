@@ -90,6 +90,10 @@ def test_a_held_flac_gets_its_sample_count_and_soundfile_reads_it() -> None:
 
 
 def test_sized_leaves_other_formats_and_short_files_as_they_are() -> None:
+    held = HeldAudio("audio/pcm", "pcm", 24000)
+    held.audio(b"ab", 0.0)
+    held.audio(b"cd", 0.0)
+    assert held.end(DONE) == b"abcd"  # pieces too short to hold a head are joined first
     assert sized(b"ID3abc", "mp3", 24000, 10) == b"ID3abc"
     assert sized(b"RIFF", "wav", 24000, 10) == b"RIFF"
     assert sized(b"fLaC", "flac", 24000, 10) == b"fLaC"
