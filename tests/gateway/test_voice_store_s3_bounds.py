@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -48,25 +49,35 @@ class LyingS3(BaseHTTPRequestHandler):
             pass
 
 
-@pytest.fixture
-def lying_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+@contextmanager
+def lying_server() -> Iterator[dict[str, str]]:
+    """A running ``LyingS3``; the AWS variables that point a store at it."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), LyingS3)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
     LyingS3.sent = 0
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}",
+            "AWS_ACCESS_KEY_ID": "key",
+            "AWS_SECRET_ACCESS_KEY": "secret",
+            "AWS_REGION": "us-east-1",
+        }
     finally:
         server.shutdown()
         server.server_close()
 
 
+@pytest.fixture
+def lying_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    with lying_server() as env:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        yield
+
+
 def test_an_object_larger_than_its_head_said_is_not_read_whole(
-    lying_s3: str, monkeypatch: pytest.MonkeyPatch
+    lying_s3: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(store_s3, "MAX_FILE_BYTES", LIMIT)
     voices = S3VoiceStore("voxgate", "p")
