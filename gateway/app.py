@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from ..engine import ENGINES, TTSEngine
-from . import batch, elevenlabs, elevenlabs_rest, speech, voices
+from . import batch, cartesia, deepgram, elevenlabs, elevenlabs_rest, speech, voices
 from .auth import AuthMiddleware
 from .catalog import Catalog
 from .clips import MAX_CLIP_RATE, MIN_SAMPLE_RATE
@@ -144,6 +144,8 @@ def create_app(
         *batch.routes,
         *elevenlabs.routes,
         *elevenlabs_rest.routes,
+        *cartesia.routes,
+        *deepgram.routes,
     ]
     middleware = [
         Middleware(SecurityHeadersMiddleware),  # outermost: the auth middleware's refusals get them too

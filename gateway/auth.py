@@ -43,7 +43,8 @@ from .logs import rewrite_record
 
 #: Routes that never need a key: the probes; everything outside API_PREFIX (the demo page) is public too.
 PUBLIC_PATHS = frozenset({"/healthz", "/health", "/readyz"})
-API_PREFIX = "/v1/"
+#: Where the API routes live: under /v1/ (voxgate, OpenAI, ElevenLabs, Deepgram), and Cartesia's /tts/.
+API_PREFIX = ("/v1/", "/tts/")
 SUBPROTOCOL = "voxgate"
 KEY_SUBPROTOCOL_PREFIX = "voxgate.key."
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -62,6 +63,10 @@ KEY_PARAM = "api_key"
 #: ElevenLabs' names for the key, as a header and as query parameters (``gateway/elevenlabs.py``).
 XI_KEY_HEADER = "xi-api-key"
 KEY_PARAMS = (KEY_PARAM, "xi-api-key", "xi_api_key")
+#: ``Authorization`` schemes that carry a key: ``Token`` is Deepgram's.
+AUTH_SCHEMES = ("bearer", "token")
+#: Headers that carry a key: ElevenLabs' and Cartesia's (``X-API-Key``).
+KEY_HEADERS = (XI_KEY_HEADER, "x-api-key")
 REDACTED = "***"
 
 # ``name=value`` in a query string or a log line; the name is judged once percent-decoded (below).
@@ -164,11 +169,12 @@ def _headers(scope: Scope) -> dict[str, str]:
 def presented_key(scope: Scope) -> str | None:
     """The API key a request carries, wherever it put it."""
     headers = _headers(scope)
-    auth = headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    if headers.get(XI_KEY_HEADER):
-        return headers[XI_KEY_HEADER].strip()
+    scheme, _, credentials = headers.get("authorization", "").partition(" ")
+    if scheme.lower() in AUTH_SCHEMES and credentials.strip():
+        return credentials.strip()
+    for name in KEY_HEADERS:
+        if headers.get(name):
+            return headers[name].strip()
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     for name in KEY_PARAMS:
         if query.get(name):  # parse_qs decodes names, so ``api%5Fkey`` is the same parameter

@@ -39,7 +39,7 @@ from .http import error_response
 from .shared_limits import SharedLimits, new_lease
 
 #: The paths, and the path prefixes, whose ``POST`` requests are sessions (every WebSocket is one).
-SESSION_POSTS = frozenset({"/v1/audio/speech"})
+SESSION_POSTS = frozenset({"/v1/audio/speech", "/v1/speak", "/tts/bytes", "/tts/sse"})
 SESSION_POST_PREFIXES = ("/v1/text-to-speech/",)
 #: ``Retry-After`` of a refusal for a cap: a session may end any moment.
 BUSY_RETRY_AFTER_S = 1

@@ -22,7 +22,8 @@ from ..engine.options import Option, option, options_of
 
 S = TypeVar("S", bound=msgspec.Struct)
 
-#: OpenAI's and vllm-omni's voice names, which some clients insist on, spoken by the default voice.
+#: OpenAI's and vllm-omni's voice names, and Cartesia's and Deepgram's clients' default voices, which
+#: some clients insist on, spoken by the default voice.
 DEFAULT_VOICE_ALIASES: dict[str, str] = {
     name: ""
     for name in (
@@ -40,6 +41,12 @@ DEFAULT_VOICE_ALIASES: dict[str, str] = {
         "marin",
         "cedar",
         "vivian",
+        # The default voices of Cartesia's and Deepgram's clients (livekit's, pipecat's, the SDKs').
+        "f786b574-daa5-4673-aa0c-cbe3e8534c02",
+        "aura-2-helena-en",
+        "aura-2-andromeda-en",
+        "aura-2-thalia-en",
+        "aura-asteria-en",
     )
 }
 
