@@ -597,8 +597,10 @@ class RemoteEngine:
     ) -> AsyncGenerator[AudioChunk, None]:
         """The WAV body of ``response``, as chunks of samples, until its stated size or its end.
 
-        Raises ``_UpstreamFailed`` for a body that is not a playable WAV, that breaks or that misses a
-        deadline (the caller tells before from after the first audio).
+        Raises ``_UpstreamFailed`` for a body that is not a playable WAV (or changes format mid-stream),
+        that breaks, ends short of its WAV's stated size (or of its ``Content-Length``, or without its last
+        chunk: aiohttp's ``ClientPayloadError``) or that misses a deadline (the caller tells before from
+        after the first audio).
         """
         wav = WavStream()
         try:
@@ -610,10 +612,11 @@ class RemoteEngine:
                         yield AudioChunk(samples, wav.sample_rate)
                     if wav.done:
                         break
+            if wav.sample_rate is None:
+                raise _UpstreamFailed("answered no WAV header")
+            wav.finish()  # a body that ends before its WAV's stated size is cut short, not complete
         except (*http_stream.StreamError, UpstreamTimeout, WavError) as exc:
             raise _UpstreamFailed(str(exc) or repr(exc)) from exc
-        if wav.sample_rate is None:
-            raise _UpstreamFailed("answered no WAV header")
 
     async def _timed(
         self,

@@ -9,6 +9,12 @@ An upstream is not trusted to say something playable: a rate outside ``MIN_RATE_
 (1 Hz made 21 s of noise of a 0.3 s answer; 2 GHz made silence that resampled to nothing), more channels
 than ``MAX_CHANNELS``, or a sample format other than 16-bit integers or 32-bit floats is a ``WavError``,
 which the remote engine counts as that upstream's failure.
+
+Nor is it trusted to keep to one format, or to send all it promised. A second WAV header in the data (an
+upstream that concatenates WAV files) is found by its ``WAVEfmt `` mark, however the pieces split it: one
+of the same format is skipped (its bytes are not played as a click), one of another rate, channel count or
+sample format is a ``WavError`` (played on, it was noise). ``finish``, at the body's end, is a
+``WavError`` when the data chunk's stated size has not all come: a body cut short is not complete audio.
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ _UNKNOWN_SIZES = (0, 0xFFFFFFFF)
 _PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
 # A header that has not ended after this many bytes is not one a speech server would send.
 _MAX_HEADER_BYTES = 64 * 1024
+# What every WAV header has at byte 8 (after ``RIFF`` and its size) when its fmt chunk comes first, as
+# every speech server's does: 64 bits that samples do not spell by chance.
+_MARK = b"WAVEfmt "
+# A header found in the data is re-read from its mark, behind the RIFF part it would have had.
+_RIFF = b"RIFF\xff\xff\xff\xff"
 #: Telephone audio is 8 kHz and studio masters 192 kHz; a speech server answers within them.
 MIN_RATE_HZ, MAX_RATE_HZ = 8000, 192000
 #: 7.1 surround has 8; a speech server sends 1 (more are averaged to mono).
@@ -47,6 +58,7 @@ class WavStream:
         self._float = False
         self._remaining: int | None = None  # data bytes still to come, when the header says
         self._in_data = False
+        self._tail = b""  # the last bytes of data, where a header's mark may have begun
 
     @property
     def done(self) -> bool:
@@ -54,18 +66,72 @@ class WavStream:
         return self._remaining == 0
 
     def feed(self, data: bytes) -> npt.NDArray[np.float32]:
-        """Take the next piece of the body; returns the samples it completes (possibly none)."""
-        if self._in_data and self._remaining is None and not self._buffer:
-            if not len(data) % (self._channels * self._width):
-                return self._samples(data)  # the usual piece of a stream: whole frames, nothing held
-        self._buffer += data
-        if not self._in_data:
-            self._parse_header()
+        """Take the next piece of the body; returns the samples it completes (possibly none).
+
+        Raises ``WavError`` for a header it cannot play, or a header of another format mid-stream.
+        """
+        if self._in_data and self._remaining is None and not self._buffer and len(data) >= len(_MARK):
+            # The usual piece of a stream: whole frames, no header in it nor begun before it.
+            edge = self._tail + data[: len(_MARK) - 1]
+            if not len(data) % (self._channels * self._width) and _MARK not in edge and _MARK not in data:
+                self._tail = data[1 - len(_MARK) :]
+                return self._samples(data)
+        out: list[npt.NDArray[np.float32]] = []
+        while True:
             if not self._in_data:
-                return np.zeros(0, np.float32)
+                self._buffer += data
+                self._parse_header()
+                if not self._in_data:
+                    break
+                data = bytes(self._buffer)  # what came after the header
+                self._buffer.clear()
+            at = self._mark(data) if self._remaining is None else None
+            if at is None:
+                out.append(self._frames(data))
+                break
+            # Another header: the samples before it, then the data behind it (a partial frame before it is
+            # dropped; when its RIFF part came in the last piece, those 8 bytes were played: 4 samples).
+            out.append(self._frames(data[: max(0, at - 8)]))
+            header = self._tail[len(self._tail) + at :] + data if at < 0 else data[at:]
+            self._buffer = bytearray(_RIFF + header)
+            self._in_data, self._tail, data = False, b"", b""
+        if len(out) == 1:
+            return out[0]
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def _mark(self, data: bytes) -> int | None:
+        """Where a header's mark begins, from the start of ``data`` (below 0: in the bytes before it); the
+        last bytes are kept, for a mark that the next piece ends."""
+        keep = len(_MARK) - 1
+        at: int | None = None
+        if self._tail:
+            edge = (self._tail + data[:keep]).find(_MARK)
+            at = edge - len(self._tail) if edge >= 0 else None
+        if at is None:
+            found = data.find(_MARK)
+            at = found if found >= 0 else None
+        self._tail = (self._tail + data[-keep:])[-keep:]
+        return at
+
+    def finish(self) -> npt.NDArray[np.float32]:
+        """The body has ended: no more samples (a partial frame is dropped).
+
+        Raises ``WavError`` when the header did not end, or the data chunk's stated size has not all come.
+        """
+        if not self._in_data:
+            raise WavError("the body ended before its WAV header did (no WAV header)")
+        if self._remaining:
+            raise WavError(f"the body ended {self._remaining} bytes before its WAV's stated size")
+        return np.zeros(0, np.float32)
+
+    def _frames(self, data: bytes) -> npt.NDArray[np.float32]:
+        """Data bytes as samples: whole frames, a partial one held for the next piece."""
+        frame = self._channels * self._width
+        if self._remaining is None and not self._buffer and not len(data) % frame:
+            return self._samples(data)  # whole frames, nothing held
+        self._buffer += data
         if self._remaining is not None:
             del self._buffer[self._remaining :]
-        frame = self._channels * self._width
         usable = len(self._buffer) - len(self._buffer) % frame
         raw = bytes(self._buffer[:usable])
         del self._buffer[:usable]
@@ -108,6 +174,13 @@ class WavStream:
             raise WavError("WAV header did not end within 64 KiB")
 
     def _read_format(self, fmt: bytes) -> None:
+        before = (self.sample_rate, self._channels, self._float, self._width)
+        self._set_format(fmt)
+        after = (self.sample_rate, self._channels, self._float, self._width)
+        if before[0] is not None and after != before:
+            raise WavError(f"the WAV format changed mid-stream: {_describe(*before)} to {_describe(*after)}")
+
+    def _set_format(self, fmt: bytes) -> None:
         if len(fmt) < 16:
             raise WavError("WAV fmt chunk is too short")
         tag, channels, rate, _, _, bits = struct.unpack_from("<HHIIHH", fmt)
@@ -119,3 +192,8 @@ class WavStream:
             raise WavError(f"unplayable WAV sample rate {rate} Hz (not within {MIN_RATE_HZ}..{MAX_RATE_HZ})")
         self.sample_rate, self._channels = rate, channels
         self._float, self._width = tag == _FLOAT, bits // 8
+
+
+def _describe(rate: int | None, channels: int, is_float: bool, width: int) -> str:
+    kind = "32-bit float" if is_float else f"{8 * width}-bit"
+    return f"{rate} Hz, {channels} channel{'s' if channels > 1 else ''}, {kind}"

@@ -248,3 +248,49 @@ def test_a_huge_voice_list_is_cut_to_a_bound_and_errors_name_a_few(caplog: pytes
     assert len(unknown.text) < 1024 and "more" in unknown.json()["error"]["message"], len(unknown.text)
     assert known.status_code == 200 and known.content
     assert any("kept the first 1000" in r.getMessage() and "100002" in r.getMessage() for r in caplog.records)
+
+
+def wav_reply(*parts: bytes, headers: dict[str, str] | None = None) -> Reply:
+    data = b"".join(parts)
+    return Reply(
+        headers={"content-type": "audio/wav", **(headers or {})},
+        pieces=[data[i : i + 2401] for i in range(0, len(data), 2401)],
+    )
+
+
+def test_a_rate_change_mid_stream_fails_the_segment_instead_of_playing_noise() -> None:
+    first, second = pcm16(tone(0.3)), pcm16(tone(0.3, 16000))
+    server = Scripted(wav_reply(wav_header_as(SAMPLE_RATE), first, wav_header_as(16000), second))
+    with scripted(server) as url, gateway(url, **FAST) as b, session(b, eager_first_segment=False) as ws:
+        got = speak(ws, "Hello there.")
+    (error,) = got.messages("error")
+    assert error["code"] == "engine_error" and "changed mid-stream" in str(error["message"]), error
+    assert [m["error"] for m in got.messages("audio.done")] == [True]
+    played = sum(len(f) for f in got.frames())
+    assert played <= len(first) + 4096, (played, len(first))  # the 16 kHz part was not played as 24 kHz
+
+
+def test_a_second_header_of_the_same_format_is_not_played() -> None:
+    audio = pcm16(tone(0.3))
+    server = Scripted(wav_reply(wav_header_as(SAMPLE_RATE), audio, wav_header_as(SAMPLE_RATE), audio))
+    with scripted(server) as url, gateway(url, **FAST) as b:
+        response = post_speech(b, "Hello there.")
+    assert response.status_code == 200 and len(response.content) == 2 * len(audio), len(response.content)
+
+
+# content_length held before this round too (aiohttp raises ClientPayloadError); wav_size did not.
+@pytest.mark.parametrize("how", ["wav_size", "content_length"])
+def test_a_body_cut_short_is_an_engine_error_not_complete_audio(how: str) -> None:
+    audio = pcm16(tone(0.3))
+    if how == "wav_size":  # the WAV states its size; the HTTP body ends cleanly before it
+        reply = wav_reply(wav_header_as(SAMPLE_RATE, data_bytes=2 * len(audio)), audio)
+    else:  # the HTTP body ends before its Content-Length
+        header = wav_header_as(SAMPLE_RATE)
+        reply = wav_reply(header, audio, headers={"content-length": str(len(header) + 2 * len(audio))})
+    server = Scripted(reply)
+    with scripted(server) as url, gateway(url, **FAST) as b, session(b, eager_first_segment=False) as ws:
+        got = speak(ws, "Hello there.")
+    assert got.frames()  # what came was played
+    (error,) = got.messages("error")
+    assert error["code"] == "engine_error" and "mid-stream" in str(error["message"]), error
+    assert [m["error"] for m in got.messages("audio.done")] == [True]
