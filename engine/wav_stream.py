@@ -153,7 +153,7 @@ class WavStream:
     def _parse_header(self) -> None:
         buf = self._buffer
         if len(buf) >= 12 and (buf[:4] != b"RIFF" or buf[8:12] != b"WAVE"):
-            raise WavError(f"not a WAV stream: starts with {bytes(buf[:12])!r}")
+            raise WavError("not a WAV stream: it does not start with a RIFF WAVE header")
         offset = 12
         while len(buf) >= offset + 8:
             chunk_id, size = bytes(buf[offset : offset + 4]), struct.unpack_from("<I", buf, offset + 4)[0]

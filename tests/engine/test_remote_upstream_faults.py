@@ -294,3 +294,10 @@ def test_a_body_cut_short_is_an_engine_error_not_complete_audio(how: str) -> Non
     (error,) = got.messages("error")
     assert error["code"] == "engine_error" and "mid-stream" in str(error["message"]), error
     assert [m["error"] for m in got.messages("audio.done")] == [True]
+
+
+def test_a_body_that_is_not_a_wav_is_not_relayed() -> None:
+    server = Scripted(wav_reply(b"10.9.8.7 says: " + INTERNAL.encode()))  # its start was in the message
+    with scripted(server) as url, gateway(url, **FAST) as b:
+        rest = post_speech(b, "Hello there.")
+    assert rest.status_code == 502 and "not a WAV" in rest.text and not leaks(rest.text), rest.text
