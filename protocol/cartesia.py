@@ -217,7 +217,7 @@ def _speed(req: Request) -> float:
     return float(value)
 
 
-def session_config(s: Settings, *, words: bool, streamed: bool = True) -> SessionConfig:
+def session_config(s: Settings, *, words: bool) -> SessionConfig:
     """The ``session.config`` of ``s``: stream each segment's audio as it is made."""
     return SessionConfig(
         voice=s.voice,
@@ -225,7 +225,7 @@ def session_config(s: Settings, *, words: bool, streamed: bool = True) -> Sessio
         sample_rate=s.sample_rate,
         speed=s.speed,
         language=s.language,
-        stream_audio=streamed,
+        stream_audio=True,
         bitrate=s.bitrate if s.fmt == "mp3" else None,
         word_timestamps=words,
     )
@@ -243,8 +243,7 @@ def timestamps(context: str | None, words: list[WordTimestamp], offset_ms: float
 
 def error_payload(code: str, message: str, context: str | None, *, done: bool = True) -> bytes:
     """An ``error`` message (and ``/tts/*``'s error body): Cartesia's fields, with voxgate's code."""
-    failure = FAILURES.get(ErrorCode(code)) if code in _CODES else None
-    status = failure.http_status if failure is not None else 500
+    status = FAILURES[ErrorCode(code)].http_status if code in _CODES else 500
     title = code.replace("_", " ")
     return _shape(
         "error",

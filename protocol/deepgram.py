@@ -62,7 +62,6 @@ DEFAULT_RATES = {"linear16": 24000, "mulaw": 8000, "alaw": 8000, "mp3": 22050, "
 DEFAULT_RATE = 22050
 #: ``POST /v1/speak``'s encoding when the query names none (Deepgram's default).
 DEFAULT_REST_ENCODING = "mp3"
-_CONTAINERS = ("none", "wav", "ogg")
 _encode = msgspec.json.Encoder().encode
 
 
@@ -135,11 +134,15 @@ def parse_params(query: Mapping[str, str], book: VoiceBook, *, socket: bool) -> 
     if encoding not in encodings:
         message = f"encoding {encoding!r} is not available here; use one of {list(encodings)}"
         raise ProtocolError(ErrorCode.UNSUPPORTED_FORMAT, message, field="encoding")
-    raw_default = "none" if socket else "wav"
-    container = query.get("container") or (raw_default if encoding in SOCKET_ENCODINGS else "none")
-    allowed = ("none",) if socket else ("none", "wav") if encoding in SOCKET_ENCODINGS else _CONTAINERS
-    if container not in allowed or (container == "ogg" and encoding != "opus"):
-        message = f"container {container!r} is not available for {encoding}; use one of {list(allowed)}"
+    if socket:
+        allowed: tuple[str, ...] = ("none",)
+    elif encoding in SOCKET_ENCODINGS:
+        allowed = ("wav", "none")
+    else:
+        allowed = ("ogg",) if encoding == "opus" else ("none",)
+    container = query.get("container") or allowed[0]
+    if container not in allowed:
+        message = f"container {container!r} is not available for {encoding} here; use one of {list(allowed)}"
         raise ProtocolError(ErrorCode.UNSUPPORTED_FORMAT, message, field="container")
     rate = _number(query, "sample_rate", DEFAULT_RATES.get(encoding, DEFAULT_RATE), int)
     if not 8000 <= rate <= 48000:

@@ -68,11 +68,10 @@ def _linear_alaw(sample: int) -> int:
     mask = 0xD5
     if value < 0:
         mask, value = 0x55, -value - 1
+    # A 16-bit sample is at most 0xFFF here: it always has a segment.
     segment = next(
-        (s for s, end in enumerate((0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF)) if value <= end), 8
+        s for s, end in enumerate((0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF)) if value <= end
     )
-    if segment == 8:
-        return 0x7F ^ mask
     low = (value >> 1) & 0x0F if segment < 2 else (value >> segment) & 0x0F
     return ((segment << 4) | low) ^ mask
 
