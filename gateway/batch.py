@@ -4,18 +4,18 @@ The body (``protocol.speech.BatchRequest``) holds ``items`` and the defaults the
 merged with them (``protocol.speech.merge``) into the single request it stands for, and spoken as
 ``POST /v1/audio/speech`` speaks one: the same checks (``speech.prepare``), the same session host, limits
 and engine pump (``speech.speak``: the text cap, look-ahead, the audio cap, deadlines), held whole with its
-true sizes (``gateway.body.held``, ``protocol.bodies.HeldAudio``). An
+true sizes (``gateway.body.drained``, ``protocol.bodies.HeldAudio``). An
 item that fails (refused, or its engine failed) is a failed result, and the others go on: the answer is
 200 with ``succeeded`` and ``failed``, in vllm-omni's shape (its ``BatchSpeechResponse``, null fields
 left out). Only the batch itself is refused: not JSON, no items, a bad field of the batch's schema, more
 than ``max_batch_items`` items (400), or no session place (below).
 
 The answer is written as the results come, in order (``protocol.bodies.BatchBody``), not built whole,
-and bounded: only the item whose turn it is to be written is drained and held whole (its audio, then its
-base64 written in slices, never a second copy); the items begun after it make their audio only up to
-their outbox's bound (``max_buffered_audio_s``) and wait for their turn. So a batch holds about one
-item's answer, whatever its length, where it held up to eight finished answers (1.3 GB for 32 items of
-4,096 characters at speed 0.25 in 48 kHz WAV).
+and bounded: only the item whose turn it is to be written is drained and held whole (its audio in the
+pieces it came in, then its base64 written in slices: no copy of it is made); the items begun after it
+make their audio only up to their outbox's bound (``max_buffered_audio_s``) and wait for their turn.
+So a batch holds about one item's answer, whatever its length, where it held up to eight finished
+answers (1.3 GB for 32 items of 4,096 characters at speed 0.25 in 48 kHz WAV).
 
 Admitted item by item: each item after the first takes a token of the caller's rate limit (waiting for
 it: the batch is paced at the caller's rate, not refused halfway), and inline ``ref_audio`` clips are
@@ -54,7 +54,7 @@ from starlette.types import Receive, Scope, Send
 from ..protocol.bodies import BatchBody, HeldAudio, ItemResult, Usage
 from ..protocol.errors import ErrorCode, ProtocolError, field_path
 from ..protocol.speech import BatchItem, BatchRequest, SpeechRequest, decode_batch_request, merge
-from .body import BodyResponse, held
+from .body import BodyResponse, drained
 from .host import SessionHost
 from .http import error_response, read_json
 from .metrics import REST_DIALECT, Metrics
@@ -83,7 +83,7 @@ class _Spoken(NamedTuple):
     """An item's whole answer: its audio and length."""
 
     started: _Started
-    audio: bytes
+    audio: list[bytes]  #: in the pieces it came in (``HeldAudio.parts``): no copy of it is made
     audio_ms: float
 
 
@@ -132,11 +132,10 @@ class _Batch:
         body = HeldAudio(MEDIA_TYPES[fmt], fmt, started.rate)
         pieces = host.pieces()
         try:
-            audio = await held(host, body, await anext(pieces), pieces)
+            done = await drained(host, body, await anext(pieces), pieces)
         except ProtocolError as err:
             return self.failed(started.number, err)
-        assert body.done is not None  # held() returns at the utterance's end
-        return _Spoken(started, audio, body.done.audio_ms)
+        return _Spoken(started, body.parts(done), done.audio_ms)
 
     def failed(self, index: int, err: ProtocolError) -> ItemResult:
         metrics: Metrics = self.request.state.metrics

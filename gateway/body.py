@@ -74,6 +74,15 @@ async def held(host: SessionHost, body: Body, first: Piece, pieces: AsyncIterato
     Raises:
         ProtocolError: the engine failed; nothing of the answer is kept.
     """
+    return body.end(await drained(host, body, first, pieces))
+
+
+async def drained(host: SessionHost, body: Body, first: Piece, pieces: AsyncIterator[Piece]) -> SessionDone:
+    """Feed all of the answer to a held ``body``, up to its ``session.done`` (returned; ``end`` not called).
+
+    Raises:
+        ProtocolError: the engine failed; nothing of the answer is kept.
+    """
     host.meter.open()
     try:
         piece: Piece = first
@@ -83,7 +92,7 @@ async def held(host: SessionHost, body: Body, first: Piece, pieces: AsyncIterato
                     host.meter.wrote(data)
                     body.audio(data, audio_s)
                 case Message(msg=SessionDone() as done):
-                    return body.end(done)
+                    return done
                 case Message(msg=msg):
                     body.message(msg)
                 case ProtocolError():

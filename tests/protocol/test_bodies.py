@@ -94,6 +94,7 @@ def test_sized_leaves_other_formats_and_short_files_as_they_are() -> None:
     held.audio(b"ab", 0.0)
     held.audio(b"cd", 0.0)
     assert held.end(DONE) == b"abcd"  # pieces too short to hold a head are joined first
+    assert HeldAudio("audio/pcm", "pcm", 24000).parts(DONE) == []  # no audio at all
     assert sized(b"ID3abc", "mp3", 24000, 10) == b"ID3abc"
     assert sized(b"RIFF", "wav", 24000, 10) == b"RIFF"
     assert sized(b"fLaC", "flac", 24000, 10) == b"fLaC"
@@ -153,8 +154,8 @@ def test_the_batch_body_is_vllm_omnis_answer_and_a_success_is_written_in_slices(
     audio = bytes(range(256)) * (SLICE_BYTES // 256 + 1)  # more than one slice
     usage = Usage.of(5, 1000.0)
     pieces = [body.head(), body.result(ItemResult(index=0, status="error", error="no"))]
-    success = list(body.success(1, audio, "audio/wav", usage))
-    assert len(success) == 4  # the head, two slices of base64, the tail
+    success = list(body.success(1, [audio[:7], audio[7:]], "audio/wav", usage))
+    assert len(success) == 4  # the head, a slice of base64 per SLICE_BYTES of audio and the rest, the tail
     pieces += success
     pieces += [body.result(ItemResult(index=2, status="success", audio_data="", media_type="audio/pcm"))]
     answer = json.loads(b"".join(pieces) + body.end())
