@@ -40,6 +40,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from ..protocol.joins import fade
 from . import piper_words, scripts
 from .base import (
     AudioChunk,
@@ -54,7 +55,7 @@ from .base import (
 from .options import option
 from .piper_graph import ALIGNABLE, load_model
 from .piper_memory import available_cores, release_freed_memory, tune_malloc
-from .piper_text import cuts, phonemize_whole
+from .piper_text import MAX_PIECE_PHONEMES, cuts, gap_scores, phonemize_whole
 from .workers import DeadlineWorkers
 
 if TYPE_CHECKING:
@@ -68,8 +69,18 @@ VOICE_NAME = "joe"
 _LANGUAGES = frozenset({"en", "en-us", "en_us", "english", "auto"})
 # Options Piper can honour; everything else in a request is refused by name.
 _SUPPORTED = frozenset({"speed", "seed", "language", "word_timestamps"})
-# Peak-normalised sentences leave no headroom; 0.9 keeps resampler overshoot from clipping.
-_VOLUME = 0.9
+#: Text whose loudest sample sets the voice's one gain (``_calibrate``): a greeting, an exclamation, a
+#: long sentence with a clause and a question, in the range of loudness the voice has (joe's raw peaks are
+#: 0.34-0.63 over such sentences, its voiced RMS -21 to -23 dBFS).
+_CALIBRATION = (
+    "Sure! I can definitely help you reschedule that appointment, and I will check the calendar. "
+    "Hello there. Does the weather today look good to you?"
+)
+#: Where the calibration's loudest sample lands with the voice's gain: louder text has room above it.
+_CALIBRATED_PEAK = 0.8
+#: No sample goes past this: a piece louder than the calibration is turned down to fit (the resampler's
+#: overshoot stays under 1.0). Only then does a piece's gain differ from the voice's.
+_CEILING = 0.9
 # With ``piper_wide_arena``, the arena is freed after this long without work: traffic keeps it (and
 # first audio quick), an idle server gives its memory back.
 _ARENA_IDLE_S = 5.0
@@ -202,6 +213,9 @@ class PiperEngine:
         #: Seconds a phoneme takes to synthesise on the narrow sessions, as the recent runs took (a moving
         #: average of wall time: under load, what a piece will really take).
         self.per_phoneme_s = _FIRST_PER_PHONEME_S
+        #: The voice's one gain, from its measured loudness (``_calibrate``, at start): every piece of every
+        #: segment gets it, so loudness is level across an utterance and the model's own variation stays.
+        self.gain = 1.0
 
     async def start(self) -> None:
         self._voice = await asyncio.wrap_future(self._workers.submit(-math.inf, self._load))
@@ -252,6 +266,7 @@ class PiperEngine:
         for warm in (voice, self._wide):  # a session's first run is slow: not a client's
             if warm is not None:
                 warm.phoneme_ids_to_audio(ids, include_alignments=ALIGNABLE)
+        self.gain = _calibrate(voice)
         if ALIGNABLE:  # and the first word-timed request's espeak runs
             for _ in self._infer(voice, "Ready.", 1.0, None, threading.Event(), lambda _: None, words=True):
                 pass
@@ -372,17 +387,27 @@ class PiperEngine:
             return
         with self._phonemize_lock:
             sentences = phonemize_whole(voice.phonemize, text)
-            plans = _plan(voice, text, sentences) if words else [[] for _ in sentences]
+            plans = _plan(voice, text, sentences) if words else None
         every = [cuts(phonemes) for phonemes in sentences]
+        fits = None
         if due is not None and every and every[0]:
             slack = due - time.monotonic() - _DELIVERY_S
-            whole = len(every[0][0][1])
-            if whole * self.per_phoneme_s > slack:
+            if len(every[0][0][1]) * self.per_phoneme_s > slack:
                 fits = max(MIN_FIRST_PIECE_PHONEMES, int(slack / self.per_phoneme_s))
-                every[0] = cuts(sentences[0], first=fits)
+        if fits is not None or any(len(phonemes) > MAX_PIECE_PHONEMES for phonemes in sentences):
+            # A sentence is cut: where a reader would pause, by the input words (espeak's merge).
+            if plans is None:
+                with self._phonemize_lock:
+                    plans = _plan(voice, text, sentences)
+            scores = [gap_scores(plan, phonemes) for plan, phonemes in zip(plans, sentences, strict=True)]
+            every = [cuts(phonemes, score=score) for phonemes, score in zip(sentences, scores, strict=True)]
+            if fits is not None:
+                whole = len(every[0][0][1])
+                every[0] = cuts(sentences[0], first=fits, score=scores[0])
                 self.short_firsts += len(every[0][0][1]) < whole
+        timed = plans if words and plans is not None else [[] for _ in sentences]
         following = iter([len(piece) for runs in every for _, piece in runs][1:] + [0])
-        for runs, plan in zip(every, plans, strict=True):
+        for runs, plan in zip(every, timed, strict=True):
             # A word that goes on into the next piece holds its audio back until its end is known.
             timeline = piper_words.Timeline(plan, [first for first, _ in runs])
             held = np.zeros(0, dtype=np.float32)
@@ -402,8 +427,8 @@ class PiperEngine:
                     self.per_phoneme_s += (took - self.per_phoneme_s) / 8
                 audio, samples = _timed(voice, piece, result)
                 peak = float(np.max(np.abs(audio))) if audio.size else 0.0
-                audio = audio * (_VOLUME / peak) if peak > 1e-8 else np.zeros_like(audio)
-                audio = audio.astype(np.float32)
+                gain = min(self.gain, _CEILING / peak) if peak > 1e-8 else 0.0
+                audio = fade(audio * gain, self.sample_rate)  # a piece may end mid-phrase: no click
                 held = np.concatenate([held, audio]) if held.size else audio
                 release, timings = timeline.piece(samples) if plan and samples else (len(held), ())
                 if release:
@@ -498,6 +523,21 @@ def _language(config: dict[str, object]) -> tuple[str, str]:
     parts = str(code).replace("_", "-").split("-")
     tag = "-".join([parts[0].lower(), *(p.upper() if len(p) == 2 else p for p in parts[1:])])
     return tag, str(info.get("name_english") or tag)
+
+
+def _calibrate(voice: PiperVoice) -> float:
+    """The voice's one gain: ``_CALIBRATED_PEAK`` over the loudest sample of ``_CALIBRATION``, spoken without
+    sampling noise (the same every start). Measured once, at start; about 0.2 s of one core."""
+    from piper import SynthesisConfig
+
+    config = SynthesisConfig()
+    config.noise_scale = 0.0
+    config.noise_w_scale = 0.0
+    peak = 0.0
+    for phonemes in voice.phonemize(_CALIBRATION):
+        audio = np.asarray(voice.phoneme_ids_to_audio(voice.phonemes_to_ids(phonemes), config))
+        peak = max(peak, float(np.max(np.abs(audio))) if audio.size else 0.0)
+    return _CALIBRATED_PEAK / peak if peak > 1e-8 else 1.0
 
 
 def _plan(voice: PiperVoice, text: str, sentences: list[list[str]]) -> list[list[piper_words.Group]]:

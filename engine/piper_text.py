@@ -1,15 +1,22 @@
 """Piper's text side: phonemes cut into bounded pieces, and espeak-ng made to drop nothing.
 
-A sentence longer than ``MAX_PIECE_PHONEMES`` is cut into pieces (after a pause, else between words), one
-ONNX run each: no single run computes minutes of audio (300 emoji are 80 s of speech), and a cancel, or a
-more urgent session's piece, waits for at most one piece. ``phonemize_whole`` works around espeak-ng
+A sentence longer than ``MAX_PIECE_PHONEMES`` is cut into pieces, one ONNX run each, where a reader would
+pause: the gaps are scored by ``protocol.boundaries.score``, the one scoring the segmenter uses (a clause
+mark, else before a word that opens a phrase, else between words; ``gap_scores`` scores a gap by the input
+words on either side, from ``piper_words.plan``, since espeak's phoneme words do not match the text's).
+No single run computes minutes of audio (300 emoji are 80 s of speech), and a cancel, or a more urgent
+session's piece, waits for at most one piece. ``phonemize_whole`` works around espeak-ng
 silently dropping the words of a clause past an internal limit.
 """
 
 from __future__ import annotations
 
+import bisect
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+from ..protocol import boundaries
+from .piper_words import Group
 
 # Joe speaks about 18 phonemes (stress marks and word gaps included) a second: 120 are 6-7 s of
 # audio, well under a second of compute on one core. No normal sentence (about 20 words) is cut,
@@ -18,26 +25,64 @@ MAX_PIECE_PHONEMES = 120
 # Texts shorter than this are never cut by espeak-ng (``phonemize_whole``): 40 emoji with a skin tone (80
 # characters, 200 spoken words) came out whole, 60 (120 characters) did not.
 MIN_CHECKED_CHARS = 64
-# Phonemes after which a cut sounds like a pause rather than a break in a word.
-_PAUSES = frozenset(",;:.!?")
+# Phoneme words looked at on each side of a gap when it is scored from the phonemes alone.
+_NEAR = 48
+
+#: Scores a word gap of a sentence's phonemes, given its index (``boundaries.score``'s scale).
+GapScore = Callable[[int], int]
+
+
+def phoneme_scores(phonemes: Sequence[str]) -> GapScore:
+    """Score each gap from the phoneme words on either side: their pauses (``,`` ``.`` ...) are the text's
+    punctuation, so clause and sentence ends are found; any other gap scores as a plain word gap."""
+
+    def score(gap: int) -> int:
+        before = "".join(phonemes[max(0, gap - _NEAR) : gap]).rstrip().rsplit(" ", 1)[-1]
+        after = "".join(phonemes[gap : gap + _NEAR]).lstrip().split(" ", 1)[0]
+        return boundaries.score(before, after)
+
+    return score
+
+
+def gap_scores(groups: Sequence[Group], phonemes: Sequence[str]) -> GapScore:
+    """Score each gap by the input words on either side (``groups``: ``piper_words.plan`` of the sentence),
+    as the segmenter scores its cuts; a gap inside one input word's phonemes ("$25": "dollar twenty five")
+    is a last resort, and one outside every group is scored from the phonemes."""
+    firsts = [group.first for group in groups]
+    fallback = phoneme_scores(phonemes)
+
+    def score(gap: int) -> int:
+        k = bisect.bisect_right(firsts, gap)
+        if not 0 < k < len(groups):
+            return fallback(gap)
+        if any(p != " " for p in phonemes[gap : firsts[k]]):
+            return boundaries.BOUND
+        return boundaries.score(groups[k - 1].words[-1], groups[k].words[0])
+
+    return score
 
 
 def cuts(
-    phonemes: list[str], limit: int = MAX_PIECE_PHONEMES, first: int | None = None
+    phonemes: list[str],
+    limit: int = MAX_PIECE_PHONEMES,
+    first: int | None = None,
+    score: GapScore | None = None,
 ) -> list[tuple[int, list[str]]]:
     """Cut one sentence's phonemes into runs of at most ``limit`` phonemes, each with its start index;
     the first run at most ``first`` phonemes when given (a piece wanted sooner).
 
-    Each cut falls after the last pause (``,`` ``;`` ...) in the second half of the window, else at the
-    last word gap, else (one word longer than the window) at its end. Word gaps at a cut are dropped.
+    Each cut falls at the best-scored word gap (``score``, by default ``phoneme_scores``) in the second
+    half of the window, the last of that score; else at the last word gap; else (one word longer than the
+    window) at its end. Word gaps at a cut are dropped.
     """
+    score = score or phoneme_scores(phonemes)
     out: list[tuple[int, list[str]]] = []
     start = 0
     while len(phonemes) - start > (window := limit if out or first is None else min(first, limit)):
         rest = phonemes[start : start + window]
         gaps = [i for i in range(1, window) if rest[i] == " "]
-        paused = [i for i in gaps if i >= window // 2 and rest[i - 1] in _PAUSES]
-        cut = paused[-1] if paused else gaps[-1] if gaps else window
+        late = [i for i in gaps if i >= window // 2]
+        cut = max(late, key=lambda i: (score(start + i), i)) if late else gaps[-1] if gaps else window
         out.append((start, rest[:cut]))
         start += cut
         while start < len(phonemes) and phonemes[start] == " ":

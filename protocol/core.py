@@ -22,6 +22,8 @@ The rules it owns:
   reports on them produces nothing. A cancel costs what it cancels: utterances are also indexed by
   context, so a cancel of one context never walks the others' (a flood of cancels stays linear).
 - An utterance is forgotten once its ``session.done`` is written (``sending``).
+- Every segment's audio, whatever the engine, starts and ends with a few milliseconds of fade
+  (``protocol.joins``): no click where an engine's segment starts or stops mid-sound.
 - The listener clock (timed cuts, ``eager_first_segment``; docs/protocol.md §5). A segment waits for its
   sentence end, which sounds best, unless waiting would let the listener run dry. The first segment of an
   utterance has its time budget, ``max_buffer_delay_ms`` from its first text. A later one is cut at the
@@ -48,6 +50,7 @@ import msgspec
 
 from .audio import Samples
 from .errors import ProtocolError
+from .joins import Fader
 from .messages import (
     AudioCancelled,
     AudioDone,
@@ -122,6 +125,8 @@ class _Segment:
     made_s: float = 0.0  # audio handed out (Audio outputs)
     sent_s: float = 0.0  # of which written
     finished: bool = False  # segment_done came
+    fader: Fader | None = None  # its first and last milliseconds ramped (``protocol.joins``)
+    rate: int = 0  # the engine's sample rate, from its first audio
 
 
 @dataclass(slots=True)
@@ -356,7 +361,9 @@ class Core:
         if words:
             self._words(u, sentence, seg, len(samples), sample_rate, words)
         seg.engine_s += len(samples) / sample_rate
-        self._frames(u, sentence, u.packer.push(samples, sample_rate))
+        if seg.fader is None:
+            seg.fader, seg.rate = Fader(sample_rate), sample_rate
+        self._frames(u, sentence, u.packer.push(seg.fader.push(samples), sample_rate))
 
     def segment_done(
         self, utterance: int, sentence: int, *, synthesis_s: float, error: ProtocolError | None = None
@@ -373,6 +380,8 @@ class Core:
         if u is None:
             return
         seg, packer = u.segments[sentence], u.packer
+        if seg.fader is not None:  # its last milliseconds, faded out
+            self._frames(u, sentence, packer.push(seg.fader.end(), seg.rate))
         self._frames(u, sentence, packer.end_segment())
         seg.synthesis_s, seg.error = synthesis_s, error is not None
         seg.total_bytes, seg.samples = packer.segment_bytes, packer.segment_samples
@@ -607,7 +616,7 @@ class Core:
             u.reported = True
             if u.segments and (tail := u.packer.finish()):  # a compressed stream's end
                 last = max(u.segments)
-                self._out.extend(Audio(frame, u.index, last, 0.0) for frame in tail)
+                self._frames(u, last, tail)  # with the audio the codec still held
             self._out.append(Report(u.index))
         for ctx in list(self._contexts.values()):
             if ctx.closing and ctx.number not in blocked:

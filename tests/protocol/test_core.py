@@ -149,7 +149,7 @@ def test_cancel_drops_everything_in_flight_and_later_engine_work_produces_nothin
     core.receive(SegmentReady(1, 0, "More."), 0.0)
     core.data_to_send()
     core.segment_started(0, 0)
-    core.audio(0, 0, tone(0.1), RATE)
+    core.audio(0, 0, tone(0.2), RATE)  # a frame, and 4 ms held back for the fade-out
     queued = core.data_to_send()
     core.receive(UtteranceCancelled(1), 0.0)
     assert core.data_to_send() == [
@@ -410,7 +410,8 @@ def test_a_compressed_utterance_is_one_encoder_stream_ended_before_its_session_d
     # The codec's last bytes (its delay) come after the segment's audio.done, before session.done.
     assert kinds(out)[-3:] == ["Report", "Audio", "Report"]
     audio = [o for o in out if isinstance(o, Audio)]
-    assert audio[-1].audio_s == 0.0 and sum(a.audio_s for a in audio) == pytest.approx(0.25)
+    # It carries the audio the codec held (the segment's faded last 4 ms): every sample is counted once.
+    assert audio[-1].audio_s == pytest.approx(0.004) and sum(a.audio_s for a in audio) == pytest.approx(0.25)
     rate, seconds = opus_stream(b"".join(a.data for a in audio))
     assert rate == 48000 and seconds == pytest.approx(0.25, abs=0.001)
 

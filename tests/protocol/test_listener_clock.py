@@ -176,7 +176,7 @@ def test_audio_without_its_start_written_and_a_start_after_a_cancel_teach_nothin
     assert [o.text for o in core.data_to_send() if isinstance(o, Speak)] == ["Hello there."]
     core.segment_started(0, 0)
     start, *_ = core.data_to_send()
-    core.audio(0, 0, np.full(800, 0.25, dtype=np.float32), RATE)
+    core.audio(0, 0, np.full(1600, 0.25, dtype=np.float32), RATE)
     prior = core.pace.first_audio_s(12)
     for output in core.data_to_send():
         core.sending(output, 1.0)  # its audio.start was never written: no latency to learn
