@@ -158,6 +158,10 @@ def _refusal(status: int, content: bytes, body: dict[str, object]) -> RequestRef
     return RequestRefused(f"upstream refused the request ({status}){said}", field=field, status=status)
 
 
+def _busy_message(retry_after_s: int) -> str:
+    return f"the upstream speech servers are busy; retry after {retry_after_s} s"
+
+
 def _retry_after(value: str | None) -> int:
     """A ``Retry-After`` header (seconds or an HTTP date) as whole seconds within ``_RETRY_AFTER_S``."""
     low, high = _RETRY_AFTER_S
@@ -486,6 +490,8 @@ class RemoteEngine:
         if max_audio_s is None:
             max_audio_s = (_DEFAULT_CAP_BASE_S + _DEFAULT_CAP_PER_CHAR_S * len(req.text)) / req.speed
         candidates = self.pool.candidates()
+        if not candidates and (wait_s := self.pool.busy_for()) is not None:
+            raise UpstreamBusy(_busy_message(wait_s), retry_after_s=wait_s)  # out for being busy
         if not candidates:
             raise EngineError(f"engine 'remote' is unavailable: {self.pool.describe()}")
         if words:  # only upstreams that may have the aligner
@@ -515,7 +521,7 @@ class RemoteEngine:
                             yield chunk
                 except _UpstreamFailed as exc:
                     reason = upstream.scrub(str(exc))
-                    self.pool.failure(upstream, reason)
+                    self.pool.failure(upstream, reason, busy=isinstance(exc, _Busy))
                     if started:  # not retried elsewhere: the listener would hear the start twice
                         raise EngineError(f"upstream {upstream.label} failed mid-stream: {reason}") from None
                     logger.warning(
@@ -532,11 +538,7 @@ class RemoteEngine:
         if words and not self.survey.may_time_words():
             raise RequestRefused(_NO_ALIGNER, field="word_timestamps")
         if busy and len(busy) == failed:  # every upstream tried is busy: the client may come back
-            retry_after_s = min(busy)
-            raise UpstreamBusy(
-                f"the upstream speech servers are busy; retry after {retry_after_s} s",
-                retry_after_s=retry_after_s,
-            )
+            raise UpstreamBusy(_busy_message(min(busy)), retry_after_s=min(busy))
         raise EngineError(f"no upstream could serve the request: {self.pool.describe()}")
 
     @contextlib.asynccontextmanager

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -47,6 +48,8 @@ class Upstream:
     opened_at: float | None = None
     healthy: bool = True
     last_error: str = ""
+    #: Its last failure said it is busy (429, or 503 with ``Retry-After``).
+    busy: bool = False
     #: How the upstream is named everywhere outside the request itself (``redact_url``).
     label: str = field(init=False)
 
@@ -126,13 +129,27 @@ class UpstreamPool:
         upstream.failures = 0
         upstream.opened_at = None
         upstream.last_error = ""
+        upstream.busy = False
 
-    def failure(self, upstream: Upstream, reason: str) -> None:
-        """A request failed on this upstream's side; enough in a row open its circuit."""
+    def failure(self, upstream: Upstream, reason: str, *, busy: bool = False) -> None:
+        """A request failed on this upstream's side (``busy``: it said it is busy); enough in a row open
+        its circuit."""
         upstream.failures += 1
         upstream.last_error = upstream.scrub(reason)
+        upstream.busy = busy
         if upstream.failures >= self.breaker_failures:
             upstream.opened_at = self._clock()
+
+    def busy_for(self) -> int | None:
+        """Whole seconds until the first circuit opened for busy answers half-opens, when every upstream
+        is out for that alone (healthy, circuit open, last failure busy); None otherwise."""
+        now = self._clock()
+        waits = []
+        for u in self.upstreams:
+            if not (u.healthy and u.busy and u.opened_at is not None):
+                return None
+            waits.append(self.breaker_cooldown_s - (now - u.opened_at))
+        return max(1, math.ceil(min(waits))) if waits else None
 
     def down(self, upstream: Upstream, reason: str) -> None:
         """A probe got no answer: the upstream is not offered until its next health check passes."""

@@ -301,3 +301,19 @@ def test_a_body_that_is_not_a_wav_is_not_relayed() -> None:
     with scripted(server) as url, gateway(url, **FAST) as b:
         rest = post_speech(b, "Hello there.")
     assert rest.status_code == 502 and "not a WAV" in rest.text and not leaks(rest.text), rest.text
+
+
+def test_an_upstream_out_for_being_busy_is_still_upstream_busy() -> None:
+    """Busy answers open its circuit like any failure; while it is open, clients are told when to come
+    back (the circuit's cooldown left), not sent a 502."""
+    server = Scripted(Reply(429, {"retry-after": "3"}, [b"slow down"]))
+    settings = {**FAST, "upstream_breaker_failures": 2, "upstream_breaker_cooldown_s": 60.0}
+    with scripted(server) as url, gateway(url, **settings) as b:
+        responses = [post_speech(b, f"Number {i}.") for i in range(3)]
+    assert len(server.synthesis()) == 2  # the third was not sent: the circuit is open
+    for response in responses:
+        assert response.status_code == 503 and response.json()["error"]["code"] == "upstream_busy", (
+            response.text
+        )
+    assert [r.headers["retry-after"] for r in responses[:2]] == ["3", "3"]
+    assert 1 <= int(responses[2].headers["retry-after"]) <= 60
