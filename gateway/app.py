@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from ..engine import ENGINES, TTSEngine
-from . import batch, cartesia, deepgram, elevenlabs, elevenlabs_rest, speech, voices
+from . import batch, cartesia, deepgram, elevenlabs, elevenlabs_rest, speech, voices, wyoming
 from .auth import AuthMiddleware
 from .catalog import Catalog
 from .clips import MAX_CLIP_RATE, MIN_SAMPLE_RATE
@@ -84,6 +84,8 @@ def create_app(
             raise ValueError(f"unknown engine(s) {unknown}; choose from {sorted(ENGINES)}")
     if settings.voice_store:
         parse_location(settings.voice_store)  # a malformed location fails here, not at the first request
+    if settings.wyoming:
+        wyoming.parse_address(settings.wyoming)  # a malformed address fails here, not as the server starts
     if not MIN_SAMPLE_RATE <= settings.max_clip_rate_hz <= MAX_CLIP_RATE:
         raise ValueError(f"max_clip_rate_hz must be {MIN_SAMPLE_RATE} to {MAX_CLIP_RATE}")
     metrics = Metrics()
@@ -120,6 +122,8 @@ def create_app(
                     "fail and GET /readyz is 503 until one answers",
                     e.name,
                 )
+        # Home Assistant's Wyoming protocol, beside the HTTP server, on the same catalog (None unless asked).
+        app.state.wyoming = await wyoming.start(settings, catalog, metrics, sessions)
         try:
             yield {
                 "catalog": catalog,
@@ -129,6 +133,8 @@ def create_app(
                 "voices": store,
             }
         finally:
+            if app.state.wyoming is not None:
+                await app.state.wyoming.aclose()
             if shared is not None:
                 await shared.aclose()
             await catalog.aclose()

@@ -65,6 +65,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
     host: Annotated[str, option("address to listen on", flag=True)] = "127.0.0.1"
     port: Annotated[int, option("port to listen on", flag=True)] = 8000
+    # Home Assistant's protocol has no authentication: it listens on loopback unless its address names a host.
+    wyoming: Annotated[
+        str,
+        option(
+            "`HOST:PORT` (or `PORT`, on loopback) to also serve Home Assistant's Wyoming protocol on (TCP); "
+            "it has no authentication, so the API keys do not apply to it; empty for none",
+            flag=True,
+        ),
+    ] = ""
     engine: Annotated[
         str,
         option(

@@ -269,6 +269,14 @@ def _serve(args: argparse.Namespace) -> int:
         if problem:
             print(f"voxgate: engine {name!r} {problem}", file=sys.stderr)
             return 2
+    if settings.wyoming:
+        from .gateway.wyoming import parse_address
+
+        try:
+            parse_address(settings.wyoming)
+        except ValueError as exc:
+            print(f"voxgate: {exc}", file=sys.stderr)
+            return 2
     configure_logging(settings)
     serve(settings)
     return 0

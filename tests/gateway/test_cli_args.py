@@ -46,6 +46,7 @@ def test_serve_flags_map_onto_settings() -> None:
         "--rate-limit-per-s", "2.5", "--rate-limit-burst", "8", "--header-timeout-s", "3",
         "--ws-ping-interval-s", "10", "--ws-ping-timeout-s", "5",
         "--max-header-bytes", "32768", "--trusted-proxy", "10.0.0.1", "--trusted-proxy", "10.1.0.0/16",
+        "--wyoming", "0.0.0.0:10200",
     )  # fmt: skip
     fields = {k: v for k, v in vars(args).items() if k != "command"}
     assert fields == {
@@ -59,7 +60,7 @@ def test_serve_flags_map_onto_settings() -> None:
         "max_segment_audio_base_s": 3.0, "max_segment_audio_per_char_s": 0.2, "piper_wide_threads": 4,
         "ws_compression": True, "rate_limit_per_s": 2.5, "rate_limit_burst": 8, "header_timeout_s": 3.0,
         "ws_ping_interval_s": 10.0, "ws_ping_timeout_s": 5.0,
-        "max_header_bytes": 32768, "trusted_proxies": ["10.0.0.1", "10.1.0.0/16"],
+        "max_header_bytes": 32768, "trusted_proxies": ["10.0.0.1", "10.1.0.0/16"], "wyoming": "0.0.0.0:10200",
     }  # fmt: skip
     settings = Settings.from_env({}, **fields)
     assert settings.of(RemoteSettings).upstreams == ("http://a:8091", "http://b:8091")
