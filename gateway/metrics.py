@@ -69,6 +69,13 @@ class Metrics:
             buckets=_BUFFER_BUCKETS,
             registry=r,
         )
+        self.underrun = Counter(
+            "voxgate_underrun_seconds",
+            "Silence inside utterances that a client playing each in real time from its first frame hears: "
+            "audio written after everything before it had played",
+            ["engine", "dialect"],
+            registry=r,
+        )
         self.sessions = Gauge(
             "voxgate_sessions_active",
             "Open sessions (WebSocket) and speech requests being answered (REST)",
@@ -145,6 +152,7 @@ class _Playback:
     start: float
     sent_s: float = 0.0
     sentence: int = 0
+    end: float = 0.0  # when the audio written so far has played (an underrun restarts the clock)
 
 
 @dataclass
@@ -204,12 +212,15 @@ class SessionMeter:
                 now = time.perf_counter()
                 play = self._playing.get(u)
                 if play is None:
-                    play = self._playing[u] = _Playback(now, sentence=s)
+                    play = self._playing[u] = _Playback(now, sentence=s, end=now)
                 elif s != play.sentence:
                     play.sentence = s
                     ahead = max(0.0, play.sent_s - (now - play.start))
                     m.buffer.labels(self.engine, self.dialect).observe(ahead)
+                if now > play.end:
+                    m.underrun.labels(self.engine, self.dialect).inc(now - play.end)
                 play.sent_s += audio_s
+                play.end = max(play.end, now) + audio_s
             case Message(msg=AudioDone() as done):
                 if done.text_to_first_audio_ms is not None:
                     m.first_audio.labels(self.engine, self.dialect, "segment").observe(
