@@ -412,6 +412,11 @@ class Normalizer:
                 host = m[0].rstrip(_TRAILING)  # an e-mail address: its user is read as written
                 self._put(f" at {_dotted(host)}", at + i, len(host) + 1, out_text, out_at)
                 i += len(host) + 1
+            elif char == "#" and i + 1 < n and tok[i + 1].isdigit():
+                self._put("number ", at + i, 1, out_text, out_at)  # "#4821"
+                i += 1
+            elif char == "#" and word_start:
+                i += 1  # a hashtag's mark, or a heading's without its space
             elif char == "|":
                 if self._line_said:
                     self._put(",", at + i, 1, out_text, out_at)

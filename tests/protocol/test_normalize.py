@@ -126,7 +126,8 @@ def test_inline_markup(text: str, said: str) -> None:
     [
         ("# Title\nbody", "Title | body"),
         ("## Sub", "Sub"),
-        ("#hashtag text", "#hashtag text"),
+        ("#hashtag text", "hashtag text"),
+        ("order #4821, C# and a#b #", "order number four thousand eight hundred twenty-one, C# and a#b"),
         ("- one\n* two\n+ three", "one | two | three"),
         ("  - indented", "indented"),
         ("> quoted\n> - item", "quoted | item"),
