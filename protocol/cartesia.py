@@ -42,7 +42,6 @@ from .bodies import Body
 from .codec import Codec, Inbound, Payload
 from .errors import FAILURES, MALFORMED_JSON, CloseCode, ErrorCode, ProtocolError, field_path
 from .messages import (
-    AudioCancelled,
     AudioDone,
     AudioStart,
     ClientMessage,
@@ -271,8 +270,11 @@ class _Context:
     settings: Settings
     timestamps: bool
     commit: bool  # max_buffer_delay_ms 0: each transcript is spoken at once
-    flushes: deque[int] = field(default_factory=deque)  # flush ids whose session.done has not come
+    #: The ends of its utterances whose ``session.done`` has not come: a flush's id (None: the end of the
+    #: context's input, ``continue: false``), and whether the context's input ends there too.
+    ends: deque[tuple[int | None, bool]] = field(default_factory=deque)
     flush_count: int = 0
+    done: bool = False  # its ``done`` went out: the session's context is closed at the next message
     utterance: int | None = None  # the utterance of the segment whose audio comes last
     base_ms: float = 0.0  # that utterance's start on the context's clock
     end_ms: float = 0.0  # the end of the context's audio so far
@@ -292,6 +294,7 @@ class CartesiaSocket:
         self.contexts: dict[str, _Context] = {}  # by id, until its end is rendered
         self._open: dict[str, _Context] = {}  # the contexts that take more text
         self._texting: set[str] = set()  # the contexts whose utterance has text (a config must wait)
+        self._finished: list[str] = []  # contexts whose done went out: close them in the session
         self._last: str | None = None  # the context of the last message, for errors that name none
         self._speaking: str | None = None  # the context of the segment whose audio comes next
         self._start_ms = 0.0  # that segment's start on its utterance's clock
@@ -316,19 +319,26 @@ class CartesiaSocket:
         req = decode_request(data)
         context = req.context_id or DEFAULT_CONTEXT
         self._last = context
+        # The contexts that ended since the last message close now: their ids are free for new ones.
+        finished, self._finished = self._finished, []
+        closes: list[Inbound] = [ContextClose(context_id=c) for c in finished]
         try:
-            return self._receive(req, context)
+            return closes + self._receive(req, context)
         except ProtocolError as err:
+            self._finished = finished
             err.context_id = context
             raise
 
     def _receive(self, req: Request, context: str) -> list[Inbound]:
-        if req.cancel:
+        if req.cancel:  # the session drops its audio and closes it: nothing more of it is rendered
             self._open.pop(context, None)
+            self.contexts.pop(context, None)
             self._texting.discard(context)
             return [InputCancel(context_id=context)]
         out: list[Inbound] = []
         ctx = self._open.get(context)
+        if ctx is None and context in self.contexts and not self.contexts[context].done:
+            ctx = self._open[context] = self.contexts[context]  # more input before its done: it goes on
         if ctx is None:
             settings = settings_of(req, self.book)
             if settings != self.current:
@@ -350,15 +360,18 @@ class CartesiaSocket:
             self._texting.add(context)
             if ctx.commit and req.transcript.strip():
                 out.append(InputCommit(context_id=context))
+        flush_id = None
         if req.flush:
             ctx.flush_count += 1
-            ctx.flushes.append(ctx.flush_count)
+            flush_id = ctx.flush_count
+        if req.flush or not req.continue_:
+            # The input ends (a flush, or the context's end): the context stays open in the session, so
+            # that a cancel still stops its audio; it is closed once its done went out.
+            ctx.ends.append((flush_id, not req.continue_))
             out.append(InputDone(context_id=context))
             self._texting.discard(context)
         if not req.continue_:
             del self._open[context]
-            self._texting.discard(context)
-            out.append(ContextClose(context_id=context))
         return out
 
     def encode(self, output: Audio | Message) -> list[Payload]:
@@ -387,31 +400,33 @@ class CartesiaSocket:
                 ctx.end_ms = ctx.base_ms + self._start_ms + duration_ms
             case WordTimestamps(timestamps=words) if ctx is not None and ctx.timestamps and words:
                 return [timestamps(context, words, ctx.base_ms)]
-            case SessionDone() if ctx is not None and ctx.flushes:
-                flush_id = ctx.flushes.popleft()
-                return [
-                    _shape(
-                        "flush_done",
-                        context,
-                        done=False,
-                        flush_done=True,
-                        flush_id=flush_id,
-                        status_code=PARTIAL,
-                    )
-                ]
-            case AudioCancelled() if ctx is not None:
-                ctx.flushes.clear()
-            case ContextClosed(reason=reason):
-                self.contexts.pop(context or "", None)
-                self._open.pop(context or "", None)  # closed by its idle timeout: a new one next time
+            case SessionDone() if ctx is not None and ctx.ends:
+                return self._ended(context, ctx)
+            case ContextClosed(reason="closed") if ctx is not None and ctx.done:
+                del self.contexts[context or ""]  # closed after its done (a new one may have its id)
+            case ContextClosed(reason="idle_timeout") if ctx is not None:
+                del self.contexts[context or ""]
+                self._open.pop(context or "", None)  # the next message naming it opens a new one
                 self._texting.discard(context or "")
-                if reason != "cancelled":
-                    return [_shape("done", context, done=True, status_code=OK)]
+                return [] if ctx.done else [_shape("done", context, done=True, status_code=OK)]
             case Error(code=code, message=message, fatal=fatal):
                 return [
                     error_payload(code, message, context or self._last, done=fatal or context is not None)
                 ]
         return []
+
+    def _ended(self, context: str | None, ctx: _Context) -> list[bytes]:
+        """At an utterance's ``session.done``: its flush's ``flush_done``, and ``done`` at the input's end."""
+        flush_id, last = ctx.ends.popleft()
+        out = []
+        if flush_id is not None:
+            flushed = {"done": False, "flush_done": True, "flush_id": flush_id, "status_code": PARTIAL}
+            out.append(_shape("flush_done", context, **flushed))
+        if last and context not in self._open:
+            ctx.done = True
+            self._finished.append(str(context))
+            out.append(_shape("done", context, done=True, status_code=OK))
+        return out
 
     def check(self, config: SessionConfig, previous: SessionConfig | None) -> SessionConfig:
         """The config as this codec made it."""

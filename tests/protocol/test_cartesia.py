@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from collections import deque
 from typing import Any
 
 import pytest
@@ -91,7 +92,7 @@ def test_first_message_configures_then_text_goes_to_its_context() -> None:
     # A second context with the same settings takes the session as it is.
     assert codec.decode(first("c2", transcript=" ", continue_=False)) == [
         InputText(text=" ", context_id="c2"),
-        ContextClose(context_id="c2"),
+        InputDone(context_id="c2"),
     ]
 
 
@@ -102,7 +103,7 @@ def test_max_buffer_delay_zero_speaks_each_transcript_at_once() -> None:
     # Whitespace is kept, not committed on its own; the context's end closes it.
     assert codec.decode(first(transcript=" ", continue_=False, max_buffer_delay_ms=0)) == [
         InputText(text=" ", context_id="c1"),
-        ContextClose(context_id="c1"),
+        InputDone(context_id="c1"),
     ]
 
 
@@ -237,11 +238,14 @@ def test_chunks_timestamps_flush_done_and_done_over_a_context() -> None:
     there = speak_segment(codec, 0, 800.0, 600.0, [WordTimestamp(word="there.", start_ms=800, end_ms=1300)])
     flushed = out(codec, SessionDone(utterance_index=0, context_id="c1"))
     bye = speak_segment(codec, 1, 0.0, 700.0, [WordTimestamp(word="Bye", start_ms=0, end_ms=300)])
-    end = out(
-        codec,
-        SessionDone(utterance_index=1, context_id="c1"),
-        ContextClosed(context_id="c1", context_number=1),
-    )
+    end = out(codec, SessionDone(utterance_index=1, context_id="c1"))
+    # Its done went out: the session's context closes with the next message, which may reuse the id.
+    assert codec.decode(first(transcript="New.")) == [
+        ContextClose(context_id="c1"),
+        InputText(text="New.", context_id="c1"),
+    ]
+    assert out(codec, ContextClosed(context_id="c1", context_number=1)) == []
+    assert codec.contexts["c1"].ends == deque() and not codec.contexts["c1"].done
     chunk = hello[1]
     assert chunk == {
         "type": "chunk",
@@ -296,6 +300,50 @@ def test_alaw_chunks_and_errors_of_the_socket() -> None:
     assert codec.close(ProtocolError(ErrorCode.IDLE_TIMEOUT, "idle", fatal=True)) == (CloseCode.TIMEOUT, None)
     assert codec.adopt(SessionConfig()) is codec and codec.check(SessionConfig(), None) == SessionConfig()
     codec.dropped()
+
+
+def test_a_cancel_after_the_end_of_input_still_stops_the_audio() -> None:
+    """pipecat ends a turn's context with ``continue: false`` and cancels it on a barge-in while its audio
+    plays: the session's context stays open until its done, so the cancel reaches its utterances."""
+    codec = socket()
+    assert codec.decode(first(transcript="Hello there.", continue_=False))[-1] == InputDone(context_id="c1")
+    assert codec.decode(msg(context_id="c1", cancel=True)) == [InputCancel(context_id="c1")]
+    assert out(codec, AudioCancelled(utterance_index=0, context_id="c1"), SessionDone(context_id="c1")) == []
+    assert "c1" not in codec.contexts
+
+
+def test_more_input_before_the_done_goes_on_in_the_context() -> None:
+    codec = socket()
+    codec.decode(first(transcript="One.", continue_=False))
+    # Sent before its done came: the same context again (its settings stay), its end is the last one.
+    other = {"container": "raw", "encoding": "pcm_mulaw", "sample_rate": 8000}
+    assert codec.decode(first(transcript="Two.", continue_=False, output_format=other)) == [
+        InputText(text="Two.", context_id="c1"),
+        InputDone(context_id="c1"),
+    ]
+    assert out(codec, SessionDone(utterance_index=0, context_id="c1")) == [
+        {"type": "done", "context_id": "c1", "done": True, "status_code": 200}
+    ]
+    # A refused message keeps the close that was due for the next one.
+    with pytest.raises(ProtocolError):
+        codec.decode(first("c2", voice="nobody"))
+    assert codec.decode(first("c3"))[0] == ContextClose(context_id="c1")
+    # A context whose done went out is not done again when its session context times out.
+    assert out(codec, ContextClosed(context_id="c1", context_number=1, reason="idle_timeout")) == []
+    assert out(codec, ContextClosed(context_id="c9", context_number=None)) == []
+
+
+def test_a_flush_that_ends_the_input_says_both() -> None:
+    codec = socket()
+    codec.decode(first(transcript="All.", flush=True, continue_=False))
+    kinds = [m["type"] for m in out(codec, SessionDone(utterance_index=0, context_id="c1"))]
+    assert kinds == ["flush_done", "done"]
+    assert codec.decode(first("c2", transcript="Next.")) == [
+        ContextClose(context_id="c1"),
+        InputText(text="Next.", context_id="c2"),
+    ]
+    assert out(codec, ContextClosed(context_id="c1", context_number=1)) == []
+    assert list(codec.contexts) == ["c2"]
 
 
 def test_a_context_closed_by_its_idle_timeout_is_a_new_one_next_time() -> None:
