@@ -281,6 +281,64 @@ def test_a_client_that_hangs_up_mid_stream_stops_the_engine() -> None:
         assert fake.started == started  # and nothing more was started for the gone client
 
 
+def test_the_session_limits_hold_and_the_connection_goes_on() -> None:
+    engine = FakeEngine(fail_on="boom", fail_after_chunks=1)
+    limits = {
+        "max_pending_text_chars": 100,
+        "max_segment_audio_base_s": 0.5,
+        "max_segment_audio_per_char_s": 0,
+    }
+
+    async def run(address: tuple[str, int]) -> list[Heard]:
+        async with AsyncTcpClient(*address) as client:
+            heard = []
+            for text in (
+                "Words upon words. " * 6,
+                "Then boom here.",
+                "A sentence longer than its cap.",
+                "Fine.",
+            ):
+                await client.write_event(Synthesize(text=text).event())
+                heard.append(await read_until(client, "audio-stop"))
+            await client.write_event(Event(type="synthesize", data={"text": "x" * 200_000}))
+            await client.write_event(Synthesize(text="Fine.").event())
+            heard.append(await read_until(client, "audio-stop"))
+            return heard
+
+    with wyoming_gateway(engine, **limits) as address:
+        over, failed, capped, fine, skipped = asyncio.run(run(address))
+    assert ([e.code for e in over.errors()], samples(over)) == (["text_backlog_full"], 0)
+    assert [e.code for e in failed.errors()] == ["engine_error"] and samples(failed) > 0  # what came before
+    assert [e.code for e in capped.errors()] == ["audio_truncated"] and samples(capped) == 0.5 * 16000
+    assert (fine.errors(), skipped.types()[0]) == ([], "error")
+    assert [e.code for e in skipped.errors()] == ["message_too_large"] and samples(skipped) > 0
+
+
+def test_past_max_sessions_a_connection_gets_server_busy_and_is_closed() -> None:
+    async def run(address: tuple[str, int]) -> Heard:
+        async with AsyncTcpClient(*address) as holder:
+            await holder.write_event(SynthesizeStart().event())  # a session is open
+            await holder.write_event(SynthesizeChunk(text="Hello there. ").event())
+            await read_until(holder, "audio-start")
+            async with AsyncTcpClient(*address) as refused:
+                return await read_until(refused, "never")
+
+    with wyoming_gateway(FakeEngine(), max_sessions=1) as address:
+        heard = asyncio.run(run(address))
+    assert [e.code for e in heard.errors()] == ["server_busy"] and len(heard.events) == 1
+
+
+def test_a_connection_that_asks_for_nothing_is_closed_after_the_config_timeout() -> None:
+    async def run(address: tuple[str, int]) -> Heard:
+        async with AsyncTcpClient(*address) as client:
+            await client.write_event(Describe().event())
+            return await read_until(client, "never")  # describe does not start the session
+
+    with wyoming_gateway(FakeEngine(), config_timeout_s=0.2) as address:
+        heard = asyncio.run(run(address))
+    assert heard.types() == ["info", "error"] and heard.errors()[0].code == "config_timeout"
+
+
 # -- the address, the flag and the variable ------------------------------------------------------------------
 
 
