@@ -125,12 +125,14 @@ async def _written(
                 case Message(msg=msg):
                     out = body.message(msg)
                 case ProtocolError():
-                    # The status is already sent: the body says so if its shape can, and ends early.
+                    # The status is already sent: the body says so if its shape can (SSE's error event),
+                    # else it is cut off without its end, so that it cannot be taken for complete.
                     host.meter.error(piece.code)
-                    logger.warning("engine failed mid-stream; response truncated: %s", piece.message)
+                    logger.warning("engine failed mid-stream; response cut off: %s", piece.message)
                     if out := body.error(piece):
                         yield out
-                    return
+                        return
+                    raise BodyCut(piece.message)
             if out:
                 host.meter.wrote(out)
                 yield out
@@ -138,6 +140,10 @@ async def _written(
     finally:
         host.meter.close()
         await host.aclose()  # a client that goes away stops the engine work too
+
+
+class BodyCut(Exception):
+    """The answer failed once its status was sent, in a shape with no place to say so: it is cut off."""
 
 
 class BodyResponse(StreamingResponse):
@@ -164,7 +170,7 @@ class BodyResponse(StreamingResponse):
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         try:
-            async for chunk in self._content:
+            async for chunk in self._content:  # BodyCut ends it (caught below)
                 try:
                     async with asyncio.timeout(self.send_timeout_s):
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -176,6 +182,8 @@ class BodyResponse(StreamingResponse):
                     )
                     return  # the server closes the connection: the body never ends
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except BodyCut:
+            return  # the server closes the connection: the body never ends
         finally:
             await self._close()
 
