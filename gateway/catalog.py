@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 from ..engine.base import TTSEngine, UnknownVoice, UnsupportedOption, Voice, VoiceReference
+from ..protocol.errors import ErrorCode
 from .clips import MAX_STORED_RATE, decoding, inline_reference
 from .http import Rejected
 from .voicestore import VoiceBackend
@@ -123,7 +124,7 @@ class Catalog:
             inline = await decoding(inline_reference, ref_audio, ref_text, self.clip_rate_hz)
         elif ref_text is not None:
             message = "ref_text goes with ref_audio; an uploaded voice keeps its own transcript"
-            raise Rejected(400, "invalid_ref_audio", message, "ref_text")
+            raise Rejected(ErrorCode.INVALID_REF_AUDIO, message, "ref_text")
         resolved = await self.resolve(owner, voice, model, inline)
         engine = resolved.engine
         options = dict(options)

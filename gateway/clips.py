@@ -26,6 +26,7 @@ import soundfile
 
 from ..engine.base import VoiceReference
 from ..protocol.audio import Resampler
+from ..protocol.errors import ErrorCode
 from .http import Rejected
 
 # vllm-omni's limit for a reference clip.
@@ -85,16 +86,16 @@ def parse_embedding(text: str) -> npt.NDArray[np.float32]:
     try:
         values = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise Rejected(400, "invalid_embedding", "speaker_embedding is not valid JSON", param) from exc
+        raise Rejected(ErrorCode.INVALID_EMBEDDING, "speaker_embedding is not valid JSON", param) from exc
     if not isinstance(values, list) or any(
         isinstance(v, bool) or not isinstance(v, int | float) for v in values
     ):
-        raise Rejected(400, "invalid_embedding", "speaker_embedding must be a JSON list of numbers", param)
+        raise Rejected(ErrorCode.INVALID_EMBEDDING, "speaker_embedding must be a JSON list of numbers", param)
     if not values:
-        raise Rejected(400, "empty_embedding", "speaker_embedding is empty", param)
+        raise Rejected(ErrorCode.EMPTY_EMBEDDING, "speaker_embedding is empty", param)
     if len(values) > MAX_EMBEDDING_DIM:
         raise Rejected(
-            400, "embedding_too_long", f"speaker_embedding has over {MAX_EMBEDDING_DIM} values", param
+            ErrorCode.EMBEDDING_TOO_LONG, f"speaker_embedding has over {MAX_EMBEDDING_DIM} values", param
         )
     try:
         with np.errstate(over="ignore"):
@@ -111,26 +112,29 @@ def check_embedding(
     ``speaker_embedding`` is held to, an upload's (``MAX_UPLOAD_EMBEDDING_DIM``), an imported and a
     stored one's."""
     if embedding.ndim != 1 or embedding.size == 0:
-        raise Rejected(400, "empty_embedding", f"{param} is empty or not a vector", param)
+        raise Rejected(ErrorCode.EMPTY_EMBEDDING, f"{param} is empty or not a vector", param)
     if embedding.size > max_dim:
         message = f"{param} has {embedding.size} values, over the {max_dim} allowed"
-        raise Rejected(400, "embedding_too_long", message, param)
-    check_finite(embedding, param, "embedding_not_finite", "values")
+        raise Rejected(ErrorCode.EMBEDDING_TOO_LONG, message, param)
+    check_finite(embedding, param, ErrorCode.EMBEDDING_NOT_FINITE, "values")
     return embedding
 
 
 def check_finite(
-    values: npt.NDArray[np.float32], param: str, code: str = "invalid_audio", what: str = "samples"
+    values: npt.NDArray[np.float32],
+    param: str,
+    code: ErrorCode = ErrorCode.INVALID_AUDIO,
+    what: str = "samples",
 ) -> None:
     """Refuse samples (or values) that are NaN or infinite: an engine would speak noise or fail."""
     if not np.isfinite(values).all():
-        raise Rejected(400, code, f"{param} has NaN or infinite {what}", param)
+        raise Rejected(code, f"{param} has NaN or infinite {what}", param)
 
 
 def check_text(value: str | None, param: str) -> None:
     """Refuse a text field of a voice over ``MAX_TEXT_BYTES`` (as an upload's form refuses it)."""
     if value is not None and len(value.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
-        raise Rejected(413, "field_too_large", f"{param} is larger than {MAX_TEXT_BYTES} bytes", param)
+        raise Rejected(ErrorCode.FIELD_TOO_LARGE, f"{param} is larger than {MAX_TEXT_BYTES} bytes", param)
 
 
 def check_clip(rate: int, channels: int, frames: int, param: str, *, slack_s: float = 0.0) -> None:
@@ -141,14 +145,14 @@ def check_clip(rate: int, channels: int, frames: int, param: str, *, slack_s: fl
             f"unsupported audio: {rate} Hz, {channels} channels ({MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz, "
             f"1-{MAX_CHANNELS} channels)"
         )
-        raise Rejected(400, "invalid_audio", message, param)
+        raise Rejected(ErrorCode.INVALID_AUDIO, message, param)
     if frames >= _UNKNOWN_FRAMES:
         message = f"{param} does not state its length in its header (a streamed file?); re-encode it whole"
-        raise Rejected(400, "invalid_audio", message, param)
+        raise Rejected(ErrorCode.INVALID_AUDIO, message, param)
     if not (MIN_DURATION_S - slack_s) * rate <= frames <= (MAX_DURATION_S + slack_s) * rate:
         length = f"{MIN_DURATION_S:g} to {MAX_DURATION_S:g} s"
         message = f"{param} must be {length} long; its header says {frames / rate:.6g} s"
-        raise Rejected(400, "invalid_duration", message, param)
+        raise Rejected(ErrorCode.INVALID_DURATION, message, param)
 
 
 class _Bytes:
@@ -246,10 +250,10 @@ def _decode(
             samples, frames = _decode_blocks(f, header, param, max_rate)
     except (soundfile.SoundFileError, ValueError, EOFError) as exc:
         message = f"{param} could not be decoded as wav, flac, ogg/opus or mp3"
-        raise Rejected(415, "unsupported_audio", message, param) from exc
+        raise Rejected(ErrorCode.UNSUPPORTED_AUDIO, message, param) from exc
     if not MIN_DURATION_S <= frames / header.rate <= MAX_DURATION_S:  # shorter than its header said
         message = f"{param} must be {MIN_DURATION_S:g} to {MAX_DURATION_S:g} s long"
-        raise Rejected(400, "invalid_duration", message, param)
+        raise Rejected(ErrorCode.INVALID_DURATION, message, param)
     return samples, min(header.rate, max_rate), header.mime_type
 
 
@@ -264,15 +268,17 @@ def inline_reference(ref_audio: str, ref_text: str | None, max_rate: int = MAX_S
     """
     header, _, payload = ref_audio.partition(",") if ref_audio.startswith("data:") else ("", "", ref_audio)
     if header and not header.endswith(";base64"):
-        raise Rejected(400, "invalid_ref_audio", "a ref_audio data URL must be base64 encoded", "ref_audio")
+        raise Rejected(
+            ErrorCode.INVALID_REF_AUDIO, "a ref_audio data URL must be base64 encoded", "ref_audio"
+        )
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         message = (
             "ref_audio must be a data: URL or base64 of a wav, flac, ogg or mp3 clip (URLs are not fetched)"
         )
-        raise Rejected(400, "invalid_ref_audio", message, "ref_audio") from None
+        raise Rejected(ErrorCode.INVALID_REF_AUDIO, message, "ref_audio") from None
     if len(data) > MAX_AUDIO_BYTES:
-        raise Rejected(413, "audio_too_large", f"ref_audio is over {MAX_AUDIO_BYTES} bytes", "ref_audio")
+        raise Rejected(ErrorCode.AUDIO_TOO_LARGE, f"ref_audio is over {MAX_AUDIO_BYTES} bytes", "ref_audio")
     audio, rate, _ = decode_audio(data, "ref_audio", max_rate)
     return VoiceReference(name="ref_audio", audio=audio, sample_rate=rate, ref_text=ref_text)

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..protocol.errors import ErrorCode, ProtocolError, field_path
+from ..protocol.errors import FAILURES, ErrorCode, ProtocolError, field_path
 
 _T = TypeVar("_T")
 
@@ -22,11 +22,13 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 class Rejected(Exception):
-    """A client error, answered with ``api_error``."""
+    """A client error of the voice routes, clips and forms, answered with ``api_error``: its code is a row of
+    the error table (``protocol.errors.FAILURES``), which gives its HTTP status."""
 
-    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+    def __init__(self, code: ErrorCode, message: str, param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.code, self.message, self.param = status, code, message, param
+        self.code, self.message, self.param = code, message, param
+        self.status = FAILURES[code].http_status
 
 
 class BodyTooLarge(Exception):
@@ -34,7 +36,12 @@ class BodyTooLarge(Exception):
 
 
 def api_error(
-    status: int, message: str, *, param: str | None = None, code: str | None = None, kind: str | None = None
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    code: ErrorCode | None = None,
+    kind: str | None = None,
 ) -> JSONResponse:
     """An error in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
     kind = kind or ("invalid_request_error" if status < 500 else "server_error")
@@ -112,7 +119,7 @@ async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
     ``websocket.http.response`` extension, which uvicorn supports); a server without the extension can
     only close it, which its client sees as a 403.
     """
-    response = api_error(404, f"no route for {scope.get('path', '')!r}", code="not_found")
+    response = api_error(404, f"no route for {scope.get('path', '')!r}", code=ErrorCode.NOT_FOUND)
     if scope["type"] == "websocket":
         if "websocket.http.response" not in scope.get("extensions", {}):
             await send({"type": "websocket.close", "code": 1008})
@@ -122,7 +129,7 @@ async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 #: The ``code`` of the router's own refusals (``HTTPException``), in OpenAI's error shape.
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+_HTTP_CODES = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -132,7 +139,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
         message = f"method {request.method} is not allowed on {request.url.path!r}"
     else:
         message = f"no route for {request.url.path!r}"
-    response = api_error(status, message, code=_HTTP_CODES.get(status, "not_found"))
+    response = api_error(status, message, code=_HTTP_CODES.get(status, ErrorCode.NOT_FOUND))
     if isinstance(exc, HTTPException) and exc.headers:
         response.headers.update(exc.headers)
     if status == 405:

@@ -12,6 +12,7 @@ from urllib.parse import parse_qsl
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from ..protocol.errors import ErrorCode
 from .http import Rejected
 
 
@@ -28,7 +29,7 @@ class FormLimits:
     urlencoded_bytes: int
     fields: int = 16
     #: The error code of a part over its limit, by part name (default ``field_too_large``).
-    too_large_codes: Mapping[str, str] = field(default_factory=dict)
+    too_large_codes: Mapping[str, ErrorCode] = field(default_factory=dict)
 
 
 @dataclass
@@ -63,17 +64,17 @@ class _MultipartForm:
                 },
             )
         except FormParserError as exc:
-            raise Rejected(400, "invalid_multipart", f"bad multipart boundary: {exc}") from exc
+            raise Rejected(ErrorCode.INVALID_MULTIPART, f"bad multipart boundary: {exc}") from exc
 
     def feed(self, chunk: bytes) -> None:
         try:
             self._parser.write(chunk)
         except FormParserError as exc:
-            raise Rejected(400, "invalid_multipart", f"malformed multipart body: {exc}") from exc
+            raise Rejected(ErrorCode.INVALID_MULTIPART, f"malformed multipart body: {exc}") from exc
 
     def finish(self) -> dict[str, Part]:
         if not self._done:
-            raise Rejected(400, "invalid_multipart", "multipart body ends before its closing boundary")
+            raise Rejected(ErrorCode.INVALID_MULTIPART, "multipart body ends before its closing boundary")
         return self.parts
 
     def _on_header_field(self, data: bytes, start: int, end: int) -> None:
@@ -91,7 +92,7 @@ class _MultipartForm:
         content_type = self._headers.get(b"content-type")
         self._headers = {}
         if b"name" not in options:
-            raise Rejected(400, "invalid_multipart", "a multipart part has no name in Content-Disposition")
+            raise Rejected(ErrorCode.INVALID_MULTIPART, "a multipart part has no name in Content-Disposition")
         name = options[b"name"].decode("utf-8", "replace")
         filename = options[b"filename"].decode("utf-8", "replace") if b"filename" in options else None
         part = Part(filename=filename, content_type=content_type.decode("latin-1") if content_type else None)
@@ -120,14 +121,14 @@ class _UrlencodedForm:
         if len(self._body) > self._limits.urlencoded_bytes:
             limit = self._limits.urlencoded_bytes
             message = f"an urlencoded form is at most {limit} bytes; send files as multipart"
-            raise Rejected(413, "request_too_large", message)
+            raise Rejected(ErrorCode.REQUEST_TOO_LARGE, message)
 
     def finish(self) -> dict[str, Part]:
         parts: dict[str, Part] = {}
         try:
             pairs = parse_qsl(self._body.decode("utf-8"), keep_blank_values=True, strict_parsing=True)
         except (UnicodeDecodeError, ValueError) as exc:
-            raise Rejected(400, "invalid_form", f"malformed urlencoded body: {exc}") from exc
+            raise Rejected(ErrorCode.INVALID_FORM, f"malformed urlencoded body: {exc}") from exc
         for name, value in pairs:
             part = Part(data=bytearray(value.encode()))
             _add_part(parts, name, part, self._limits)
@@ -138,15 +139,15 @@ class _UrlencodedForm:
 def _check_size(name: str, part: Part, limits: FormLimits) -> None:
     limit = limits.parts.get(name, limits.text_bytes)
     if len(part.data) > limit:
-        code = limits.too_large_codes.get(name, "field_too_large")
-        raise Rejected(413, code, f"{name} is larger than {limit} bytes", name)
+        code = limits.too_large_codes.get(name, ErrorCode.FIELD_TOO_LARGE)
+        raise Rejected(code, f"{name} is larger than {limit} bytes", name)
 
 
 def _add_part(parts: dict[str, Part], name: str, part: Part, limits: FormLimits) -> None:
     if name in parts:
-        raise Rejected(400, "duplicate_field", f"{name} is given more than once", name)
+        raise Rejected(ErrorCode.DUPLICATE_FIELD, f"{name} is given more than once", name)
     if len(parts) >= limits.fields:
-        raise Rejected(400, "too_many_fields", f"a {limits.what} has at most {limits.fields} fields")
+        raise Rejected(ErrorCode.TOO_MANY_FIELDS, f"a {limits.what} has at most {limits.fields} fields")
     parts[name] = part
 
 
@@ -156,17 +157,19 @@ async def read_form(content_type: str, chunks: AsyncIterator[bytes], limits: For
     form: _MultipartForm | _UrlencodedForm
     if mime == b"multipart/form-data":
         if not options.get(b"boundary"):
-            raise Rejected(400, "invalid_multipart", "multipart Content-Type without a boundary")
+            raise Rejected(ErrorCode.INVALID_MULTIPART, "multipart Content-Type without a boundary")
         form = _MultipartForm(options[b"boundary"], limits)
     elif mime == b"application/x-www-form-urlencoded":
         form = _UrlencodedForm(limits)
     else:
-        raise Rejected(415, "unsupported_content_type", f"send the {limits.what} as multipart/form-data")
+        raise Rejected(ErrorCode.UNSUPPORTED_CONTENT_TYPE, f"send the {limits.what} as multipart/form-data")
     total = 0
     async for chunk in chunks:
         total += len(chunk)
         if total > limits.body_bytes:
-            raise Rejected(413, "request_too_large", f"a {limits.what} is at most {limits.body_bytes} bytes")
+            raise Rejected(
+                ErrorCode.REQUEST_TOO_LARGE, f"a {limits.what} is at most {limits.body_bytes} bytes"
+            )
         form.feed(chunk)
     return form.finish()
 
@@ -179,4 +182,4 @@ def text_field(parts: dict[str, Part], name: str) -> str | None:
     try:
         return part.data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise Rejected(400, "invalid_field", f"{name} is not UTF-8 text", name) from exc
+        raise Rejected(ErrorCode.INVALID_FIELD, f"{name} is not UTF-8 text", name) from exc

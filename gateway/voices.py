@@ -49,6 +49,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..engine.base import Voice
+from ..protocol.errors import ErrorCode
 from .clips import MAX_AUDIO_BYTES, MAX_STORED_RATE, check_embedding, decode_audio, decoding, parse_embedding
 from .clips import MAX_TEXT_BYTES as MAX_TEXT_BYTES  # the limits an import shares (gateway.voice_folder)
 from .clips import MAX_UPLOAD_EMBEDDING_DIM as MAX_UPLOAD_EMBEDDING_DIM
@@ -84,7 +85,7 @@ LIMITS = FormLimits(
     text_bytes=MAX_TEXT_BYTES,
     urlencoded_bytes=MAX_URLENCODED_BYTES,
     fields=16,
-    too_large_codes={"audio_sample": "audio_too_large"},
+    too_large_codes={"audio_sample": ErrorCode.AUDIO_TOO_LARGE},
 )
 
 
@@ -121,23 +122,27 @@ def _check_form(parts: dict[str, Part]) -> _Upload:
     """The checks that need no decoding, in the order a client would fix them."""
     name = text_field(parts, "name")
     if name is None:
-        raise Rejected(400, "missing_name", "name is required", "name")
+        raise Rejected(ErrorCode.MISSING_NAME, "name is required", "name")
     try:
         name = check_name(name)  # NFKC, refused characters (gateway.names)
     except InvalidVoiceName as exc:
-        raise Rejected(400, "invalid_name", str(exc), "name") from exc
+        raise Rejected(ErrorCode.INVALID_NAME, str(exc), "name") from exc
     consent = text_field(parts, "consent")
     if not consent or not consent.strip():
-        raise Rejected(400, "missing_consent", "consent is required: record the speaker's consent", "consent")
+        raise Rejected(
+            ErrorCode.MISSING_CONSENT, "consent is required: record the speaker's consent", "consent"
+        )
     # A browser form sends an empty file part when no file was chosen.
     audio = parts.get("audio_sample")
     embedding_text = text_field(parts, "speaker_embedding")
     has_audio, has_embedding = bool(audio and audio.data), bool(embedding_text)
     if has_audio and has_embedding:
         message = "give either audio_sample or speaker_embedding, not both"
-        raise Rejected(400, "ambiguous_voice_source", message, "speaker_embedding")
+        raise Rejected(ErrorCode.AMBIGUOUS_VOICE_SOURCE, message, "speaker_embedding")
     if not has_audio and not has_embedding:
-        raise Rejected(400, "missing_voice_source", "give audio_sample or speaker_embedding", "audio_sample")
+        raise Rejected(
+            ErrorCode.MISSING_VOICE_SOURCE, "give audio_sample or speaker_embedding", "audio_sample"
+        )
     embedding = parse_embedding(embedding_text) if embedding_text else None
     if embedding is not None:
         check_embedding(embedding, max_dim=MAX_UPLOAD_EMBEDDING_DIM)
@@ -216,7 +221,7 @@ def _owner(request: Request) -> str:
 def _check_length(headers: Headers) -> None:
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise Rejected(413, "request_too_large", f"a voice upload is at most {MAX_BODY_BYTES} bytes")
+        raise Rejected(ErrorCode.REQUEST_TOO_LARGE, f"a voice upload is at most {MAX_BODY_BYTES} bytes")
 
 
 def _unavailable(exc: VoiceStoreUnavailable) -> JSONResponse:
@@ -225,7 +230,7 @@ def _unavailable(exc: VoiceStoreUnavailable) -> JSONResponse:
     response = api_error(
         503,
         "the voice store is unavailable; try again shortly",
-        code="voice_store_unavailable",
+        code=ErrorCode.VOICE_STORE_UNAVAILABLE,
         kind="server_error",
     )
     response.headers["Retry-After"] = str(STORE_RETRY_AFTER_S)
@@ -255,7 +260,7 @@ async def upload_voice(request: Request) -> JSONResponse:
         if any(v.name.casefold() == upload.name.casefold() for v in builtin):
             # Sessions would speak the built-in voice, so an upload under its name could never be used.
             raise Rejected(
-                409, "name_taken", f"{upload.name!r} is a built-in voice; choose another name", "name"
+                ErrorCode.NAME_TAKEN, f"{upload.name!r} is a built-in voice; choose another name", "name"
             )
         max_rate = catalog.clip_rate_hz if catalog else MAX_STORED_RATE
         info = await decoding(_save, store, _owner(request), upload, max_rate)
@@ -263,20 +268,20 @@ async def upload_voice(request: Request) -> JSONResponse:
         await _drain(chunks)
         return api_error(exc.status, exc.message, code=exc.code, param=exc.param)
     except VoiceLimitReached as exc:
-        return api_error(409, str(exc), code="voice_limit_reached", param="name")
+        return api_error(409, str(exc), code=ErrorCode.VOICE_LIMIT_REACHED, param="name")
     except VoiceQuotaExceeded as exc:
-        return api_error(409, str(exc), code="voice_quota_exceeded", param="audio_sample")
+        return api_error(409, str(exc), code=ErrorCode.VOICE_QUOTA_EXCEEDED, param="audio_sample")
     except VoiceStoreUnavailable as exc:
         return _unavailable(exc)
     except ClientDisconnect:
         logger.debug("client left during a voice upload")
-        return api_error(400, "the request body was cut short", code="client_disconnected")
+        return api_error(400, "the request body was cut short", code=ErrorCode.CLIENT_DISCONNECTED)
     finally:
         await chunks.aclose()
     engines = catalog.cloning_engines() if catalog else []
     answer: dict[str, object] = {"success": True, "voice": _voice_json(info, engines)}
     if not engines:
-        answer["warning"] = {"code": "voice_requires_cloning", "message": NO_CLONING_WARNING}
+        answer["warning"] = {"code": ErrorCode.VOICE_REQUIRES_CLONING, "message": NO_CLONING_WARNING}
     return JSONResponse(answer)
 
 
@@ -318,7 +323,7 @@ async def voice_details(request: Request) -> JSONResponse:
         ]
         if builtin:
             return JSONResponse(builtin[0])
-        return api_error(404, f"voice {name!r} not found", code="voice_not_found", param="name")
+        return api_error(404, f"voice {name!r} not found", code=ErrorCode.VOICE_NOT_FOUND, param="name")
     return JSONResponse(_voice_json(info, catalog.cloning_engines() if catalog else []))
 
 
@@ -331,7 +336,7 @@ async def delete_voice(request: Request) -> JSONResponse:
     except VoiceStoreUnavailable as exc:
         return _unavailable(exc)
     if not deleted:
-        return api_error(404, f"voice {name!r} not found", code="voice_not_found", param="name")
+        return api_error(404, f"voice {name!r} not found", code=ErrorCode.VOICE_NOT_FOUND, param="name")
     return JSONResponse({"success": True, "message": f"Voice '{name}' deleted successfully"})
 
 

@@ -102,6 +102,33 @@ class ErrorCode(enum.StrEnum):
     HEADER_TOO_LARGE = "header_too_large"
     #: A message would open a context past ``max_contexts`` named contexts open at once.
     TOO_MANY_CONTEXTS = "too_many_contexts"
+    # The REST voice routes' refusals (uploads, clips, forms) and the HTTP router's: never on a socket.
+    AMBIGUOUS_VOICE_SOURCE = "ambiguous_voice_source"
+    AUDIO_TOO_LARGE = "audio_too_large"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    DUPLICATE_FIELD = "duplicate_field"
+    EMBEDDING_TOO_LONG = "embedding_too_long"
+    EMPTY_EMBEDDING = "empty_embedding"
+    EMBEDDING_NOT_FINITE = "embedding_not_finite"
+    FIELD_TOO_LARGE = "field_too_large"
+    INVALID_AUDIO = "invalid_audio"
+    INVALID_DURATION = "invalid_duration"
+    INVALID_EMBEDDING = "invalid_embedding"
+    INVALID_FIELD = "invalid_field"
+    INVALID_FORM = "invalid_form"
+    INVALID_MULTIPART = "invalid_multipart"
+    INVALID_NAME = "invalid_name"
+    MISSING_CONSENT = "missing_consent"
+    MISSING_NAME = "missing_name"
+    MISSING_VOICE_SOURCE = "missing_voice_source"
+    NAME_TAKEN = "name_taken"
+    TOO_MANY_FIELDS = "too_many_fields"
+    UNSUPPORTED_AUDIO = "unsupported_audio"
+    UNSUPPORTED_CONTENT_TYPE = "unsupported_content_type"
+    VOICE_LIMIT_REACHED = "voice_limit_reached"
+    VOICE_QUOTA_EXCEEDED = "voice_quota_exceeded"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
 
 
 class Failure(NamedTuple):
@@ -156,6 +183,32 @@ FAILURES: dict[ErrorCode, Failure] = {
     ErrorCode.HEADER_TIMEOUT: Failure(CloseCode.TIMEOUT, 408),
     ErrorCode.HEADER_TOO_LARGE: Failure(CloseCode.MESSAGE_TOO_BIG, 431),
     ErrorCode.TOO_MANY_CONTEXTS: Failure(_POLICY, 429, "$.context_id"),
+    ErrorCode.AMBIGUOUS_VOICE_SOURCE: Failure(_POLICY, 400, "$.speaker_embedding"),
+    ErrorCode.AUDIO_TOO_LARGE: Failure(_POLICY, 413, "$.audio_sample"),
+    ErrorCode.CLIENT_DISCONNECTED: Failure(_POLICY, 400),
+    ErrorCode.DUPLICATE_FIELD: Failure(_POLICY, 400),
+    ErrorCode.EMBEDDING_TOO_LONG: Failure(_POLICY, 400, "$.speaker_embedding"),
+    ErrorCode.EMPTY_EMBEDDING: Failure(_POLICY, 400, "$.speaker_embedding"),
+    ErrorCode.EMBEDDING_NOT_FINITE: Failure(_POLICY, 400, "$.speaker_embedding"),
+    ErrorCode.FIELD_TOO_LARGE: Failure(_POLICY, 413),
+    ErrorCode.INVALID_AUDIO: Failure(_POLICY, 400, "$.audio_sample"),
+    ErrorCode.INVALID_DURATION: Failure(_POLICY, 400, "$.audio_sample"),
+    ErrorCode.INVALID_EMBEDDING: Failure(_POLICY, 400, "$.speaker_embedding"),
+    ErrorCode.INVALID_FIELD: Failure(_POLICY, 400),
+    ErrorCode.INVALID_FORM: Failure(_POLICY, 400),
+    ErrorCode.INVALID_MULTIPART: Failure(_POLICY, 400),
+    ErrorCode.INVALID_NAME: Failure(_POLICY, 400, "$.name"),
+    ErrorCode.MISSING_CONSENT: Failure(_POLICY, 400, "$.consent"),
+    ErrorCode.MISSING_NAME: Failure(_POLICY, 400, "$.name"),
+    ErrorCode.MISSING_VOICE_SOURCE: Failure(_POLICY, 400, "$.audio_sample"),
+    ErrorCode.NAME_TAKEN: Failure(_POLICY, 409, "$.name"),
+    ErrorCode.TOO_MANY_FIELDS: Failure(_POLICY, 400),
+    ErrorCode.UNSUPPORTED_AUDIO: Failure(_POLICY, 415, "$.audio_sample"),
+    ErrorCode.UNSUPPORTED_CONTENT_TYPE: Failure(_POLICY, 415),
+    ErrorCode.VOICE_LIMIT_REACHED: Failure(_POLICY, 409, "$.name"),
+    ErrorCode.VOICE_QUOTA_EXCEEDED: Failure(_POLICY, 409, "$.audio_sample"),
+    ErrorCode.NOT_FOUND: Failure(_POLICY, 404),
+    ErrorCode.METHOD_NOT_ALLOWED: Failure(_POLICY, 405),
 }
 #: The message of an ``internal_error``: the details stay in the server log.
 INTERNAL_ERROR_MESSAGE = "internal error; see the server log"
