@@ -9,6 +9,7 @@ characters always spell the segment's text as written: word timings only time th
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import msgspec
 
@@ -118,6 +119,39 @@ def _aligned(
         starts += spread_starts
         durations += spread_durations
     return Alignment(chars, starts, durations), limit
+
+
+class WordNamer:
+    """Names an engine's words of one segment in the client's own text (``text_normalization``).
+
+    The engine times the words it said (``text``, the segment as spoken); each is named by the client's
+    characters it stands for (``source``, through ``origins``): "twelve" by "$12.99", "sequel" by "**SQL**"'s
+    "SQL". Words of one written form after its first name nothing (""), so that the names, in order, never
+    repeat a character. A word not found in ``text`` keeps its own spelling.
+
+    Args:
+        text: the segment as spoken.
+        source: the client's text it stands for (``Normalizer.source``).
+        origins: for each character of ``text``, the index in ``source`` of the one it stands for.
+    """
+
+    def __init__(self, text: str, source: str, origins: Sequence[int]) -> None:
+        self.text, self.source, self.origins = text, source, origins
+        self._folded = text.lower() if len(text.lower()) == len(text) else text
+        self._cursor = 0  # where in ``text`` the next word is looked for
+        self._named = 0  # characters of ``source`` named so far
+
+    def name(self, word: str) -> str:
+        """The client's characters for the engine's next ``word``."""
+        at = self.text.find(word, self._cursor)
+        if at < 0:
+            at = self._folded.find(word.lower(), self._cursor)
+        if at < 0 or not word:
+            return word
+        self._cursor = at + len(word)
+        start, end = max(self.origins[at], self._named), self.origins[self._cursor - 1] + 1
+        self._named = max(self._named, end)
+        return self.source[start:end]
 
 
 class SecondsAlignment(msgspec.Struct, frozen=True):

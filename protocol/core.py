@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from .alignment import WordNamer
 from .audio import Samples
 from .errors import ProtocolError
 from .joins import Fader
@@ -110,6 +111,7 @@ class _Segment:
     text: str
     ready_t: float
     source: str = ""  # the client's text it stands for (sentence_text)
+    namer: WordNamer | None = None  # names its words in that text, where it differs from ``text``
     counted: int = 0  # utterance samples already handed out as Audio
     started: bool = False  # synthesis began (its text left the session's backlog)
     first_sent_t: float | None = None
@@ -270,8 +272,9 @@ class Core:
                 self._out.append(Configure(config, ignored))
             case UtteranceStarted(utterance_index=u, context_number=c):
                 self._open(u, now, c)
-            case SegmentReady(utterance_index=u, sentence_index=s, text=text, source=source):
-                self._utterance(u).segments[s] = _Segment(text, now, source=source or text)
+            case SegmentReady(utterance_index=u, sentence_index=s, text=text, source=source, origins=origins):
+                namer = WordNamer(text, source, origins) if source else None
+                self._utterance(u).segments[s] = _Segment(text, now, source=source or text, namer=namer)
                 self.session.backlog += len(text)
                 self._out.append(Speak(u, s, text))
             case UtteranceEnded(utterance_index=u, total_sentences=n, context_number=c):
@@ -596,7 +599,12 @@ class Core:
             chunk_start_ms=ms(0),
             chunk_end_ms=ms(length),
             sample_rate=u.packer.sample_rate,
-            timestamps=[WordTimestamp(word=w, start_ms=ms(start), end_ms=ms(end)) for w, start, end in words],
+            timestamps=[
+                WordTimestamp(
+                    word=w if seg.namer is None else seg.namer.name(w), start_ms=ms(start), end_ms=ms(end)
+                )
+                for w, start, end in words
+            ],
             context_id=wire_context_id(u.context_id),
         )
         seg.word_chunks += 1

@@ -257,26 +257,26 @@ class Normalizer:
         self._start()
         return out
 
-    def source(self, segment: str) -> str:
+    def source(self, segment: str) -> tuple[str, list[int]]:
         """The client's text a segment stands for: from the character its first spoken character stands for
-        to the one its last does (markup around it, held by neither segment, is left out).
+        to the one its last does (markup around it, held by neither segment, is left out); and for each
+        character of ``segment``, the index in that text of the one it stands for.
 
         Call it with each segment the segmenter cut from this normalizer's text, in order; ``off`` returns
-        ``segment``. A segment not found in the spoken text (never, for a segmenter's cut) is returned as it
-        is.
+        ``segment`` itself. A segment not found in the spoken text (never, for a segmenter's cut) is returned
+        as it is.
         """
-        if not self.enabled:
-            return segment
         text = "".join(self._spoken)
         at = text.find(segment)
-        if at < 0 or not segment:
-            return segment
+        if not self.enabled or at < 0 or not segment:
+            return segment, list(range(len(segment)))
         cut = at + len(segment)
         first, last = self._origins[at], self._origins[cut - 1]
         named = self._raw[first - self._raw_at : last + 1 - self._raw_at]
+        origins = [o - first for o in self._origins[at:cut]]
         self._spoken, self._origins = [text[cut:]], self._origins[cut:]
         self._raw, self._raw_at = self._raw[last + 1 - self._raw_at :], last + 1
-        return named
+        return named, origins
 
     def _emit(self, out_text: list[str], out_at: list[int]) -> str:
         spoken = "".join(out_text)
@@ -362,11 +362,11 @@ class Normalizer:
         return tok, at
 
     def _put(self, words: str, at: int, span: int, out_text: list[str], out_at: list[int]) -> None:
-        """Say ``words`` for the ``span`` client characters from ``at``: each word character names the one
-        at the same proportion of the span, the first the first and the last the last."""
+        """Say ``words`` for the ``span`` client characters from ``at``: the first character names the first
+        of them, every other one the last (so that the first word said names the whole written form)."""
         out_text.append(words)
-        last = max(len(words) - 1, 1)
-        out_at.extend(at + k * (span - 1) // last for k in range(len(words)))
+        out_at.append(at)
+        out_at.extend([at + span - 1] * (len(words) - 1))
         self._line_said = True
 
     def _keep(self, tok: str, i: int, j: int, at: int, out_text: list[str], out_at: list[int]) -> None:

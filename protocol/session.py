@@ -126,8 +126,10 @@ class SegmentReady(Event, frozen=True):
     utterance_index: int
     sentence_index: int
     text: str
-    #: The client's text the segment stands for (``Normalizer.source``), where it differs from ``text``.
+    #: The client's text the segment stands for (``Normalizer.source``), where it differs from ``text``,
+    #: and for each character of ``text`` the index in ``source`` of the one it stands for.
     source: str = ""
+    origins: tuple[int, ...] = ()
 
 
 class UtteranceStarted(Event, frozen=True):
@@ -522,9 +524,9 @@ class Session:
         # (``empty_input``); here it may be part of a longer text, so it is dropped (``speakable``).
         for text in filter(speakable, texts):
             assert stream.utterance is not None  # text is buffered only in an open utterance
-            source = stream.normalizer.source(text)
-            source = "" if source == text else source
-            out.append(SegmentReady(stream.utterance, stream.sentences, text, source))
+            source, origins = stream.normalizer.source(text)
+            named = (source, tuple(origins)) if source != text else ("", ())
+            out.append(SegmentReady(stream.utterance, stream.sentences, text, *named))
             stream.sentences += 1
         return out
 

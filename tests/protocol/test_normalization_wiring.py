@@ -6,10 +6,23 @@ from __future__ import annotations
 import json
 
 import msgspec
+import numpy as np
 import pytest
+from voxgate.protocol.alignment import WordNamer
+from voxgate.protocol.core import Core
 from voxgate.protocol.elevenlabs import Params, decode_body, parse_params, session_config
 from voxgate.protocol.errors import ErrorCode, ProtocolError
-from voxgate.protocol.messages import Pronunciation, SessionConfig, aliases
+from voxgate.protocol.messages import (
+    AudioStart,
+    InputDone,
+    InputText,
+    Pronunciation,
+    SessionConfig,
+    WordTimestamps,
+    aliases,
+)
+from voxgate.protocol.normalize import Alias, Normalizer
+from voxgate.protocol.output import Message, OutputFormat
 from voxgate.protocol.session import SegmentReady, Session, UtteranceEnded, UtteranceStarted
 from voxgate.protocol.speech import decode_batch_request, decode_speech_request, merge
 
@@ -153,7 +166,8 @@ def test_a_commit_reads_the_token_held() -> None:
     session = configured()
     session.receive_text(message("input.text", text="see *it"))
     events = session.receive_text(message("input.commit"))
-    assert [e for e in events if isinstance(e, SegmentReady)] == [SegmentReady(0, 0, "see it", "see *it")]
+    [segment] = [e for e in events if isinstance(e, SegmentReady)]
+    assert (segment.text, segment.source, segment.origins) == ("see it", "see *it", (0, 1, 2, 3, 5, 6))
 
 
 def test_a_named_context_normalizes_as_configured_and_a_cancel_drops_what_is_held() -> None:
@@ -175,3 +189,59 @@ def test_the_backlog_cap_counts_the_token_held() -> None:
     with pytest.raises(ProtocolError) as info:
         session.receive_text(message("input.text", text="90"))
     assert info.value.code == ErrorCode.TEXT_BACKLOG_FULL
+
+
+# --- what the listener heard, in the client's characters ------------------------------------------
+
+
+def test_word_namer_names_each_word_in_the_clients_text() -> None:
+    norm = Normalizer("on", aliases=[Alias("SQL", "sequel")])
+    said = norm.feed("Use **SQL**: $12.99 at https://ex.io/a now") + norm.flush()
+    source, origins = norm.source(said)
+    namer = WordNamer(said, source, origins)
+    assert said == "Use sequel: twelve dollars and ninety-nine cents at ex dot io now"
+    assert [
+        namer.name(w) for w in ["Use", "SEQUEL:", "twelve", "dollars", "and", "ninety-nine", "cents"]
+    ] == [
+        "Use",
+        "SQL**:",
+        "$12.99",
+        "",
+        "",
+        "",
+        "",
+    ]
+    assert [namer.name(w) for w in ["at", "ex", "dot", "io", "gone", "now", ""]] == [
+        "at",
+        "https://ex.io/a",
+        "",
+        "",
+        "gone",
+        "now",
+        "",
+    ]
+
+
+def test_word_timestamps_and_sentence_text_name_the_clients_characters() -> None:
+    core = Core(OutputFormat("pcm", 8000, frame_ms=100, word_timestamps=True))
+    core.receive_message(SessionConfig(word_timestamps=True), 0.0)
+    core.accept_config(
+        SessionConfig(word_timestamps=True), OutputFormat("pcm", 8000, frame_ms=100, word_timestamps=True)
+    )
+    core.data_to_send()
+    core.receive_message(InputText(text="Here is `sushi_roll`, **really**."), 0.0)
+    core.receive_message(InputDone(), 0.0)
+    core.data_to_send()
+    core.segment_started(0, 0)
+    core.audio(
+        0,
+        0,
+        np.zeros(800, dtype=np.float32),
+        8000,
+        [("Here", 0, 200), ("is", 200, 300), ("sushi", 300, 500), ("roll,", 500, 600), ("really.", 600, 800)],
+    )
+    out = core.data_to_send()
+    [start] = [o.msg for o in out if isinstance(o, Message) and isinstance(o.msg, AudioStart)]
+    assert start.sentence_text == "Here is `sushi_roll`, **really**."
+    [chunk] = [o.msg for o in out if isinstance(o, Message) and isinstance(o.msg, WordTimestamps)]
+    assert [w.word for w in chunk.timestamps] == ["Here", "is", "sushi", "roll`,", "really**."]

@@ -73,7 +73,7 @@ def test_off_is_todays_reading() -> None:
     assert norm.feed(MARKDOWN_REPLY) == MARKDOWN_REPLY
     assert norm.commit() == ""
     assert norm.flush() == ""
-    assert norm.source("**Sure!**") == "**Sure!**"
+    assert norm.source("**Sure!**") == ("**Sure!**", list(range(9)))
     assert norm.origins == []
 
 
@@ -254,13 +254,13 @@ def test_origins_name_the_clients_characters() -> None:
     out = norm.feed("**Hi** $5 ") + norm.flush()
     assert out == "Hi five dollars "
     assert norm.origins[:2] == [2, 3]
-    assert norm.origins[3:15] == [7] * 11 + [8]  # "five dollars" stands for "$5", first and last
+    assert norm.origins[3:15] == [7] + [8] * 11  # "five dollars" stands for "$5": its first, then its last
 
 
 def test_source_names_each_segment_in_the_clients_text() -> None:
     norm, seg = Normalizer("on"), Segmenter(eager_first=False)
     texts = seg.push(norm.feed(MARKDOWN_REPLY)) + seg.push(norm.flush()) + seg.flush()
-    assert [norm.source(t) for t in texts] == [
+    assert [norm.source(t)[0] for t in texts] == [
         "Sure!",
         "Here are three options:",
         "1. *Pizza* for $12.99",
@@ -269,8 +269,17 @@ def test_source_names_each_segment_in_the_clients_text() -> None:
         "Summary",
         "Total: 3 items",
     ]
-    assert norm.source("never said") == "never said"
-    assert norm.source("") == ""
+    assert norm.source("never said") == ("never said", list(range(10)))
+    assert norm.source("") == ("", [])
+
+
+def test_source_maps_each_spoken_character_into_the_segments_own_text() -> None:
+    norm = Normalizer("on")
+    said = norm.feed("Pay **$5** now.") + norm.flush()
+    assert said == "Pay five dollars now."
+    source, origins = norm.source(said)
+    assert source == "Pay **$5** now."
+    assert origins[:4] == [0, 1, 2, 3] and origins[4:16] == [6] + [7] * 11 and origins[-1] == 14
 
 
 def test_source_after_reset_counts_from_there() -> None:
@@ -279,7 +288,7 @@ def test_source_after_reset_counts_from_there() -> None:
     norm.reset()
     said = norm.feed("**kept** ")
     assert said.strip() == "kept"
-    assert norm.source("kept") == "kept"
+    assert norm.source("kept") == ("kept", [0, 1, 2, 3])
     assert norm.commit() == ""
     assert norm.pending == ""
     assert norm.feed("tail") == "tail"  # a plain word is read at once
