@@ -164,10 +164,15 @@ def test_the_engine_pace_is_learned_from_what_it_did() -> None:
         pace.first_audio(chars, 0.15)  # a remote engine: its first chunk costs the same for any text
     assert pace.first_audio_s(10) == pytest.approx(0.15, abs=0.03)
     assert pace.first_audio_s(300) == pytest.approx(0.15, abs=0.03)
-    assert pace.audio_s(100) == pytest.approx(100 * 0.055 * 0.85)
-    pace.spoken(100, 6.6)
+    pace.first_audio(60, 0.55)  # a burst of load: 0.4 s late
+    assert pace.first_audio_s(60) > 0.5  # what it may take again, for a while
+    for _ in range(40):
+        pace.first_audio(60, 0.15)
+    assert pace.first_audio_s(60) == pytest.approx(0.15, abs=0.03)  # forgotten once it is over
+    assert pace.audio_s(100) == pytest.approx(100 * 0.06 * 0.9)
+    pace.spoken(100, 7.0)
     pace.spoken(0, 1.0)  # nothing to learn from
-    assert 100 * 0.055 * 0.85 < pace.audio_s(100) < 100 * 0.066 * 0.85
+    assert 100 * 0.06 * 0.9 < pace.audio_s(100) < 100 * 0.07 * 0.9
 
 
 def test_audio_without_its_start_written_and_a_start_after_a_cancel_teach_nothing() -> None:
