@@ -101,6 +101,13 @@ class RateLimiter:
     """The per-caller rate limit of REST requests (the fleet's buckets in Redis, else the process's own).
 
     A batch's items each take a token too (``gateway.batch``): a batch is admitted item by item.
+
+    Args:
+        rate: requests per second per caller (> 0).
+        burst: requests a caller may make at once.
+        clock: seconds, monotonic (tests pass a fake one).
+        max_entries: buckets kept at most.
+        shared: the fleet's buckets in Redis; the process's own are used while it is down.
     """
 
     def __init__(
@@ -139,38 +146,18 @@ class RateLimiter:
 
 
 class RateLimitMiddleware:
-    """429 ``rate_limited`` with ``Retry-After`` for REST requests over the caller's rate.
+    """429 ``rate_limited`` with ``Retry-After`` for REST requests over the caller's rate (``limiter``; None
+    turns the limit off).
 
     Sits inside ``AuthMiddleware``, which records the caller's ``owner`` (a hash of the key); without
     keys (owner ``""``) the client's address is the bucket's key: the ASGI ``client``, the TCP peer's
     unless the peer is one of ``trusted_proxies`` (then uvicorn put the ``X-Forwarded-For`` address
     there, ``voxgate.cli.uvicorn_http_options``), so a client cannot pick its bucket with the header.
     The limiter is left in the request's state (``rate_limiter``) for the routes that admit work in parts.
-
-    Args:
-        rate: requests per second per caller; 0 turns the limit off.
-        burst: requests a caller may make at once.
-        clock: seconds, monotonic (tests pass a fake one).
-        shared: the fleet's buckets in Redis; the process's own are used while it is down.
     """
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        rate: float,
-        burst: int,
-        clock: Callable[[], float] = time.monotonic,
-        max_entries: int = MAX_BUCKETS,
-        shared: SharedLimits | None = None,
-    ) -> None:
-        self.app = app
-        self.limiter = (
-            RateLimiter(rate, burst, clock=clock, max_entries=max_entries, shared=shared)
-            if rate > 0
-            else None
-        )
-        self.buckets = None if self.limiter is None else self.limiter.buckets
+    def __init__(self, app: ASGIApp, *, limiter: RateLimiter | None) -> None:
+        self.app, self.limiter = app, limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         limiter = self.limiter
