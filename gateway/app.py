@@ -24,7 +24,7 @@ from .clips import MAX_CLIP_RATE, MIN_SAMPLE_RATE
 from .headers import SecurityHeadersMiddleware
 from .http import RequestIdMiddleware, WebFiles, http_error
 from .metrics import Metrics, metrics_endpoint
-from .ratelimit import RateLimiter, RateLimitMiddleware
+from .ratelimit import RateLimitMiddleware, rate_limiter
 from .sessions import Admission, Sessions
 from .settings import Settings
 from .shared_limits import SharedLimits
@@ -153,8 +153,7 @@ def create_app(
         *cartesia.routes,
         *deepgram.routes,
     ]
-    rate, burst = settings.rate_limit_per_s, settings.rate_limit_burst
-    limiter = RateLimiter(rate, burst, shared=shared) if rate > 0 else None
+    limiter = rate_limiter(settings.rate_limit_per_s, settings.rate_limit_burst, shared=shared)
     middleware = [
         Middleware(SecurityHeadersMiddleware),  # outermost: the auth middleware's refusals get them too
         Middleware(RequestIdMiddleware),

@@ -145,6 +145,17 @@ class RateLimiter:
         return ProtocolError(ErrorCode.RATE_LIMITED, message), seconds
 
 
+def rate_limiter(
+    rate: float,
+    burst: int,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    shared: SharedLimits | None = None,
+) -> RateLimiter | None:
+    """The rate limit of ``rate`` requests a second past ``burst``; None for a rate of 0 (no limit)."""
+    return RateLimiter(rate, burst, clock=clock, shared=shared) if rate > 0 else None
+
+
 class RateLimitMiddleware:
     """429 ``rate_limited`` with ``Retry-After`` for REST requests over the caller's rate (``limiter``; None
     turns the limit off).

@@ -10,7 +10,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.ratelimit import RateLimitMiddleware, TokenBuckets, retry_after
+from voxgate.gateway.ratelimit import RateLimitMiddleware, TokenBuckets, rate_limiter, retry_after
 
 from tests.conftest import serve_engine
 
@@ -75,7 +75,7 @@ def _app(clock: FakeClock, rate: float = 1.0, burst: int = 2) -> Starlette:
         return PlainTextResponse("ok")
 
     app = Starlette(routes=[Route("/v1/thing", ok), Route("/healthz", ok)])
-    app.add_middleware(RateLimitMiddleware, rate=rate, burst=burst, clock=clock)
+    app.add_middleware(RateLimitMiddleware, limiter=rate_limiter(rate, burst, clock=clock))
     return app
 
 
