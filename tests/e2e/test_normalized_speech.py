@@ -81,3 +81,19 @@ def test_each_list_item_is_its_own_segment_and_off_reads_as_today(piper_gateway:
         "Here are the steps:\n1.",
         "Open the app\n2.",
     ]  # the number glued to the item before
+
+
+def test_an_alias_is_heard_and_sounds_as_the_word_replaced_by_hand(
+    piper_gateway: str, whisper: object
+) -> None:
+    aliased, _ = speak(
+        piper_gateway,
+        "We store it in **SQL** today.",
+        pronunciations=[{"text": "SQL", "alias": "structured query language"}],
+    )
+    by_hand, _ = speak(piper_gateway, "We store it in structured query language today.")
+    assert aliased == by_hand  # the same seed: the same audio
+    _, heard = word_error_rate(
+        whisper, decode(aliased, "f32"), 16000, "We store it in structured query language today."
+    )
+    assert "structured query language" in heard, heard
