@@ -15,6 +15,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import tempfile
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -23,13 +24,19 @@ from typing import Protocol
 import httpx
 import numpy as np
 import pytest
-from voxgate.engine.base import AudioChunk, SynthesisRequest
+from voxgate.engine.base import AudioChunk, SynthesisRequest, TTSEngine
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
+from voxgate.gateway.app import create_app
+from voxgate.gateway.settings import Settings
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
+from wyoming import audio as wyoming_audio
+from wyoming import error as wyoming_error
+from wyoming.client import AsyncTcpClient
+from wyoming.tts import Synthesize, SynthesizeVoice
 
-from tests.conftest import TIMEOUT_S, serve_engine
+from tests.conftest import TIMEOUT_S, serve
 from tests.decoding import decoded
 
 RATE = 16000  # the engine's rate, and the output rate asked for wherever a surface lets a client choose
@@ -48,6 +55,21 @@ CAP_S = 1.0
 PADDING_S = {"pcm": 0.001, "mulaw": 0.02, "flac": 0.001, "opus": 0.002, "mp3": 0.11, "aac": 0.13}
 #: Audio a streaming encoder may hold back until it has more input: a frame and its look-ahead.
 LATENCY_S = 0.25
+
+
+#: Each gateway's Wyoming address, by its HTTP one: every gateway here serves Wyoming too (``serve_engine``).
+WYOMING: dict[str, tuple[str, int]] = {}
+
+
+@contextlib.contextmanager
+def serve_engine(tts: TTSEngine, **settings: object) -> Iterator[str]:
+    """``tests.conftest.serve_engine``, serving Wyoming too on a port the system picks (``WYOMING``)."""
+    with tempfile.TemporaryDirectory(prefix="voxgate-voices-") as voices_dir:
+        config = Settings.from_env({}, voices_dir=voices_dir, wyoming="127.0.0.1:0", **settings)
+        app = create_app(config, engine=tts)
+        with serve(app) as address:
+            WYOMING[address] = app.state.wyoming.address
+            yield address
 
 
 def said(text: str) -> float:
@@ -377,10 +399,48 @@ def until_enough(
         response.close()
 
 
+@dataclass(frozen=True)
+class WyomingTcp:
+    """Home Assistant's Wyoming over TCP, with the real ``wyoming`` client: a one-shot ``synthesize``, its
+    audio as ``audio-chunk``s (pcm at the engine's rate: Wyoming has no other format), errors as ``error``
+    events, ended by its ``audio-stop`` or by the server hanging up."""
+
+    name: str = "wyoming"
+    formats: tuple[str, ...] = ()
+
+    def speak(self, address: str, text: str, *, voice: str = VOICE, fmt: str = "pcm") -> Outcome:
+        return asyncio.run(self.exchange(WYOMING[address], text, voice, lambda got: False))
+
+    def listen(self, address: str, text: str, fmt: str, enough: Callable[[Outcome], bool]) -> Outcome:
+        return asyncio.run(self.exchange(WYOMING[address], text, VOICE, enough))
+
+    @staticmethod
+    async def exchange(
+        wyoming: tuple[str, int], text: str, voice: str, enough: Callable[[Outcome], bool]
+    ) -> Outcome:
+        out = Outcome("pcm", RATE)
+        async with AsyncTcpClient(*wyoming) as client:
+            await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name=voice)).event())
+            while not enough(out):
+                event = await asyncio.wait_for(client.read_event(), TIMEOUT_S)
+                if event is None:
+                    out.ended = "hang-up"
+                    break
+                if wyoming_audio.AudioChunk.is_type(event.type):
+                    out.audio.append(wyoming_audio.AudioChunk.from_event(event).audio)
+                elif wyoming_error.Error.is_type(event.type):
+                    out.errors.append(wyoming_error.Error.from_event(event).code or UNCODED)
+                elif wyoming_audio.AudioStop.is_type(event.type):
+                    out.ended = "audio-stop"
+                    break
+        return out
+
+
 VLLM = SpeechSocket("ws-vllm-omni", extensions=False)
 VOXGATE = SpeechSocket("ws-voxgate.v1", extensions=True)
 TWILIO = SpeechSocket("ws-twilio", extensions=True, carrier="twilio")
 TELNYX = SpeechSocket("ws-telnyx", extensions=True, carrier="telnyx")
+WYOMING_TCP = WyomingTcp()
 SURFACES: list[Surface] = [
     VLLM,
     VOXGATE,
@@ -392,6 +452,7 @@ SURFACES: list[Surface] = [
     ElevenRest("el-rest-stream", path="/stream"),
     OpenAIRest("openai-body", sse=False),
     OpenAIRest("openai-sse", sse=True),
+    WYOMING_TCP,
 ]
 CARRIERS = {TWILIO.name, TELNYX.name}
 WEBSOCKETS = {s.name for s in SURFACES if isinstance(s, SpeechSocket | ElevenSocket)}
@@ -412,6 +473,8 @@ def normal_end(surface: Surface) -> str:
     """How an exchange that went well ends on ``surface``."""
     if surface.name in WEBSOCKETS:
         return "close 1000"
+    if surface.name == WYOMING_TCP.name:
+        return "audio-stop"  # the connection stays open for the next request
     return "http 200 speech.audio.done" if surface.name == "openai-sse" else "http 200"
 
 
@@ -426,6 +489,7 @@ TRUNCATION_REPORTED = {
     TELNYX.name: ["audio_truncated"],
     "el-stream-input": ["audio_truncated"],
     "el-multi-stream-input": ["audio_truncated"],
+    WYOMING_TCP.name: ["audio_truncated"],
 }
 
 
@@ -447,6 +511,7 @@ def test_the_audio_cap_cuts_every_surface_at_the_same_length(surface: Surface) -
 # text it was given by design (§11.1: "ElevenLabs lets the flushed audio finish"; docs/agents.md: pipecat
 # drops it), and its `flush` speaks what is buffered: neither cancels. A REST request has no message to
 # send after its body: a client barges in by going away, which `test_a_client_that_goes_away_...` covers.
+# Wyoming has no cancel either: Home Assistant hangs up, as a REST client goes away.
 
 
 @pytest.mark.parametrize("surface", [VOXGATE, TWILIO, TELNYX], ids=lambda s: s.name)
@@ -482,6 +547,7 @@ REFUSED = {
     **{name: "close 1008 voice_not_found" for name in (VLLM.name, VOXGATE.name, TWILIO.name, TELNYX.name)},
     "el-stream-input": "close 1008",
     "el-multi-stream-input": "close 1008",
+    WYOMING_TCP.name: "hang-up",  # a connection's first request refused for its voice: error, then hang-up
 }
 
 
@@ -505,6 +571,7 @@ FAILURE_REPORTED = {
     "el-rest-stream": ([], "http 200 cut"),
     "openai-body": ([], "http 200 cut"),
     "openai-sse": (["engine_error"], "http 200 speech.audio.error"),
+    WYOMING_TCP.name: (["engine_error"], "audio-stop"),
 }
 
 
@@ -566,6 +633,7 @@ CAP_REFUSED = {
     "el-rest-stream": (["text_backlog_full"], "http 413"),
     "openai-body": (["text_backlog_full"], "http 413"),
     "openai-sse": (["text_backlog_full"], "http 413"),
+    WYOMING_TCP.name: (["text_backlog_full"], "audio-stop"),
 }
 
 
