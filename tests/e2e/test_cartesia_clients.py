@@ -14,12 +14,13 @@ import asyncio
 import base64
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
 from cartesia import AsyncCartesia
+from cartesia.types import GenerationRequestParam, RawOutputFormatParam
+from cartesia.types.websocket_client_event_param import CancelContextRequest
 from livekit.plugins import cartesia as livekit_cartesia
 from pipecat.frames.frames import TTSAudioRawFrame, TTSSpeakFrame, TTSTextFrame
 from pipecat.services.cartesia.tts import CartesiaTTSService
@@ -37,7 +38,7 @@ KEY = "cartesia-test-key"
 KATIE = "f786b574-daa5-4673-aa0c-cbe3e8534c02"
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 FIRST, SECOND = "Hello, and welcome to the voice gateway. ", "Please hold while I transfer your call."
-PCM_16K = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 16000}
+PCM_16K: RawOutputFormatParam = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 16000}
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +73,13 @@ def test_sdk_websocket_streams_audio_before_the_last_text_with_monotonic_timesta
         async with client.tts.websocket_connect() as connection:
             ctx = connection.context(
                 model_id="sonic-3",
-                voice={"mode": "id", "id": KATIE},
+                voice={"id": KATIE},
                 output_format=PCM_16K,
                 add_timestamps=True,
             )
             await ctx.push(FIRST, flush=True)
-            audio, starts, words, kinds = bytearray(), [], [], []
+            audio, starts, words = bytearray(), list[float](), list[str]()
+            kinds: list[str] = []
             events = ctx.receive()
             async for event in events:
                 kinds.append(event.type)
@@ -129,7 +131,7 @@ def test_sdk_sse_and_an_unknown_voice(tone: str) -> None:
         stream = await client.tts.generate_sse(
             model_id="sonic-3", transcript="Hi there.", voice=KATIE, output_format=PCM_16K, context_id="sse-1"
         )
-        kinds = [event.type async for event in stream]
+        kinds: list[str] = [event.type async for event in stream]
         async with aiohttp.ClientSession() as http:
             body = {
                 "transcript": "Hi.",
@@ -150,6 +152,18 @@ def test_sdk_sse_and_an_unknown_voice(tone: str) -> None:
     )
 
 
+def request(context: str, transcript: str) -> GenerationRequestParam:
+    """A whole context in one message (its input ends with it), as the SDK's one-shot sends it."""
+    return {
+        "context_id": context,
+        "model_id": "sonic-3",
+        "voice": KATIE,
+        "output_format": PCM_16K,
+        "transcript": transcript,
+        "continue": False,
+    }
+
+
 def test_sdk_cancel_stops_a_context_and_the_socket_goes_on(tone: str) -> None:
     """After ``{"context_id", "cancel": true}`` no audio of that context comes, and the same socket
     speaks the next context to its end."""
@@ -158,17 +172,17 @@ def test_sdk_cancel_stops_a_context_and_the_socket_goes_on(tone: str) -> None:
         client = sdk(tone)
         seen: list[tuple[str, str]] = []
         async with client.tts.websocket_connect() as connection:
-            base: dict[str, Any] = {"model_id": "sonic-3", "voice": KATIE, "output_format": PCM_16K}
             long_text = "This sentence goes on and on. " * 8  # 14 s of tone
-            await connection.send({**base, "context_id": "long", "transcript": long_text, "continue": False})
+            await connection.send(request("long", long_text))
             long_audio = 0
             while True:
                 event = json.loads(await connection.recv_bytes())
                 if event["type"] == "chunk":
                     long_audio += len(base64.b64decode(event["data"]))
                     break
-            await connection.send({"context_id": "long", "cancel": True})
-            await connection.send({**base, "context_id": "next", "transcript": "Short.", "continue": False})
+            cancel: CancelContextRequest = {"context_id": "long", "cancel": True}
+            await connection.send(cancel)
+            await connection.send(request("next", "Short."))
             next_audio = 0
             while True:
                 event = json.loads(await connection.recv_bytes())
@@ -226,5 +240,7 @@ def test_livekit_plugin_streams_and_synthesizes(gateway: str, whisper: object) -
     streamed, whole, rate = asyncio.run(speak())
     assert rate == 24000
     for audio in (streamed, whole):
-        error, heard = word_error_rate(whisper, np.frombuffer(audio, "<i2") / 32768.0, 24000, SENTENCE)
+        error, heard = word_error_rate(
+            whisper, (np.frombuffer(audio, "<i2") / 32768.0).astype(np.float32), 24000, SENTENCE
+        )
         assert error < 0.25, heard
