@@ -87,7 +87,10 @@ class TcpSocket:
             event = self._events.popleft()
             if reply is None:
                 return {"type": "websocket.receive", "bytes": event}
-            await self.send_bytes(reply)
+            try:
+                await self.send_bytes(reply)
+            except WebSocketDisconnect:
+                return {"type": "websocket.disconnect", "code": 1006}
 
     async def send_bytes(self, data: bytes) -> None:
         if self.writer.is_closing():
