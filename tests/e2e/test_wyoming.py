@@ -225,6 +225,16 @@ def test_an_unknown_voice_is_an_error_naming_the_voices(gateway: tuple[str, int]
     assert samples(exchange(gateway, Synthesize(text="Hello.").event(), last="audio-stop")) > 0  # it goes on
 
 
+def test_a_voice_of_wyoming_piper_maps_through_the_aliases() -> None:
+    aliases = {
+        "en_US-lessac-medium": "tone"
+    }  # VOXGATE_VOICE_ALIASES, as a user moving from wyoming-piper sets it
+    with wyoming_gateway(FakeEngine(), voice_aliases=aliases) as address:
+        lessac = SynthesizeVoice(name="en_US-lessac-medium")
+        heard = exchange(address, Synthesize(text="Hello.", voice=lessac).event(), last="audio-stop")
+    assert heard.errors() == [] and samples(heard) > 0
+
+
 def test_a_refused_voice_after_a_good_one_is_not_heard_at_all(
     gateway: tuple[str, int], fake: FakeEngine
 ) -> None:
