@@ -9,11 +9,19 @@ did (a hang-up stops it); with Piper, Whisper hears the audio at the rate ``audi
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from voxgate.engine.base import TTSEngine
@@ -376,6 +384,42 @@ def test_serve_takes_wyoming_from_the_flag_or_the_variable(
     assert "is not HOST:PORT" in capsys.readouterr().err
     with pytest.raises(ValueError, match="HOST:PORT"):
         create_app(Settings.from_env({}, wyoming="nowhere"), engine=FakeEngine())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_voxgate_serve_runs_wyoming_beside_http_and_its_api_keys_do_not_apply(tmp_path: Path) -> None:
+    http, tcp = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
+    env.update(
+        VOXGATE_API_KEYS="secret", VOXGATE_VOICES_DIR=str(tmp_path), VOXGATE_WYOMING=f"127.0.0.1:{tcp}"
+    )
+    argv = [sys.executable, "-c", "import sys; from voxgate.cli import main; sys.exit(main())"]
+    with subprocess.Popen(
+        [*argv, "serve", "--engine", "fake", "--port", str(http)], env=env, stderr=subprocess.PIPE
+    ) as server:
+        try:
+            deadline = time.monotonic() + TIMEOUT_S
+            while True:
+                try:
+                    heard = exchange(("127.0.0.1", tcp), Synthesize(text="Hello.").event(), last="audio-stop")
+                    break
+                except OSError:
+                    assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
+                    time.sleep(0.1)
+            refused = urllib.request.Request(f"http://127.0.0.1:{http}/v1/audio/voices")
+            with pytest.raises(urllib.error.HTTPError, match="401"):
+                urllib.request.urlopen(refused, timeout=TIMEOUT_S)  # the HTTP side wants its key
+        finally:
+            server.send_signal(signal.SIGTERM)
+            _, err = server.communicate(timeout=TIMEOUT_S)
+    assert heard.errors() == [] and samples(heard) > 0  # Wyoming has no key to give
+    assert f"Wyoming server on 127.0.0.1:{tcp} (no authentication" in err.decode()
+    assert server.returncode == 0
 
 
 # -- Piper, heard with Whisper -------------------------------------------------------------------------------
