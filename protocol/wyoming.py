@@ -3,7 +3,7 @@
 Wyoming is a TCP stream of events. Each event is a JSON header line (``type``, ``data_length``,
 ``payload_length``; older peers put ``data`` in the header itself), then ``data_length`` bytes of JSON data
 (merged over the header's), then ``payload_length`` bytes of payload (audio). ``Framer`` cuts the stream
-into whole events, ``Framer.parse`` reads one, ``serialize`` writes one. The TCP shell (``gateway.wyoming``)
+into whole events, ``parse`` reads one, ``serialize`` writes one. The TCP shell (``gateway.wyoming``)
 hands each whole event to the WebSocket shell (``gateway.connection``) as one message, and answers the two
 events that are no part of a session itself: ``describe`` (``info``: the TTS program and its voices) and
 ``ping`` (``pong``).
