@@ -39,8 +39,8 @@ import msgspec
 
 from .audio import AudioFormat
 from .bodies import Body
-from .codec import Codec, Inbound, Payload
-from .errors import FAILURES, MALFORMED_JSON, CloseCode, ErrorCode, ProtocolError, field_path
+from .codec import Inbound, Own, Payload
+from .errors import FAILURES, ErrorCode, ProtocolError, decoded
 from .messages import (
     AudioDone,
     AudioStart,
@@ -132,12 +132,7 @@ def decode_request(data: str | bytes, what: str = "") -> Request:
     Raises:
         ProtocolError: not JSON (``invalid_json``), or a field of the wrong type (``invalid_message``).
     """
-    try:
-        return _decode_request(data)
-    except msgspec.ValidationError as exc:
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)) from None
-    except MALFORMED_JSON as exc:
-        raise ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON{what}: {exc}") from None
+    return decoded(_decode_request, data, what)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +275,7 @@ class _Context:
     end_ms: float = 0.0  # the end of the context's audio so far
 
 
-class CartesiaSocket:
+class CartesiaSocket(Own):
     """The codec of ``WS /tts/websocket`` (see the module docstring).
 
     Args:
@@ -427,21 +422,6 @@ class CartesiaSocket:
             self._finished.append(str(context))
             out.append(_shape("done", context, done=True, status_code=OK))
         return out
-
-    def check(self, config: SessionConfig, previous: SessionConfig | None) -> SessionConfig:
-        """The config as this codec made it."""
-        return config
-
-    def adopt(self, config: SessionConfig) -> Codec:
-        """This codec."""
-        return self
-
-    def dropped(self) -> None:
-        """Nothing to do."""
-
-    def close(self, error: ProtocolError | None) -> tuple[int, str | None]:
-        """1000, or the fatal error's close code, with no reason."""
-        return int(CloseCode.NORMAL if error is None else error.close_code), None
 
 
 class CartesiaSse(Body):

@@ -19,9 +19,9 @@ A codec never awaits and never touches a socket.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Self
 
-from .errors import ProtocolError
+from .errors import CloseCode, ProtocolError
 from .messages import ClientMessage, PlaybackPosition, SessionConfig
 from .output import Audio, Message
 
@@ -69,3 +69,24 @@ class Codec(Protocol):
     def close(self, error: ProtocolError | None) -> tuple[int, str | None]:
         """The close code and reason of a session that ends normally (None) or with ``error``."""
         ...
+
+
+class Own:
+    """The hooks of a codec whose session's configs are its own (it makes them from its wire): each config
+    as it made it, itself kept, nothing to forget on a cancel, and the error's close code (1000 without
+    one) with no reason. Cartesia's and Deepgram's codecs take them."""
+
+    def check(self, config: SessionConfig, previous: SessionConfig | None) -> SessionConfig:
+        """The config as the codec made it."""
+        return config
+
+    def adopt(self, config: SessionConfig) -> Self:
+        """This codec."""
+        return self
+
+    def dropped(self) -> None:
+        """Nothing to do."""
+
+    def close(self, error: ProtocolError | None) -> tuple[int, str | None]:
+        """1000, or the fatal error's close code, with no reason."""
+        return int(CloseCode.NORMAL if error is None else error.close_code), None

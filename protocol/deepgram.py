@@ -26,8 +26,8 @@ from typing import TypeVar
 import msgspec
 
 from .audio import AudioFormat
-from .codec import Codec, Inbound, Payload
-from .errors import MALFORMED_JSON, CloseCode, ErrorCode, ProtocolError, field_path
+from .codec import Inbound, Own, Payload
+from .errors import CloseCode, ErrorCode, ProtocolError, decoded
 from .messages import (
     AudioCancelled,
     ClientMessage,
@@ -200,15 +200,12 @@ def decode_message(data: str | bytes) -> DeepgramMessage:
     if isinstance(data, bytes):
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, "send text messages: Speak, Flush, Clear or Close")
     try:
-        msg: DeepgramMessage = _decode_message(data)
-    except msgspec.ValidationError as exc:
-        path = field_path(exc)
-        if path == "$.type":
-            message = f"unknown message type: use Speak, Flush, Clear or Close ({exc})"
-            raise ProtocolError(ErrorCode.UNKNOWN_TYPE, message, field=path) from None
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=path) from None
-    except MALFORMED_JSON as exc:
-        raise ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON: {exc}") from None
+        msg: DeepgramMessage = decoded(_decode_message, data)
+    except ProtocolError as err:
+        if err.field == "$.type":
+            message = f"unknown message type: use Speak, Flush, Clear or Close ({err.message})"
+            raise ProtocolError(ErrorCode.UNKNOWN_TYPE, message, field=err.field) from None
+        raise
     return msg
 
 
@@ -227,12 +224,7 @@ def decode_body(data: bytes) -> str:
     Raises:
         ProtocolError: not JSON (``invalid_json``), or no ``text`` string (``invalid_message``).
     """
-    try:
-        return _decode_body(data).text
-    except msgspec.ValidationError as exc:
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)) from None
-    except MALFORMED_JSON as exc:
-        raise ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON body: {exc}") from None
+    return decoded(_decode_body, data, " body").text
 
 
 def rest_error(err: ProtocolError, request_id: str) -> bytes:
@@ -240,7 +232,7 @@ def rest_error(err: ProtocolError, request_id: str) -> bytes:
     return _encode({"err_code": err.code.upper(), "err_msg": err.message, "request_id": request_id})
 
 
-class DeepgramSocket:
+class DeepgramSocket(Own):
     """The codec of ``WS /v1/speak`` (see the module docstring).
 
     Args:
@@ -316,17 +308,6 @@ class DeepgramSocket:
             case Error(code=code, message=message):
                 return [warning(code, message)]
         return []
-
-    def check(self, config: SessionConfig, previous: SessionConfig | None) -> SessionConfig:
-        """The config as the query made it."""
-        return config
-
-    def adopt(self, config: SessionConfig) -> Codec:
-        """This codec."""
-        return self
-
-    def dropped(self) -> None:
-        """Nothing to do."""
 
     def close(self, error: ProtocolError | None) -> tuple[int, str | None]:
         """1000, or the fatal error's close code, with its code as the reason (as Deepgram's)."""

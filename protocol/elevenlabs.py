@@ -37,9 +37,8 @@ the SDK). The REST routes send a segment whole with its alignment (``hold`` / ``
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
 import msgspec
 
@@ -50,7 +49,7 @@ from .alignment import (
     word_alignment,
 )
 from .audio import BYTES_PER_SAMPLE, AudioFormat
-from .errors import FAILURES, MALFORMED_JSON, CloseCode, ErrorCode, ProtocolError, field_path
+from .errors import FAILURES, CloseCode, ErrorCode, ProtocolError, decoded, field_path
 from .messages import (
     AudioDone,
     AudioStart,
@@ -145,7 +144,6 @@ class RequestBody(msgspec.Struct, frozen=True, kw_only=True):
     apply_text_normalization: TextNormalization | None = None
 
 
-_T = TypeVar("_T")
 _decode_inbound = msgspec.json.Decoder(Inbound).decode
 _decode_body = msgspec.json.Decoder(RequestBody).decode
 _encode = msgspec.json.Encoder().encode
@@ -158,7 +156,7 @@ def decode_inbound(data: str | bytes) -> Inbound:
         ProtocolError: not JSON, nested past the interpreter's stack (``invalid_json``), or a field of the
             wrong type (``invalid_message``, with its path).
     """
-    return _decoded(_decode_inbound, data, "")
+    return decoded(_decode_inbound, data)
 
 
 def decode_body(data: bytes) -> RequestBody:
@@ -167,16 +165,7 @@ def decode_body(data: bytes) -> RequestBody:
     Raises:
         ProtocolError: as ``decode_inbound`` does.
     """
-    return _decoded(_decode_body, data, " body")
-
-
-def _decoded(decode: Callable[[str | bytes], _T], data: str | bytes, what: str) -> _T:
-    try:
-        return decode(data)
-    except msgspec.ValidationError as exc:
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)) from None
-    except MALFORMED_JSON as exc:
-        raise ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON{what}: {exc}") from None
+    return decoded(_decode_body, data, " body")
 
 
 @dataclass(frozen=True, slots=True)

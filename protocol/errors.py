@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 import msgspec
 
@@ -30,6 +31,7 @@ import msgspec
 MALFORMED_JSON: tuple[type[Exception], ...] = (msgspec.DecodeError, RecursionError)
 _PATH = re.compile(r"at `(\$[^`]*)`")
 _FIELD = re.compile(r"(?:unknown|missing required) field `([^`]*)`")
+_T = TypeVar("_T")
 
 
 class CloseCode(enum.IntEnum):
@@ -224,6 +226,22 @@ def field_path(exc: msgspec.ValidationError) -> str | None:
     path, name = _PATH.search(text), _FIELD.search(text)
     base = path[1] if path else "$"
     return f"{base}.{name[1]}" if name else base if path else None
+
+
+def decoded(decode: Callable[[str | bytes], _T], data: str | bytes, what: str = "") -> _T:
+    """``decode(data)`` (a msgspec decoder of one client message or body), its failures as every surface
+    reports them.
+
+    Raises:
+        ProtocolError: not JSON, nested past the interpreter's stack (``invalid_json``, ``what`` names the
+            body), or a field of the wrong type (``invalid_message``, with its path).
+    """
+    try:
+        return decode(data)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field_path(exc)) from None
+    except MALFORMED_JSON as exc:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON{what}: {exc}") from None
 
 
 class ProtocolError(Exception):
