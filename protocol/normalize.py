@@ -70,7 +70,12 @@ _CLOSING: Final = _TRAILING + ")"
 _LEADING: Final = re.compile(r"[$€£¥]?\d+(?:\.\d+)?")
 # Letters and the digits after them ("x86", "GPT4"): kept as they are, in one step.
 _WORD: Final = re.compile(r"[^\W\d_][^\W_]*")
-_TAG: Final = re.compile(r"</?[A-Za-z!]")
+# An HTML tag LLMs write (a comparison such as "x <y" is no tag: its rest would be left out up to a ">").
+_TAG: Final = re.compile(
+    r"<(?:/?(?:a|b|i|u|s|p|em|strong|br|hr|span|div|sup|sub|code|pre|ul|ol|li|h[1-6]|img|table|tr|td|th|del"
+    r"|ins|mark|small|kbd|details|summary|blockquote)(?=[\s/>]|$)|!--)",
+    re.IGNORECASE,
+)
 
 
 def is_emoji(char: str) -> bool:
@@ -291,6 +296,8 @@ class Normalizer:
         else:
             out_text.append("\n")
             out_at.append(at)
+        if self._line_start and not self._fence:  # a blank line: what a tag, link or ~~ left open ends here
+            self._skip, self._strike = "", False
         self._line_start = True
         self._line_said = False
         self._table = False
