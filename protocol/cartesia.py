@@ -290,6 +290,7 @@ class CartesiaSocket(Own):
         self._open: dict[str, _Context] = {}  # the contexts that take more text
         self._texting: set[str] = set()  # the contexts whose utterance has text (a config must wait)
         self._finished: list[str] = []  # contexts whose done went out: close them in the session
+        self._refused: list[tuple[str, str]] = []  # the messages refused, by context and code, to report
         self._last: str | None = None  # the context of the last message, for errors that name none
         self._speaking: str | None = None  # the context of the segment whose audio comes next
         self._start_ms = 0.0  # that segment's start on its utterance's clock
@@ -322,6 +323,7 @@ class CartesiaSocket(Own):
         except ProtocolError as err:
             self._finished = finished
             err.context_id = context
+            self._refused.append((context, err.code))  # its error says done: nothing of it follows
             raise
 
     def _receive(self, req: Request, context: str) -> list[Inbound]:
@@ -405,9 +407,12 @@ class CartesiaSocket(Own):
                 self._texting.discard(context or "")
                 return [] if ctx.done else [_shape("done", context, done=True, status_code=OK)]
             case Error(code=code, message=message, fatal=fatal):
-                return [
-                    error_payload(code, message, context or self._last, done=fatal or context is not None)
-                ]
+                # A refused message's error ends what it asked for (done); one of a generation does not:
+                # its context goes on to its own done.
+                refused = (context or "", code) in self._refused
+                if refused:
+                    self._refused.remove((context or "", code))
+                return [error_payload(code, message, context or self._last, done=fatal or refused)]
         return []
 
     def _ended(self, context: str | None, ctx: _Context) -> list[bytes]:
