@@ -1,11 +1,12 @@
 """Streaming text normalization: an LLM's markdown reply as a person would read it aloud (sans-I/O).
 
 ``Normalizer`` sits between a context's ``input.text`` and its segmenter (``protocol.session``). It is fed
-the client's text in pieces of any size and returns the spoken text it is sure of, holding back only the
-token still being written (the characters after the last whitespace): no rule looks further than one
-token, so a ``**`` split over two messages, or a URL over five, is read the same as if it came whole, and
-text without markup reaches the segmenter as soon as the segmenter could use it (it never cuts inside a
-word either). With ``text_normalization`` ``on`` or ``auto`` (docs/protocol.md, "Text normalization"):
+the client's text in pieces of any size and returns the spoken text it is sure of. It holds back at most
+the token still being written (the characters after the last whitespace), and only while it may still
+turn into markup, a URL, a number or a pronunciation: no rule looks further than one token, so a ``**``
+split over two messages, or a URL over five, is read the same as if it came whole, and a plain word
+reaches the segmenter as it arrives. With ``text_normalization`` ``on`` or ``auto`` (docs/protocol.md
+§17):
 
 * markdown is not read aloud: emphasis (``*`` ``_`` ``**`` ``__``), headings, list markers, block quotes,
   code fences and inline code (their text is kept), links (``[text](url)`` speaks its text), images (left
@@ -20,8 +21,8 @@ word either). With ``text_normalization`` ``on`` or ``auto`` (docs/protocol.md, 
 * ``pronunciations`` replace whole words by their ``alias``.
 
 ``off`` passes text through unchanged. Every spoken character keeps the index of the client's character
-it stands for (``origins``, counted from the start of the utterance), so that what the engine says can be
-named in the client's own text (``source``).
+it stands for (``origins``, counted from the first character fed, or from the last ``reset``), so that what
+the engine says can be named in the client's own text (``source``, ``alignment.WordNamer``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import re
 from collections.abc import Sequence
 from typing import Final, Literal
 
-from .numbers import spell
+from .numbers import spell, spell_at
 
 #: What ``text_normalization`` asks for: ``auto`` (the default) and ``on`` normalize, ``off`` reads as sent.
 TextNormalization = Literal["auto", "on", "off"]
@@ -63,11 +64,6 @@ _PLAIN_PREFIX: Final = re.compile(r"[^\W\d_]*[.,!?;:]*")
 _URL_STARTS: Final = ("https://", "http://", "www.")
 # Characters a URL or address does not end with: the sentence's punctuation after it.
 _TRAILING: Final = ".,;:!?"
-# A number-like run at the start of a word; ``numbers.spell`` decides what, if anything, it is.
-_NUMBERISH: Final = re.compile(r"[-+(]?[$€£¥]?\d[\w$€£¥%+\-–.,:/()]*")
-_CLOSING: Final = _TRAILING + ")"
-# The plain number that starts a number-like run that is no number as a whole ("1,2,3").
-_LEADING: Final = re.compile(r"[$€£¥]?\d+(?:\.\d+)?")
 # Letters and the digits after them ("x86", "GPT4"): kept as they are, in one step.
 _WORD: Final = re.compile(r"[^\W\d_][^\W_]*")
 # An HTML tag LLMs write (a comparison such as "x <y" is no tag: its rest would be left out up to a ">").
@@ -492,13 +488,7 @@ class Normalizer:
             end = i + len(url) + (1 if tok.startswith(">", i + len(url)) else 0)
             host = _HOST_END.split(_SCHEME.sub("", url), 1)[0]
             return _dotted(host or url), end
-        if self.expand_numbers and (m := _NUMBERISH.match(tok, i)) is not None:
-            lead = _LEADING.match(m[0])
-            for text in (m[0], m[0].rstrip(_CLOSING), lead[0] if lead else ""):
-                end = i + len(text)
-                if text and (end == len(tok) or not tok[end].isalnum()) and (said := spell(text)):
-                    return said, end
-        return None
+        return spell_at(tok, i) if self.expand_numbers else None
 
 
 def _dotted(name: str) -> str:

@@ -214,3 +214,26 @@ def spell(text: str) -> str | None:
         if m is not None:
             return say(m)
     return None
+
+
+# A number-like run at the start of a word; ``spell`` decides what, if anything, it is.
+_NUMBERISH: Final = re.compile(r"[-+(]?[$€£¥]?\d[\w$€£¥%+\-–.,:/()]*")
+# The plain number that starts a number-like run that is no number as a whole ("1,2,3").
+_LEADING: Final = re.compile(r"[$€£¥]?\d+(?:\.\d+)?")
+
+
+def spell_at(text: str, i: int) -> tuple[str, int] | None:
+    """The words for the number that starts at ``text[i]`` (a word's start), and where it ends; None if none.
+
+    The number-like run there is tried whole, without the punctuation after it ("12.99." is "12.99"), then
+    its leading plain number ("1,2,3" starts with "1"); a number glued to letters ("3D") is none.
+    """
+    m = _NUMBERISH.match(text, i)
+    if m is None:
+        return None
+    lead = _LEADING.match(m[0])
+    for written in (m[0], m[0].rstrip(".,;:!?)"), lead[0] if lead else ""):
+        end = i + len(written)
+        if written and (end == len(text) or not text[end].isalnum()) and (said := spell(written)):
+            return said, end
+    return None
