@@ -12,7 +12,9 @@ written, none while it holds one back. The codecs:
 - ``protocol.telephony.Telephony``: a phone carrier's media-stream messages around the session's own,
   chosen when a ``session.config`` names ``framing`` (``adopt``);
 - ``protocol.elevenlabs_socket.ElevenLabsSocket``: ElevenLabs' ``stream-input`` and
-  ``multi-stream-input``.
+  ``multi-stream-input``;
+- ``protocol.cartesia.CartesiaSocket``: Cartesia's ``/tts/websocket`` (each Cartesia context a context);
+- ``protocol.deepgram.DeepgramSocket``: Deepgram Aura's ``/v1/speak``.
 
 A codec never awaits and never touches a socket.
 """
