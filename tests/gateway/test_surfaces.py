@@ -565,6 +565,83 @@ class DeepgramWs:
             return acks, after
 
 
+@dataclass(frozen=True)
+class CartesiaRest:
+    """Cartesia's ``POST /tts/bytes`` (the audio as the body: raw, or mp3) and ``POST /tts/sse`` (``chunk``
+    events, then ``done``, or ``error`` once the answer started)."""
+
+    name: str
+    sse: bool
+    formats: tuple[str, ...] = ()
+
+    def request(self, address: str, text: str, voice: str, fmt: str) -> httpx.Request:
+        output_format: dict[str, object] = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": RATE}
+        if fmt == "mp3":
+            output_format = {"container": "mp3", "sample_rate": RATE, "bit_rate": 64000}
+        body = {"transcript": text, "voice": {"mode": "id", "id": voice}, "output_format": output_format}
+        url = f"http://{address}/tts/{'sse' if self.sse else 'bytes'}"
+        return httpx.Request("POST", url, json={**body, "model_id": "sonic-3"})
+
+    def speak(self, address: str, text: str, *, voice: str = VOICE, fmt: str = "pcm") -> Outcome:
+        with httpx.Client(timeout=TIMEOUT_S) as client:
+            response, body, cut = read_body(client, self.request(address, text, voice, fmt))
+        out = Outcome(fmt, RATE, ended=f"http {response.status_code}{cut}")
+        if response.status_code != 200:
+            out.errors.append(json.loads(body)["error_code"])
+        elif not self.sse:
+            out.audio.append(body)
+        else:
+            for line in body.decode().splitlines():
+                if line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    out.ended = f"http 200 {event['type']}"
+                    if event["type"] == "chunk":
+                        out.audio.append(base64.b64decode(event["data"]))
+                    elif event["type"] == "error":
+                        out.errors.append(event["error_code"])
+        return out
+
+    def listen(self, address: str, text: str, fmt: str, enough: Callable[[Outcome], bool]) -> Outcome:
+        with httpx.Client(timeout=TIMEOUT_S) as client:
+            response = client.send(self.request(address, text, VOICE, fmt), stream=True)
+            pieces = self.chunks(response) if self.sse else response.iter_raw()
+            return until_enough(response, pieces, Outcome(fmt, RATE), enough)
+
+    @staticmethod
+    def chunks(response: httpx.Response) -> Iterator[bytes]:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and (event := json.loads(line[6:]))["type"] == "chunk":
+                yield base64.b64decode(event["data"])
+
+
+@dataclass(frozen=True)
+class DeepgramRest:
+    """Deepgram Aura's ``POST /v1/speak``: the audio as the body, its format from the query."""
+
+    name: str = "deepgram-rest"
+    formats: tuple[str, ...] = ("mp3", "opus", "aac", "flac")
+
+    def request(self, address: str, text: str, voice: str, fmt: str) -> httpx.Request:
+        encoding = "linear16&container=none" if fmt == "pcm" else fmt
+        url = f"http://{address}/v1/speak?model={voice}&encoding={encoding}&sample_rate={RATE}"
+        return httpx.Request("POST", url, json={"text": text})
+
+    def speak(self, address: str, text: str, *, voice: str = VOICE, fmt: str = "pcm") -> Outcome:
+        with httpx.Client(timeout=TIMEOUT_S) as client:
+            response, body, cut = read_body(client, self.request(address, text, voice, fmt))
+        out = Outcome(fmt, RATE, ended=f"http {response.status_code}{cut}")
+        if response.status_code == 200:
+            out.audio.append(body)
+        else:
+            out.errors.append(json.loads(body)["err_code"].lower())
+        return out
+
+    def listen(self, address: str, text: str, fmt: str, enough: Callable[[Outcome], bool]) -> Outcome:
+        with httpx.Client(timeout=TIMEOUT_S) as client:
+            response = client.send(self.request(address, text, VOICE, fmt), stream=True)
+            return until_enough(response, response.iter_raw(), Outcome(fmt, RATE), enough)
+
+
 CARTESIA = CartesiaWs()
 DEEPGRAM = DeepgramWs()
 VLLM = SpeechSocket("ws-vllm-omni", extensions=False)
@@ -586,6 +663,9 @@ SURFACES: list[Surface] = [
     WYOMING_TCP,
     CARTESIA,
     DEEPGRAM,
+    CartesiaRest("cartesia-bytes", sse=False, formats=("mp3",)),
+    CartesiaRest("cartesia-sse", sse=True),
+    DeepgramRest(),
 ]
 CARRIERS = {TWILIO.name, TELNYX.name}
 WEBSOCKETS = {s.name for s in SURFACES if isinstance(s, SpeechSocket | ElevenSocket | DeepgramWs)}
@@ -610,7 +690,9 @@ def normal_end(surface: Surface) -> str:
         return "audio-stop"  # the connection stays open for the next request
     if surface.name == CARTESIA.name:
         return "done"  # the context's end; the socket stays open for the next
-    return "http 200 speech.audio.done" if surface.name == "openai-sse" else "http 200"
+    return {"openai-sse": "http 200 speech.audio.done", "cartesia-sse": "http 200 done"}.get(
+        surface.name, "http 200"
+    )
 
 
 # -- the audio cap ---------------------------------------------------------------------------------------
@@ -729,6 +811,9 @@ FAILURE_REPORTED = {
     WYOMING_TCP.name: (["engine_error"], "audio-stop"),
     CARTESIA.name: (["engine_error"], "done"),
     DEEPGRAM.name: (["engine_error"], "close 1000"),
+    "cartesia-bytes": ([], "http 200 cut"),
+    "cartesia-sse": (["engine_error"], "http 200 error"),
+    "deepgram-rest": ([], "http 200 cut"),
 }
 
 
@@ -793,6 +878,10 @@ CAP_REFUSED = {
     WYOMING_TCP.name: (["text_backlog_full"], "audio-stop"),
     CARTESIA.name: (["text_backlog_full"], "done"),
     DEEPGRAM.name: (["text_backlog_full"], "close 1000"),
+    **{
+        name: (["text_backlog_full"], "http 413")
+        for name in ("cartesia-bytes", "cartesia-sse", "deepgram-rest")
+    },
 }
 
 
