@@ -6,9 +6,10 @@ and the remote engine's ``UpstreamPool`` knows each upstream's health and breake
 time. A ``SessionMeter`` is one session's (or one REST request's) view of the metrics.
 
 Labels stay bounded: ``engine`` (the configured engines), ``dialect`` (``voxgate.v1``, ``vllm-omni``,
-``elevenlabs``, ``cartesia``, ``deepgram``, or ``openai`` for ``POST /v1/audio/speech``), ``since``, ``code`` (the protocol's error
-codes) and ``upstream`` (the configured URLs as ``scheme://host:port``, ``engine.upstreams.redact_url``: no
-credentials, path or query). Nothing is labelled by key, owner, session or voice.
+``elevenlabs``, ``cartesia``, ``deepgram``, or ``openai`` for ``POST /v1/audio/speech``), ``since``,
+``code`` (the protocol's error codes) and ``upstream`` (the configured URLs as ``scheme://host:port``,
+``engine.upstreams.redact_url``: no credentials, path or query). Nothing is labelled by key, owner, session
+or voice.
 """
 
 from __future__ import annotations
