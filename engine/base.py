@@ -195,12 +195,16 @@ class TTSEngine(Protocol):
         sample_rate: native output rate, the session default.
         default_voice: the voice used when a client names none.
         clones: whether it can speak uploaded voices (``SynthesisRequest.reference``).
+        reads_numbers: whether its front end reads numbers, dates, money and times as a person would; if
+            not (Piper's espeak reads "12/05/2026" as "12-0-5-2,26"), ``text_normalization: auto`` writes
+            them out first (``protocol.normalize``).
     """
 
     name: str
     sample_rate: int
     default_voice: str
     clones: bool
+    reads_numbers: bool
 
     async def start(self) -> None:
         """Load the model; called once from the app lifespan before serving."""

@@ -68,6 +68,8 @@ class FakeEngine:
 
     default_voice = "tone"
 
+    reads_numbers = True  # it reads nothing: normalization is tested on the text it is sent
+
     def __init__(
         self,
         *,

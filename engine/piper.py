@@ -171,6 +171,7 @@ class PiperEngine:
     name = "piper"
     default_voice = VOICE_NAME
     clones = False
+    reads_numbers = False  # espeak's front end: "$1,234.56" is heard as "$1,234.5. 6"
 
     def __init__(
         self,

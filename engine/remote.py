@@ -289,6 +289,7 @@ class RemoteEngine:
 
     name = "remote"
     clones = True
+    reads_numbers = True  # a speech model's own text front end
 
     def __init__(
         self,

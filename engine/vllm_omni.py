@@ -234,6 +234,7 @@ class VllmOmniEngine:
     """
 
     name = "vllm-omni"
+    reads_numbers = True  # a speech model's own text front end
 
     def __init__(
         self,

@@ -336,6 +336,7 @@ class Connection:
         self.meter.configured(engine.name)
         rate = config.output_rate(engine.sample_rate)
         try:
+            self.session.expand_numbers = not engine.reads_numbers  # text_normalization: auto
             self.core.accept_config(config, OutputFormat.of(config, rate).check())
         except ProtocolError as err:
             raise self.core.reject_config(err) from None

@@ -16,6 +16,7 @@ end (a few numbers a character).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -25,7 +26,6 @@ from starlette.routing import Route
 
 from ..protocol.bodies import Body, ElevenAudio, ElevenLines, ElevenWhole
 from ..protocol.elevenlabs import (
-    Params,
     Stream,
     decode_body,
     http_error,
@@ -68,11 +68,11 @@ async def _speak(request: Request, shape: _Shape) -> Response:
         body = decode_body(await read_body(request, MAX_BODY_BYTES))
         if not speakable(body.text):
             raise ProtocolError(ErrorCode.EMPTY_INPUT, "text has nothing to speak", field="text")
-        params = Params(
-            params.output_format, body.model_id or params.model_id, body.seed, params.inactivity_timeout_s
-        )
+        params = dataclasses.replace(params, model_id=body.model_id or params.model_id, seed=body.seed)
         words = await check_voice(state, voice_id, params)
-        config = session_config(voice_id, params, body.voice_settings, words=words)
+        normalization = body.apply_text_normalization
+        settings = body.voice_settings
+        config = session_config(voice_id, params, settings, words=words, text_normalization=normalization)
         resolved = await state.catalog.prepare(
             getattr(state, "owner", ""), config.voice_name, config.model, config.engine_options()
         )

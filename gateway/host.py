@@ -141,6 +141,7 @@ class SessionHost:
         """
         core, now = self.core, time.perf_counter()
         core.receive_message(config, now)
+        self.session.expand_numbers = not resolved.engine.reads_numbers  # text_normalization: auto
         core.accept_config(config, fmt)
         core.data_to_send()  # the config's Configure: accepted above
         self.resolved = resolved

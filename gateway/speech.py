@@ -97,6 +97,8 @@ async def prepare(request: Request, req: SpeechRequest) -> Prepared:
         speed=req.speed,
         seed=req.seed,
         word_timestamps=req.word_timestamps,
+        text_normalization=req.text_normalization,
+        pronunciations=req.pronunciations,
     )
     return Prepared(resolved, fmt, config)
 
