@@ -1,0 +1,59 @@
+"""Cartesia's and Deepgram's routes take the key as their clients send it, and never without one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from voxgate.engine.fake import FakeEngine
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from tests.conftest import TIMEOUT_S, serve_engine
+
+KEY = "vendor-key"
+BODY = {"transcript": "Hi.", "model_id": "sonic-3", "voice": {"mode": "id", "id": "tone"}}
+
+
+@pytest.fixture(scope="module")
+def address() -> Iterator[str]:
+    with serve_engine(FakeEngine(sample_rate=16000), api_keys=KEY) as served:
+        yield served
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"X-API-Key": KEY}, {"Authorization": f"Bearer {KEY}"}],
+    ids=["x-api-key", "bearer"],
+)
+def test_cartesia_rest_takes_its_clients_keys(address: str, headers: dict[str, str]) -> None:
+    answer = httpx.post(f"http://{address}/tts/bytes", json=BODY, headers=headers, timeout=TIMEOUT_S)
+    assert answer.status_code == 200 and answer.content
+    query = httpx.post(f"http://{address}/tts/sse?api_key={KEY}", json=BODY, timeout=TIMEOUT_S)
+    assert query.status_code == 200 and b"event: done" in query.content
+
+
+@pytest.mark.parametrize("path", ["/tts/bytes", "/tts/sse", "/v1/speak"])
+def test_no_key_or_a_wrong_one_is_refused(address: str, path: str) -> None:
+    for headers in ({}, {"X-API-Key": "wrong"}, {"Authorization": "Token wrong"}):
+        answer = httpx.post(f"http://{address}{path}", json=BODY, headers=headers, timeout=TIMEOUT_S)
+        assert answer.status_code == 401, headers
+
+
+def test_deepgram_takes_a_token(address: str) -> None:
+    url = f"http://{address}/v1/speak?encoding=linear16&container=none"
+    answer = httpx.post(
+        url, json={"text": "Hi."}, headers={"Authorization": f"Token {KEY}"}, timeout=TIMEOUT_S
+    )
+    assert answer.status_code == 200 and answer.headers["dg-char-count"] == "3"
+
+
+@pytest.mark.parametrize("path", ["/tts/websocket", "/v1/speak"])
+def test_sockets_need_the_key(address: str, path: str) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        connect(f"ws://{address}{path}", open_timeout=TIMEOUT_S).close()
+    assert refused.value.response.status_code == 403
+    token = {"Authorization": f"Token {KEY}"} if path == "/v1/speak" else {"X-API-Key": KEY}
+    with connect(f"ws://{address}{path}", additional_headers=token, open_timeout=TIMEOUT_S):
+        pass
