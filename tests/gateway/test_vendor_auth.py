@@ -57,3 +57,26 @@ def test_sockets_need_the_key(address: str, path: str) -> None:
     token = {"Authorization": f"Token {KEY}"} if path == "/v1/speak" else {"X-API-Key": KEY}
     with connect(f"ws://{address}{path}", additional_headers=token, open_timeout=TIMEOUT_S):
         pass
+
+
+def test_vendor_voice_ids_map_through_the_aliases() -> None:
+    """``VOXGATE_VOICE_ALIASES`` maps a vendor's voice id or model name to a voxgate voice; an id it does
+    not map is refused, naming the voices there are."""
+    aliases = '{"a0e99841-438c-4a64-b679-ae501e7d6091": "tone", "aura-2-zeus-en": "tone"}'
+    with serve_engine(FakeEngine(sample_rate=16000), voice_aliases=aliases) as served:
+        mapped = {**BODY, "voice": "a0e99841-438c-4a64-b679-ae501e7d6091"}
+        assert httpx.post(f"http://{served}/tts/bytes", json=mapped, timeout=TIMEOUT_S).status_code == 200
+        zeus = httpx.post(
+            f"http://{served}/v1/speak?model=aura-2-zeus-en", json={"text": "Hi."}, timeout=TIMEOUT_S
+        )
+        assert zeus.status_code == 200 and zeus.headers["dg-model-name"] == "aura-2-zeus-en"
+        default = httpx.post(
+            f"http://{served}/v1/speak?model=aura-2-thalia-en", json={"text": "Hi."}, timeout=TIMEOUT_S
+        )
+        assert default.status_code == 200  # the defaults stay, merged under the setting
+        unknown = httpx.post(
+            f"http://{served}/tts/bytes", json={**BODY, "voice": "b7d50908"}, timeout=TIMEOUT_S
+        )
+        assert unknown.status_code == 400
+        error = unknown.json()
+        assert error["error_code"] == "voice_not_found" and "'tone'" in error["message"]
