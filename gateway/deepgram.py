@@ -26,6 +26,7 @@ from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.output import OutputFormat
 from ..protocol.vendor import RawAudio
 from .body import respond
+from .failures import REFUSALS, error_for
 from .http import BodyTooLarge, read_body
 from .vendors import run_socket, speak, voice_book
 
@@ -43,6 +44,13 @@ async def speak_socket(ws: WebSocket) -> None:
     """``WS /v1/speak``: ``Speak``, ``Flush``, ``Clear``, ``Close``."""
     try:
         params = parse_params(ws.query_params, await voice_book(ws.state), socket=True)
+        config = params.config()
+        try:  # the engine's refusal too (an option it cannot follow), before the socket opens
+            await ws.state.catalog.prepare(
+                getattr(ws.state, "owner", ""), config.voice_name, None, config.engine_options()
+            )
+        except REFUSALS as exc:
+            raise error_for(exc, voice_field="model") from None
     except ProtocolError as err:
         refusal = _refusal(err, uuid.uuid4().hex)
         with contextlib.suppress(RuntimeError, WebSocketDisconnect, OSError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -80,3 +81,14 @@ def test_vendor_voice_ids_map_through_the_aliases() -> None:
         assert unknown.status_code == 400
         error = unknown.json()
         assert error["error_code"] == "voice_not_found" and "'tone'" in error["message"]
+
+
+def test_a_deepgram_query_the_engine_cannot_follow_is_refused_at_the_handshake() -> None:
+    with serve_engine(FakeEngine(sample_rate=16000, supported=frozenset({"seed"}))) as served:
+        with pytest.raises(InvalidStatus) as refused:
+            connect(f"ws://{served}/v1/speak?speed=1.2", open_timeout=TIMEOUT_S).close()
+        response = refused.value.response
+        assert response.status_code == 400
+        assert json.loads(response.body or b"{}")["err_code"] == "UNSUPPORTED_OPTION"
+        with connect(f"ws://{served}/v1/speak", open_timeout=TIMEOUT_S):
+            pass  # at its defaults it opens
