@@ -34,6 +34,7 @@ import base64
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Self
 
 import msgspec
 
@@ -290,6 +291,12 @@ class CartesiaSocket(Own):
         self._open: dict[str, _Context] = {}  # the contexts that take more text
         self._texting: set[str] = set()  # the contexts whose utterance has text (a config must wait)
         self._finished: list[str] = []  # contexts whose done went out: close them in the session
+        #: The context whose config is being checked (adopt() says it was taken), with the settings before.
+        self._pending: tuple[str, Settings | None] | None = None
+        self._rejected: set[str] = (
+            set()
+        )  # contexts whose config the engines refused: nothing of them goes out
+        self._cancels: list[str] = []  # those of them still to cancel in the session
         self._refused: list[tuple[str, str]] = []  # the messages refused, by context and code, to report
         self._last: str | None = None  # the context of the last message, for errors that name none
         self._speaking: str | None = None  # the context of the segment whose audio comes next
@@ -316,12 +323,15 @@ class CartesiaSocket(Own):
         context = req.context_id or DEFAULT_CONTEXT
         self._last = context
         # The contexts that ended since the last message close now: their ids are free for new ones.
+        # A context whose config was refused is cancelled: its text went to the session after the config.
         finished, self._finished = self._finished, []
-        closes: list[Inbound] = [ContextClose(context_id=c) for c in finished]
+        cancels, self._cancels = self._cancels, []
+        closes: list[Inbound] = [InputCancel(context_id=c) for c in cancels]
+        closes += [ContextClose(context_id=c) for c in finished]
         try:
             return closes + self._receive(req, context)
         except ProtocolError as err:
-            self._finished = finished
+            self._finished, self._cancels = finished, cancels
             err.context_id = context
             self._refused.append((context, err.code))  # its error says done: nothing of it follows
             raise
@@ -347,7 +357,7 @@ class CartesiaSocket(Own):
                     )
                     raise ProtocolError(ErrorCode.INVALID_STATE, message, field="$.voice")
                 out.append(session_config(settings, words=self.book.times_words(settings.voice)))
-                self.current = settings
+                self._pending, self.current = (context, self.current), settings
             commit = req.max_buffer_delay_ms == 0
             ctx = self._open[context] = self.contexts[context] = _Context(
                 settings, req.add_timestamps, commit
@@ -374,6 +384,8 @@ class CartesiaSocket(Own):
     def encode(self, output: Audio | Message) -> list[Payload]:
         """Audio as ``chunk`` messages of the context speaking; the session's messages as Cartesia's."""
         if isinstance(output, Audio):
+            if self._speaking in self._rejected:
+                return []
             ctx = self.contexts.get(self._speaking or "")
             data = alaw(output.data) if ctx is not None and ctx.settings.to_alaw else output.data
             audio = base64.b64encode(data).decode()
@@ -388,7 +400,15 @@ class CartesiaSocket(Own):
         wire = getattr(msg, "context_id", None)
         context = wire if isinstance(wire, str) else None
         ctx = self.contexts.get(context or "")
+        if context in self._rejected:  # a refused context: its error said done
+            if isinstance(msg, ContextClosed):
+                self._rejected.discard(context)
+            elif isinstance(msg, AudioStart):
+                self._speaking = context
+            return []
         match msg:
+            case Error(code=code, message=message, fatal=False) if context is None and self._pending:
+                return [self._refused_config(code, message)]
             case AudioStart(utterance_index=utterance, start_sample=start, sample_rate=rate):
                 self._speaking, self._start_ms = context, start * 1000.0 / rate
                 if ctx is not None and ctx.utterance != utterance:
@@ -414,6 +434,24 @@ class CartesiaSocket(Own):
                     self._refused.remove((context or "", code))
                 return [error_payload(code, message, context or self._last, done=fatal or refused)]
         return []
+
+    def adopt(self, config: SessionConfig) -> Self:
+        """The session took the config this codec sent last."""
+        self._pending = None
+        return self
+
+    def _refused_config(self, code: str, message: str) -> bytes:
+        """The engines refused the config of a context's first message: the session keeps the settings it
+        had, and the context is cancelled (its text went after the config); its error says done."""
+        assert self._pending is not None
+        (context, previous), self._pending = self._pending, None
+        self.current = previous
+        self._open.pop(context, None)
+        self.contexts.pop(context, None)
+        self._texting.discard(context)
+        self._rejected.add(context)
+        self._cancels.append(context)
+        return error_payload(code, message, context, done=True)
 
     def _ended(self, context: str | None, ctx: _Context) -> list[bytes]:
         """At an utterance's ``session.done``: its flush's ``flush_done``, and ``done`` at the input's end."""

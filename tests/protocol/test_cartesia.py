@@ -70,6 +70,15 @@ def out(codec: CartesiaSocket, *items: Any) -> list[dict[str, Any]]:
     return [json.loads(p) for p in payloads]
 
 
+def feed(codec: CartesiaSocket, data: str) -> list[Any]:
+    """``codec.decode(data)``, each config in it taken by the session (the shell's ``adopt``)."""
+    items = codec.decode(data)
+    for item in items:
+        if isinstance(item, SessionConfig):
+            assert codec.adopt(item) is codec
+    return items
+
+
 def socket() -> CartesiaSocket:
     codec = CartesiaSocket(BOOK, 4096)
     (config,) = codec.opening()
@@ -79,18 +88,18 @@ def socket() -> CartesiaSocket:
 
 def test_first_message_configures_then_text_goes_to_its_context() -> None:
     codec = socket()
-    config, text = codec.decode(first(transcript="Hello. ", add_timestamps=True))
+    config, text = feed(codec, first(transcript="Hello. ", add_timestamps=True))
     assert isinstance(config, SessionConfig)
     assert (config.voice, config.response_format, config.sample_rate) == (KATIE, "pcm", 16000)
     assert config.stream_audio and config.word_timestamps and config.language is None
     assert text == InputText(text="Hello. ", context_id="c1")
     # The same settings again: no second config; a flush ends the utterance with flush id 1.
-    assert codec.decode(first(transcript="More.", flush=True)) == [
+    assert feed(codec, first(transcript="More.", flush=True)) == [
         InputText(text="More.", context_id="c1"),
         InputDone(context_id="c1"),
     ]
     # A second context with the same settings takes the session as it is.
-    assert codec.decode(first("c2", transcript=" ", continue_=False)) == [
+    assert feed(codec, first("c2", transcript=" ", continue_=False)) == [
         InputText(text=" ", context_id="c2"),
         InputDone(context_id="c2"),
     ]
@@ -98,10 +107,10 @@ def test_first_message_configures_then_text_goes_to_its_context() -> None:
 
 def test_max_buffer_delay_zero_speaks_each_transcript_at_once() -> None:
     codec = socket()
-    items = codec.decode(first(transcript="One sentence.", max_buffer_delay_ms=0))
+    items = feed(codec, first(transcript="One sentence.", max_buffer_delay_ms=0))
     assert items[1:] == [InputText(text="One sentence.", context_id="c1"), InputCommit(context_id="c1")]
     # Whitespace is kept, not committed on its own; the context's end closes it.
-    assert codec.decode(first(transcript=" ", continue_=False, max_buffer_delay_ms=0)) == [
+    assert feed(codec, first(transcript=" ", continue_=False, max_buffer_delay_ms=0)) == [
         InputText(text=" ", context_id="c1"),
         InputDone(context_id="c1"),
     ]
@@ -109,10 +118,10 @@ def test_max_buffer_delay_zero_speaks_each_transcript_at_once() -> None:
 
 def test_other_settings_wait_for_contexts_with_text() -> None:
     codec = socket()
-    codec.decode(first(transcript="Hello"))
+    feed(codec, first(transcript="Hello"))
     other = {"container": "raw", "encoding": "pcm_mulaw", "sample_rate": 8000}
     with pytest.raises(ProtocolError) as refused:
-        codec.decode(first("c2", transcript="Hi", output_format=other))
+        feed(codec, first("c2", transcript="Hi", output_format=other))
     assert refused.value.code == ErrorCode.INVALID_STATE and refused.value.context_id == "c2"
     assert not refused.value.fatal
     assert out(codec, Error.of(refused.value, None, "c2")) == [
@@ -127,8 +136,8 @@ def test_other_settings_wait_for_contexts_with_text() -> None:
             "error_code": "invalid_state",
         }
     ]
-    codec.decode(first(flush=True))  # c1's text ended: c2 may reconfigure
-    config, _ = codec.decode(first("c2", transcript="Hi", output_format=other, speed="fast"))
+    feed(codec, first(flush=True))  # c1's text ended: c2 may reconfigure
+    config, _ = feed(codec, first("c2", transcript="Hi", output_format=other, speed="fast"))
     assert isinstance(config, SessionConfig)
     assert (config.response_format, config.sample_rate, config.speed) == ("mulaw", 8000, 1.15)
 
@@ -162,13 +171,13 @@ def test_refusals_before_the_session_sees_them() -> None:
     ]
     for data, code, where in cases:
         with pytest.raises(ProtocolError) as refused:
-            codec.decode(data)
+            feed(codec, data)
         assert (refused.value.code, refused.value.field, refused.value.fatal) == (code, where, False), data
     with pytest.raises(ProtocolError) as unknown:
-        codec.decode(first(voice="someone"))
+        feed(codec, first(voice="someone"))
     assert "'joe'" in unknown.value.message and "VOXGATE_VOICE_ALIASES" in unknown.value.message
     # Nothing was configured by the refused messages: the next good one still is a first one.
-    assert isinstance(codec.decode(first(transcript="Hi"))[0], SessionConfig)
+    assert isinstance(feed(codec, first(transcript="Hi"))[0], SessionConfig)
 
 
 def test_voice_forms_and_speeds() -> None:
@@ -197,8 +206,8 @@ def test_voice_forms_and_speeds() -> None:
 
 def test_cancel_drops_the_context_and_nothing_of_it_is_rendered() -> None:
     codec = socket()
-    codec.decode(first(transcript="Hello. ", flush=True))
-    assert codec.decode(msg(context_id="c1", cancel=True)) == [InputCancel(context_id="c1")]
+    feed(codec, first(transcript="Hello. ", flush=True))
+    assert feed(codec, msg(context_id="c1", cancel=True)) == [InputCancel(context_id="c1")]
     assert (
         out(
             codec,
@@ -209,7 +218,7 @@ def test_cancel_drops_the_context_and_nothing_of_it_is_rendered() -> None:
         == []
     )
     # The id is free: the next message naming it is a first one (the same settings: no config).
-    assert codec.decode(first(transcript="Again.")) == [InputText(text="Again.", context_id="c1")]
+    assert feed(codec, first(transcript="Again.")) == [InputText(text="Again.", context_id="c1")]
 
 
 def speak_segment(
@@ -232,15 +241,15 @@ def speak_segment(
 
 def test_chunks_timestamps_flush_done_and_done_over_a_context() -> None:
     codec = socket()
-    codec.decode(first(transcript="Hello there. ", add_timestamps=True, flush=True))
-    codec.decode(first(transcript="Bye now.", continue_=False))
+    feed(codec, first(transcript="Hello there. ", add_timestamps=True, flush=True))
+    feed(codec, first(transcript="Bye now.", continue_=False))
     hello = speak_segment(codec, 0, 0.0, 800.0, [WordTimestamp(word="Hello", start_ms=0, end_ms=400)])
     there = speak_segment(codec, 0, 800.0, 600.0, [WordTimestamp(word="there.", start_ms=800, end_ms=1300)])
     flushed = out(codec, SessionDone(utterance_index=0, context_id="c1"))
     bye = speak_segment(codec, 1, 0.0, 700.0, [WordTimestamp(word="Bye", start_ms=0, end_ms=300)])
     end = out(codec, SessionDone(utterance_index=1, context_id="c1"))
     # Its done went out: the session's context closes with the next message, which may reuse the id.
-    assert codec.decode(first(transcript="New.")) == [
+    assert feed(codec, first(transcript="New.")) == [
         ContextClose(context_id="c1"),
         InputText(text="New.", context_id="c1"),
     ]
@@ -273,7 +282,7 @@ def test_chunks_timestamps_flush_done_and_done_over_a_context() -> None:
 
 def test_timestamps_only_where_asked_and_messages_without_a_counterpart() -> None:
     codec = socket()
-    codec.decode(first(transcript="Hi."))
+    feed(codec, first(transcript="Hi."))
     got = speak_segment(codec, 0, 0.0, 300.0, [WordTimestamp(word="Hi.", start_ms=0, end_ms=300)])
     assert [m["type"] for m in got] == ["chunk"]
     assert out(codec, ContextOpened(context_id="c1", context_number=1), SessionDone(context_id="c1")) == []
@@ -284,10 +293,11 @@ def test_timestamps_only_where_asked_and_messages_without_a_counterpart() -> Non
 
 def test_alaw_chunks_and_errors_of_the_socket() -> None:
     codec = socket()
-    codec.decode(
+    feed(
+        codec,
         first(
             transcript="Hi.", output_format={"container": "raw", "encoding": "pcm_alaw", "sample_rate": 8000}
-        )
+        ),
     )
     chunk = out(codec, AudioStart(sample_rate=8000, context_id="c1"), Audio(b"\xff\x00", 0, 0, 0.0))[0]
     assert base64.b64decode(chunk["data"]) == alaw(b"\xff\x00") == b"\xd5\x2a"
@@ -306,18 +316,18 @@ def test_a_cancel_after_the_end_of_input_still_stops_the_audio() -> None:
     """pipecat ends a turn's context with ``continue: false`` and cancels it on a barge-in while its audio
     plays: the session's context stays open until its done, so the cancel reaches its utterances."""
     codec = socket()
-    assert codec.decode(first(transcript="Hello there.", continue_=False))[-1] == InputDone(context_id="c1")
-    assert codec.decode(msg(context_id="c1", cancel=True)) == [InputCancel(context_id="c1")]
+    assert feed(codec, first(transcript="Hello there.", continue_=False))[-1] == InputDone(context_id="c1")
+    assert feed(codec, msg(context_id="c1", cancel=True)) == [InputCancel(context_id="c1")]
     assert out(codec, AudioCancelled(utterance_index=0, context_id="c1"), SessionDone(context_id="c1")) == []
     assert "c1" not in codec.contexts
 
 
 def test_more_input_before_the_done_goes_on_in_the_context() -> None:
     codec = socket()
-    codec.decode(first(transcript="One.", continue_=False))
+    feed(codec, first(transcript="One.", continue_=False))
     # Sent before its done came: the same context again (its settings stay), its end is the last one.
     other = {"container": "raw", "encoding": "pcm_mulaw", "sample_rate": 8000}
-    assert codec.decode(first(transcript="Two.", continue_=False, output_format=other)) == [
+    assert feed(codec, first(transcript="Two.", continue_=False, output_format=other)) == [
         InputText(text="Two.", context_id="c1"),
         InputDone(context_id="c1"),
     ]
@@ -326,8 +336,8 @@ def test_more_input_before_the_done_goes_on_in_the_context() -> None:
     ]
     # A refused message keeps the close that was due for the next one.
     with pytest.raises(ProtocolError):
-        codec.decode(first("c2", voice="nobody"))
-    assert codec.decode(first("c3"))[0] == ContextClose(context_id="c1")
+        feed(codec, first("c2", voice="nobody"))
+    assert feed(codec, first("c3"))[0] == ContextClose(context_id="c1")
     # A context whose done went out is not done again when its session context times out.
     assert out(codec, ContextClosed(context_id="c1", context_number=1, reason="idle_timeout")) == []
     assert out(codec, ContextClosed(context_id="c9", context_number=None)) == []
@@ -335,10 +345,10 @@ def test_more_input_before_the_done_goes_on_in_the_context() -> None:
 
 def test_a_flush_that_ends_the_input_says_both() -> None:
     codec = socket()
-    codec.decode(first(transcript="All.", flush=True, continue_=False))
+    feed(codec, first(transcript="All.", flush=True, continue_=False))
     kinds = [m["type"] for m in out(codec, SessionDone(utterance_index=0, context_id="c1"))]
     assert kinds == ["flush_done", "done"]
-    assert codec.decode(first("c2", transcript="Next.")) == [
+    assert feed(codec, first("c2", transcript="Next.")) == [
         ContextClose(context_id="c1"),
         InputText(text="Next.", context_id="c2"),
     ]
@@ -348,12 +358,12 @@ def test_a_flush_that_ends_the_input_says_both() -> None:
 
 def test_a_context_closed_by_its_idle_timeout_is_a_new_one_next_time() -> None:
     codec = socket()
-    codec.decode(first(transcript="Hello"))
+    feed(codec, first(transcript="Hello"))
     assert out(codec, ContextClosed(context_id="c1", context_number=1, reason="idle_timeout")) == [
         {"type": "done", "context_id": "c1", "done": True, "status_code": 200}
     ]
     other = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 22050}
-    config, _ = codec.decode(first("c2", transcript="Hi", output_format=other))  # c1 holds no text now
+    config, _ = feed(codec, first("c2", transcript="Hi", output_format=other))  # c1 holds no text now
     assert isinstance(config, SessionConfig) and config.sample_rate == 22050
 
 
@@ -416,3 +426,24 @@ def test_voice_book() -> None:
     BOOK.check(None, "$.voice")
     BOOK.check("Joe", "$.voice")
     assert BOOK.times_words(None) and BOOK.times_words("JOE") and not BOOK.times_words("tone")
+
+
+def test_a_config_the_engines_refuse_cancels_its_context() -> None:
+    """The engines refuse a context's settings (an option they cannot follow): the error is the context's
+    and says done, nothing of its text goes out, the session cancels it at the next message, and the
+    session's settings stay as they were."""
+    codec = socket()
+    other = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 22050}
+    config, _ = codec.decode(first(transcript="Bonjour.", language="fr", output_format=other))  # not taken
+    assert isinstance(config, SessionConfig) and config.language == "fr"
+    (error,) = out(codec, Error(code="unsupported_option", message="English only", field="$.language"))
+    assert (error["context_id"], error["done"], error["error_code"]) == ("c1", True, "unsupported_option")
+    spoken_anyway = (AudioStart(sample_rate=24000, context_id="c1"), Audio(b"\x00\x00", 0, 0, 0.0))
+    assert out(codec, *spoken_anyway, SessionDone(context_id="c1")) == []
+    cancel, config, text = feed(codec, first("c2", transcript="Hi."))
+    assert cancel == InputCancel(context_id="c1")
+    assert isinstance(config, SessionConfig) and config.sample_rate == 16000  # the session was at 24 kHz
+    assert text == InputText(text="Hi.", context_id="c2")
+    assert out(codec, ContextClosed(context_id="c1", context_number=1, reason="cancelled")) == []
+    chunk = out(codec, AudioStart(sample_rate=16000, context_id="c2"), Audio(b"\x00\x00", 1, 0, 0.0))
+    assert chunk[0]["context_id"] == "c2"

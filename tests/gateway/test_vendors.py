@@ -1,4 +1,4 @@
-"""Cartesia's and Deepgram's routes take the key as their clients send it, and never without one."""
+"""Cartesia's and Deepgram's routes on a real gateway: keys as their clients send them, voices, refusals."""
 
 from __future__ import annotations
 
@@ -92,3 +92,20 @@ def test_a_deepgram_query_the_engine_cannot_follow_is_refused_at_the_handshake()
         assert json.loads(response.body or b"{}")["err_code"] == "UNSUPPORTED_OPTION"
         with connect(f"ws://{served}/v1/speak", open_timeout=TIMEOUT_S):
             pass  # at its defaults it opens
+
+
+def test_a_cartesia_context_whose_settings_the_engine_refuses_is_an_error_and_the_socket_goes_on() -> None:
+    output_format = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 16000}
+    base = {"model_id": "sonic-3", "voice": "tone", "output_format": output_format, "continue": False}
+    with serve_engine(FakeEngine(sample_rate=16000, supported=frozenset({"speed"}))) as served:
+        with connect(f"ws://{served}/tts/websocket", open_timeout=TIMEOUT_S) as ws:
+            ws.send(json.dumps({**base, "context_id": "fr", "transcript": "Bonjour.", "language": "fr"}))
+            refused = json.loads(ws.recv(timeout=TIMEOUT_S))
+            ws.send(json.dumps({**base, "context_id": "en", "transcript": "Hello."}))
+            seen = []
+            while (message := json.loads(ws.recv(timeout=TIMEOUT_S)))["type"] != "done":
+                seen.append((message["type"], message["context_id"]))
+    assert (refused["type"], refused["context_id"], refused["done"]) == ("error", "fr", True)
+    assert refused["error_code"] == "unsupported_option" and "language" in refused["message"]
+    assert message["context_id"] == "en" and ("chunk", "en") in seen
+    assert all(context == "en" for _, context in seen)  # nothing of the refused context
