@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Iterator
 
 import aiohttp
 import numpy as np
@@ -25,11 +24,11 @@ from livekit.plugins import cartesia as livekit_cartesia
 from pipecat.frames.frames import TTSAudioRawFrame, TTSSpeakFrame, TTSTextFrame
 from pipecat.services.cartesia.tts import CartesiaTTSService
 from pipecat.tests.utils import run_test
-from voxgate.engine.fake import FakeEngine
 from voxgate.protocol.audio import decode
 
-from tests.conftest import serve_engine
-from tests.speech_check import load_whisper, word_error_rate
+from tests.e2e.vendors import piper_gateway, tone_gateway
+from tests.e2e.vendors import whisper as whisper_fixture
+from tests.speech_check import word_error_rate
 
 pytestmark = pytest.mark.slow
 
@@ -41,23 +40,9 @@ FIRST, SECOND = "Hello, and welcome to the voice gateway. ", "Please hold while 
 PCM_16K: RawOutputFormatParam = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 16000}
 
 
-@pytest.fixture(scope="module")
-def gateway() -> Iterator[str]:
-    """A gateway with the Piper engine that needs an API key."""
-    with serve_engine(None, engine="piper", piper_workers=1, api_keys=KEY) as address:
-        yield address
-
-
-@pytest.fixture(scope="module")
-def tone() -> Iterator[str]:
-    """A gateway with the fake engine (a tone, 60 ms a character, in 0.1 s chunks)."""
-    with serve_engine(FakeEngine(sample_rate=16000, chunk_s=0.1), api_keys=KEY) as address:
-        yield address
-
-
-@pytest.fixture(scope="module")
-def whisper() -> object:
-    return load_whisper()
+gateway = piper_gateway(KEY)
+tone = tone_gateway(KEY)
+whisper = whisper_fixture
 
 
 def sdk(address: str) -> AsyncCartesia:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -25,13 +24,14 @@ from livekit.plugins import deepgram as livekit_deepgram
 from pipecat.frames.frames import TTSAudioRawFrame, TTSSpeakFrame
 from pipecat.services.deepgram.tts import DeepgramTTSService
 from pipecat.tests.utils import run_test
-from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
+from voxgate.engine.fake import SECONDS_PER_CHAR
 from voxgate.protocol.audio import decode
 from websockets.exceptions import InvalidStatus
 
-from tests.conftest import serve_engine
 from tests.decoding import decoded
-from tests.speech_check import load_whisper, word_error_rate
+from tests.e2e.vendors import piper_gateway, tone_gateway
+from tests.e2e.vendors import whisper as whisper_fixture
+from tests.speech_check import word_error_rate
 
 pytestmark = pytest.mark.slow
 
@@ -40,23 +40,9 @@ SENTENCE = "The quick brown fox jumps over the lazy dog."
 FIRST, SECOND = "Hello, and welcome to the voice gateway. ", "Please hold while I transfer your call."
 
 
-@pytest.fixture(scope="module")
-def gateway() -> Iterator[str]:
-    """A gateway with the Piper engine that needs an API key."""
-    with serve_engine(None, engine="piper", piper_workers=1, api_keys=KEY) as address:
-        yield address
-
-
-@pytest.fixture(scope="module")
-def tone() -> Iterator[str]:
-    """A gateway with the fake engine (a tone, 60 ms a character, in 0.1 s chunks)."""
-    with serve_engine(FakeEngine(sample_rate=16000, chunk_s=0.1), api_keys=KEY) as address:
-        yield address
-
-
-@pytest.fixture(scope="module")
-def whisper() -> object:
-    return load_whisper()
+gateway = piper_gateway(KEY)
+tone = tone_gateway(KEY)
+whisper = whisper_fixture
 
 
 def sdk(address: str) -> AsyncDeepgramClient:

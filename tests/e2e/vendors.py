@@ -1,0 +1,42 @@
+"""The gateways the Cartesia and Deepgram clients' tests speak to (``test_cartesia_clients``,
+``test_deepgram_clients``), as module fixtures: Piper where hearing is the point, the fake engine's tone where
+it is not. Each needs the module's API key."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from voxgate.engine.fake import FakeEngine
+
+from tests.conftest import serve_engine
+from tests.speech_check import load_whisper
+
+#: A module fixture that yields a gateway's address.
+Gateway = Callable[[], Iterator[str]]
+
+
+def piper_gateway(key: str) -> Gateway:
+    """A fixture: a gateway with the Piper engine that needs ``key``."""
+
+    def gateway() -> Iterator[str]:
+        with serve_engine(None, engine="piper", piper_workers=1, api_keys=key) as address:
+            yield address
+
+    return pytest.fixture(scope="module", name="gateway")(gateway)
+
+
+def tone_gateway(key: str) -> Gateway:
+    """A fixture: a gateway with the fake engine (a tone, 60 ms a character, in 0.1 s chunks) that needs
+    ``key``."""
+
+    def tone() -> Iterator[str]:
+        with serve_engine(FakeEngine(sample_rate=16000, chunk_s=0.1), api_keys=key) as address:
+            yield address
+
+    return pytest.fixture(scope="module", name="tone")(tone)
+
+
+@pytest.fixture(scope="module")
+def whisper() -> object:
+    return load_whisper()
