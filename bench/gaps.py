@@ -25,6 +25,11 @@ text (no sampling noise), and each segment's text is also spoken here by Piper i
 gain the gateway applied to a segment is the ratio of the two voiced loudnesses, and its spread over an
 utterance's segments is reported (the model's own variation of loudness with the text cancels out).
 
+``--sessions N`` runs N sessions at once instead (each a reply of the corpus in turn, started 50 ms
+apart), the load under which Piper's workers have to choose whose piece runs first: about 12 and 20
+sessions are 50% and 80% of Piper's compute limit on a 2-core machine (docs/performance.md, "Piper at
+the compute limit").
+
 ``--tree PATH`` runs the server from another checkout (``git worktree add /tmp/base 06b0fc6``): its
 ``voxgate`` package, with ``protocol``, ``engine``, ``gateway`` and ``web`` linked under it as the
 editable install maps them, comes first on the server's ``PYTHONPATH``.
@@ -235,8 +240,22 @@ def _shim(tree: Path) -> Path:
     return shim
 
 
+async def _together(url: str, engine: str, replies: list[str], rate: float, sessions: int) -> list[Run]:
+    async def one(i: int) -> Run:
+        await asyncio.sleep(i * 0.05)
+        reply = replies[i % len(replies)]
+        return await _one(url, f"{engine} x{sessions}", reply, CORPUS[reply], rate)
+
+    return list(await asyncio.gather(*(one(i) for i in range(sessions))))
+
+
 def measure(
-    engines: list[str], rates: list[float], replies: list[str], tree: str | None, gain: bool = False
+    engines: list[str],
+    rates: list[float],
+    replies: list[str],
+    tree: str | None,
+    gain: bool = False,
+    sessions: int = 1,
 ) -> list[Run]:
     runs: list[Run] = []
     raw = RawPiper() if gain else None
@@ -244,6 +263,14 @@ def measure(
         with gateway("--engine", engine, env=_server_env(engine, tree)) as server:
             url = server.url("/v1/audio/speech/stream", scheme="ws")
             asyncio.run(say(url, "Warming up."))
+            if sessions > 1:
+                for rate in rates:
+                    together = asyncio.run(_together(url, engine, replies, rate, sessions))
+                    runs += together
+                    gapped = sum(bool(r.underruns) for r in together)
+                    print(f"{engine} x{sessions} {rate:g} w/s: {gapped} sessions with a gap", file=sys.stderr)
+                    time.sleep(2.0)
+                continue
             for reply in replies:
                 for rate in rates:
                     piper = raw if engine == "piper" else None
@@ -322,6 +349,7 @@ def main() -> int:
     p.add_argument("--tree", help="run the server from this checkout (see the module docstring)")
     p.add_argument("--label", default="this tree", help="the table's title")
     p.add_argument("--gain", action="store_true", help="Piper: the gain spread (see the module docstring)")
+    p.add_argument("--sessions", type=int, default=1, help="sessions at once (see the module docstring)")
     p.add_argument("--json", type=Path, help="write every run here")
     args = p.parse_args()
     runs = measure(
@@ -330,6 +358,7 @@ def main() -> int:
         args.replies.split(","),
         args.tree,
         args.gain,
+        args.sessions,
     )
     if args.json:
         args.json.write_text(json.dumps([{**asdict(r), "silence_s": r.silence_s} for r in runs], indent=1))
