@@ -18,6 +18,12 @@ A segment with letters of a script the voice's language does not use (Chinese fo
 is refused before any work (``UnsupportedText``, ``engine.scripts``): espeak-ng would read out each
 letter's name ("Chinese letter").
 
+Loudness: one gain per voice, measured once at start from its loudest sample over a calibration text
+(``_calibrate``), for every piece of every segment; a piece louder than that is only turned down to stay
+under ``_CEILING``. Peak-normalizing each sentence, as before, made loudness jump between the segments of
+one reply (5.5 dB) and erased the model's own variation; each piece is also faded in and out over a few
+milliseconds (``protocol.joins``), as a cut inside a sentence may end mid-sound.
+
 Determinism: the VITS graph draws its sampling noise from an in-graph random generator that cannot
 be seeded per request. A request with a ``seed`` therefore runs with both noise scales at 0, which
 makes the output a pure function of text, voice and speed (every seed gives the same audio); a
