@@ -15,7 +15,6 @@ import base64
 import json
 
 import aiohttp
-import numpy as np
 import pytest
 from cartesia import AsyncCartesia
 from cartesia.types import GenerationRequestParam, RawOutputFormatParam
@@ -26,7 +25,7 @@ from pipecat.services.cartesia.tts import CartesiaTTSService
 from pipecat.tests.utils import run_test
 from voxgate.protocol.audio import decode
 
-from tests.e2e.vendors import piper_gateway, tone_gateway
+from tests.e2e.vendors import livekit_speaks, piper_gateway, tone_gateway
 from tests.e2e.vendors import whisper as whisper_fixture
 from tests.speech_check import word_error_rate
 
@@ -204,28 +203,11 @@ def test_pipecat_service_speaks_with_word_timestamps(gateway: str, whisper: obje
 
 
 def test_livekit_plugin_streams_and_synthesizes(gateway: str, whisper: object) -> None:
-    async def speak() -> tuple[bytes, bytes, int]:
-        async with aiohttp.ClientSession() as http:
-            tts = livekit_cartesia.TTS(api_key=KEY, base_url=f"http://{gateway}", http_session=http)
-            stream = tts.stream()
-            for start in range(0, len(SENTENCE), 5):  # as an LLM streams it
-                stream.push_text(SENTENCE[start : start + 5])
-            stream.end_input()
-            streamed, rate = bytearray(), 0
-            async for event in stream:
-                streamed += event.frame.data.tobytes()
-                rate = event.frame.sample_rate
-            await stream.aclose()
-            whole = bytearray()
-            async for event in tts.synthesize(SENTENCE):  # /tts/bytes
-                whole += event.frame.data.tobytes()
-            await tts.aclose()
-            return bytes(streamed), bytes(whole), rate
+    def make(http: aiohttp.ClientSession) -> livekit_cartesia.TTS:
+        return livekit_cartesia.TTS(api_key=KEY, base_url=f"http://{gateway}", http_session=http)
 
-    streamed, whole, rate = asyncio.run(speak())
+    streamed, whole, rate = asyncio.run(livekit_speaks(make, SENTENCE))
     assert rate == 24000
     for audio in (streamed, whole):
-        error, heard = word_error_rate(
-            whisper, (np.frombuffer(audio, "<i2") / 32768.0).astype(np.float32), 24000, SENTENCE
-        )
+        error, heard = word_error_rate(whisper, decode(audio, "pcm"), 24000, SENTENCE)
         assert error < 0.25, heard

@@ -14,7 +14,6 @@ import json
 from typing import Any
 
 import aiohttp
-import numpy as np
 import pytest
 from deepgram import AsyncDeepgramClient
 from deepgram.core.api_error import ApiError
@@ -29,7 +28,7 @@ from voxgate.protocol.audio import decode
 from websockets.exceptions import InvalidStatus
 
 from tests.decoding import decoded
-from tests.e2e.vendors import piper_gateway, tone_gateway
+from tests.e2e.vendors import livekit_speaks, piper_gateway, tone_gateway
 from tests.e2e.vendors import whisper as whisper_fixture
 from tests.speech_check import word_error_rate
 
@@ -197,28 +196,11 @@ def test_pipecat_service_speaks(gateway: str, whisper: object) -> None:
 
 
 def test_livekit_plugin_streams_and_synthesizes(gateway: str, whisper: object) -> None:
-    async def speak() -> tuple[bytes, bytes, int]:
-        async with aiohttp.ClientSession() as http:
-            tts = livekit_deepgram.TTS(api_key=KEY, base_url=f"http://{gateway}/v1/speak", http_session=http)
-            stream = tts.stream()
-            for start in range(0, len(SENTENCE), 5):  # as an LLM streams it: one Speak a word
-                stream.push_text(SENTENCE[start : start + 5])
-            stream.end_input()
-            streamed, rate = bytearray(), 0
-            async for event in stream:
-                streamed += event.frame.data.tobytes()
-                rate = event.frame.sample_rate
-            await stream.aclose()
-            whole = bytearray()
-            async for event in tts.synthesize(SENTENCE):  # POST /v1/speak
-                whole += event.frame.data.tobytes()
-            await tts.aclose()
-            return bytes(streamed), bytes(whole), rate
+    def make(http: aiohttp.ClientSession) -> livekit_deepgram.TTS:
+        return livekit_deepgram.TTS(api_key=KEY, base_url=f"http://{gateway}/v1/speak", http_session=http)
 
-    streamed, whole, rate = asyncio.run(speak())
+    streamed, whole, rate = asyncio.run(livekit_speaks(make, SENTENCE))
     assert rate == 24000
     for audio in (streamed, whole):
-        error, heard = word_error_rate(
-            whisper, (np.frombuffer(audio, "<i2") / 32768.0).astype(np.float32), 24000, SENTENCE
-        )
+        error, heard = word_error_rate(whisper, decode(audio, "pcm"), 24000, SENTENCE)
         assert error < 0.25, heard
