@@ -48,6 +48,7 @@ from .messages import (
     ClientMessage,
     ContextClose,
     ContextClosed,
+    ContextId,
     Error,
     InputCancel,
     InputCommit,
@@ -108,7 +109,7 @@ class Request(msgspec.Struct, frozen=True, kw_only=True, rename={"continue_": "c
     """One client message of the socket, or the body of ``/tts/bytes`` / ``/tts/sse``; unknown fields are
     ignored (``model_id`` names Cartesia's model: any is taken; ``pronunciation_dict_id``, ...)."""
 
-    context_id: str | None = None
+    context_id: ContextId | None = None
     transcript: str | None = None
     continue_: bool = False
     flush: bool = False

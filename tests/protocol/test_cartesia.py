@@ -166,6 +166,7 @@ def test_refusals_before_the_session_sees_them() -> None:
         (first(speed=9.0), ErrorCode.INVALID_MESSAGE, "$.speed"),
         (first(generation_config={"speed": 0.1}), ErrorCode.INVALID_MESSAGE, "$.generation_config.speed"),
         (msg(context_id="c1", transcript=3), ErrorCode.INVALID_MESSAGE, "$.transcript"),
+        (msg(context_id="two words", transcript="Hi"), ErrorCode.INVALID_MESSAGE, "$.context_id"),
         ("{not json", ErrorCode.INVALID_JSON, None),
         ("x" * 5000, ErrorCode.MESSAGE_TOO_LARGE, None),
     ]
