@@ -10,7 +10,10 @@ same for all.
 - The reader only decodes messages (``Codec.decode``) and queues work, so a cancel is handled while
   audio streams. It
   waits on the socket no longer than the core's next deadline (``Core.next_deadline``), and calls
-  ``Core.tick`` when it passes: the eager first segment is cut by time, with no polling.
+  ``Core.tick`` when it passes: segments are cut by the listener's clock (docs/protocol.md §5), with no
+  polling. Engine reports and writes can bring that deadline sooner while the reader waits (a first audio
+  later than the engine's estimate, a segment shorter than expected): the host then wakes the reader
+  (``SessionHost.changed``), which waits again for the new deadline, its read of the socket kept.
 - The synthesizer is the engine pump (``gateway.pump``, the same on every surface): it takes segments
   in order and feeds their engine audio to the core as fast as the engine makes it, with look-ahead,
   the audio cap, deadlines, cancel and backpressure. Segments of several contexts (``context_id``) take
@@ -126,6 +129,9 @@ class Connection:
         )
         self.writer = _Writer()
         self.receive_deadline = Deadline()  # the reader's config, idle and tick timeouts
+        self._receiving: asyncio.Future[Mapping[str, Any]] | None = None  # the socket's read in progress
+        self._sooner = asyncio.Event()  # the core's next deadline came sooner than the reader waits
+        self.host.sooner = self._sooner.set
         self.last_activity = time.monotonic()
         self.wire: Codec = self.codec or SessionCodec(extensions=self.extensions)  # adopt() may wrap it
         if self.receipts is not None:
@@ -209,6 +215,8 @@ class Connection:
         try:
             await self._read_messages()
         finally:
+            if self._receiving is not None:
+                self._receiving.cancel()
             self.host.errors.flush()  # the count of errors left out of the log, as the reader ends
 
     async def _read_messages(self) -> None:
@@ -263,14 +271,20 @@ class Connection:
             if wait <= 0:
                 wait = limit  # busy past the limit: the writer's own timeout ends a stuck send
             wait = max(wait, 0.01)
-            # The core's next deadline (the eager first segment's time budget) bounds the wait.
+            # The core's next deadline (a timed cut, a context's idle timeout) bounds the wait; engine
+            # reports and writes may bring it sooner meanwhile (the host says so: ``_sooner``).
+            now = time.perf_counter()
             deadline = self.core.next_deadline()
-            tick = deadline is not None and deadline - time.perf_counter() < wait
+            tick = deadline is not None and deadline - now < wait
             if deadline is not None and tick:
-                wait = max(deadline - time.perf_counter(), 0.0)
+                wait = max(deadline - now, 0.0)
+            self.host.waiting_until = now + wait
             try:
                 # In this task, not wait_for's: on 3.11 wait_for can swallow the task group's cancel.
-                return dict(await self.receive_deadline.within(self.ws.receive(), wait))
+                message = await self.receive_deadline.within(self._message_or_sooner(), wait)
+                if message is None:
+                    continue  # the core's deadline came sooner: wait again, for the new one
+                return dict(message)
             except TimeoutError:
                 if tick:
                     self.core.tick(time.perf_counter())
@@ -293,6 +307,22 @@ class Connection:
                         fatal=True,
                     )
                 ) from None
+
+    async def _message_or_sooner(self) -> Mapping[str, Any] | None:
+        """The next message of the socket, or None when the core's next deadline came sooner than the wait
+        in progress. The socket's read is kept across waits (a wait that ends early loses no message)."""
+        if self._receiving is None:
+            self._receiving = asyncio.ensure_future(self.ws.receive())
+        sooner = asyncio.ensure_future(self._sooner.wait())
+        try:
+            await asyncio.wait([self._receiving, sooner], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sooner.cancel()
+        if self._receiving.done():
+            receiving, self._receiving = self._receiving, None
+            return receiving.result()
+        self._sooner.clear()
+        return None
 
     def _busy(self) -> bool:
         return bool(

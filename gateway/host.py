@@ -53,6 +53,8 @@ _NOT_FATAL = frozenset({ErrorCode.AUDIO_TRUNCATED.value})
 #: ``session.done``), or the failure that ends it early.
 Piece = Audio | Message | ProtocolError
 Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
+#: How much sooner the core's next deadline must come than the reader's wait to wake it.
+SOONER_S = 0.005
 
 
 class SessionHost:
@@ -105,9 +107,13 @@ class SessionHost:
             extensions=extensions,
             configure=configure,
             dropped=dropped,
+            changed=self.changed,
         )
         self._task: asyncio.Task[None] | None = None  # the pump, when the host runs it (REST)
         self.references = References()  # the inline ref_audio clips it may have decoded
+        #: When the reader's wait in progress ends (the core's clock), and what tells it of a sooner deadline.
+        self.waiting_until: float | None = None
+        self.sooner: Callable[[], None] | None = None
         self.errors = ErrorLog(log)  # non-fatal errors' lines, rate-limited
 
     def utterance(self, index: int) -> Utterance:
@@ -126,7 +132,19 @@ class SessionHost:
         """The writer's step: ``output`` as it goes out (``Core.sending``), counted by the meter."""
         sent = self.core.sending(output, now)
         self.meter.sent(sent)
+        self.changed()
         return sent
+
+    def changed(self) -> None:
+        """The core's state moved (an engine report, a write): wake the reader if its next deadline is now
+        sooner than the wait in progress (a first audio later than estimated, a segment shorter), so that a
+        timed cut is not late by the difference."""
+        if self.sooner is None or self.waiting_until is None:
+            return
+        deadline = self.core.next_deadline()
+        if deadline is not None and deadline < self.waiting_until - SOONER_S:
+            self.waiting_until = None  # once per wait
+            self.sooner()
 
     # -- a REST answer: one utterance, its text all there ------------------------------------------------
 

@@ -65,6 +65,7 @@ class Pump:
         extensions: the client's dialect takes voxgate's own messages (``protocol.dialect.sends``).
         configure: handles a ``Configure`` output; None where no config can arrive (REST).
         dropped: called after a ``Drop`` is applied (a phone carrier's ``clear``).
+        changed: called after each ``flush``: the core's state moved (its next deadline may be sooner).
     """
 
     def __init__(
@@ -78,12 +79,14 @@ class Pump:
         extensions: bool = True,
         configure: Configurer | None = None,
         dropped: Callable[[], None] | None = None,
+        changed: Callable[[], None] | None = None,
     ) -> None:
         self.core, self.outbox, self.meter, self.log = core, outbox, meter, log
         self.extensions = extensions
         self._utterance_for = utterance
         self._configure = configure
         self._dropped = dropped
+        self._changed = changed
         self.jobs = JobQueue()
         self._speaking: Utterance | None = None  # the utterance whose segments are being queued
         self._current: asyncio.Task[None] | None = None
@@ -98,6 +101,8 @@ class Pump:
     async def flush(self) -> None:
         """Move the core's outputs, in order, to the job queue and the outbox (never waits on room)."""
         await self.route(self.core.data_to_send())
+        if self._changed is not None:
+            self._changed()
 
     async def route(self, outputs: list[Output]) -> None:
         """Move ``outputs`` (taken from the core by the caller) as ``flush`` does."""
