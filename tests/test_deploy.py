@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from voxgate.engine import ENGINES
-from voxgate.engine.remote import RemoteSettings
+from voxgate.engine.remote_settings import RemoteSettings
 from voxgate.gateway.settings import Settings, options
 
 ROOT = Path(__file__).resolve().parent.parent

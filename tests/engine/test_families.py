@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from voxgate.engine.base import RequestRefused, UnsupportedOption, VoiceReference
 from voxgate.engine.families import FAMILIES, GENERIC, Clip, detect
-from voxgate.engine.remote import DEFAULT_REFERENCE_TEXT, RemoteEngine, RemoteSettings, invalid
+from voxgate.engine.remote import RemoteEngine
+from voxgate.engine.remote_settings import DEFAULT_REFERENCE_TEXT, RemoteSettings, invalid
 
 from tests.conftest import TIMEOUT_S, recv, send, session, voxgate_connect
 from tests.engine.test_remote import URL, clip, gateway, post_speech, ref_audio, speak, stubs, upload

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from voxgate.engine.remote import _refusal, _retry_after
+from voxgate.engine.remote_answers import refusal, retry_after
 from voxgate.engine.upstreams import ScrubUrls, Upstream, UpstreamPool, redact_url
 
 
@@ -52,14 +52,13 @@ def test_a_refusal_relays_only_the_message_its_json_names() -> None:
     body: dict[str, object] = {"input": "x", "language": "Xx"}
     named = b'{"error": {"message": "Invalid language \'Xx\'\\n\\u001b[31mred", "param": null}}'
     assert (
-        str(_refusal(400, named, body)) == "upstream refused the request (400): Invalid language 'Xx' [31mred"
+        str(refusal(400, named, body)) == "upstream refused the request (400): Invalid language 'Xx' [31mred"
     )
     assert (
-        str(_refusal(400, b"<html>Traceback at 10.0.0.7</html>", body))
-        == "upstream refused the request (400)"
+        str(refusal(400, b"<html>Traceback at 10.0.0.7</html>", body)) == "upstream refused the request (400)"
     )
     long = b'{"detail": "' + b"x" * 5000 + b'"}'
-    assert len(str(_refusal(422, long, body))) < 400
+    assert len(str(refusal(422, long, body))) < 400
 
 
 @pytest.mark.parametrize(
@@ -67,4 +66,4 @@ def test_a_refusal_relays_only_the_message_its_json_names() -> None:
     [("7", 7), (None, 1), ("0", 1), ("99999999999", 300), ("soon", 1), ("Wed, 21 Oct 2015 07:28:00 GMT", 1)],
 )
 def test_retry_after_is_read_and_bounded(header: str | None, seconds: int) -> None:
-    assert _retry_after(header) == seconds
+    assert retry_after(header) == seconds

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 from voxgate.engine.piper import PiperSettings
-from voxgate.engine.remote import RemoteSettings
+from voxgate.engine.remote_settings import RemoteSettings
 from voxgate.gateway.settings import Settings, options
 from voxgate.protocol.messages import SessionConfig
 

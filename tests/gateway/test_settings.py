@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from voxgate.engine import ENGINES
-from voxgate.engine.remote import RemoteSettings
+from voxgate.engine.remote_settings import RemoteSettings
 from voxgate.engine.vllm_omni import VllmOmniSettings
 from voxgate.gateway.settings import Settings, options
 
