@@ -20,14 +20,13 @@ from starlette.websockets import WebSocket
 
 from ..protocol.bodies import Body
 from ..protocol.cartesia import (
-    MEDIA_TYPES,
     CartesiaSocket,
-    CartesiaSse,
     decode_request,
     error_payload,
     session_config,
     settings_of,
 )
+from ..protocol.cartesia_rest import MEDIA_TYPES, CartesiaSse
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.output import OutputFormat
 from ..protocol.vendor import RawAudio, wav_head

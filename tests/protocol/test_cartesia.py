@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from voxgate.protocol.cartesia import (
     CartesiaSocket,
-    CartesiaSse,
     decode_request,
     error_payload,
     session_config,
     settings_of,
 )
+from voxgate.protocol.cartesia_rest import CartesiaSse
 from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from voxgate.protocol.messages import (
     AudioCancelled,
