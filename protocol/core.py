@@ -79,7 +79,7 @@ from .output import (
     Report,
     Speak,
 )
-from .pace import Pace
+from .pace import AUDIO_SHARE, Pace
 from .packer import AudioPacker
 from .session import (
     CloseRequested,
@@ -100,6 +100,11 @@ from .session import (
 #: Slack the listener keeps when a segment is cut to be in time: frames in flight, the client's jitter
 #: buffer, the error of the engine estimate (``protocol.pace``): a cut this early costs nothing audible.
 MARGIN_S = 0.15
+#: Utterances kept per context, once written, while their audio still plays (``audio.cancelled`` reports
+#: what was heard of them): more than a client buffers, for any reply but a flood of tiny ones.
+_PLAYING = 32
+#: Rounding of the sums of frame durations: audio this close to a segment's end counts as heard to it.
+_SLACK_MS = 0.5
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -129,6 +134,8 @@ class _Segment:
     finished: bool = False  # segment_done came
     fader: Fader | None = None  # its first and last milliseconds ramped (``protocol.joins``)
     rate: int = 0  # the engine's sample rate, from its first audio
+    timed: list[tuple[int, float]] = field(default_factory=list)  # each word timed: its end in text, in ms
+    timed_at: int = 0  # where in ``text`` the next timed word is looked for
 
 
 @dataclass(slots=True)
@@ -146,6 +153,9 @@ class _Utterance:
     total: int | None = None  # segments, once all the text is segmented
     done: int = 0  # segments whose audio is finished
     reported: bool = False  # session.done handed out
+    text: list[str] = field(default_factory=list)  # the client's text, as sent (``Session.received``)
+    sent_s: float = 0.0  # its audio written
+    play_end: float | None = None  # when its audio written ends, played in real time after what went before
 
 
 @dataclass(slots=True)
@@ -181,6 +191,9 @@ class Core:
         self._out: list[Output] = []
         self._closing = False
         self._contexts: dict[int, _Context] = {0: _Context(None, 0)}
+        # Utterances whose session.done is written while their audio still plays, by context: a cancel
+        # reports what the listener heard of them too (the oldest go once heard, or past ``_PLAYING``).
+        self._playing: dict[int, collections.deque[_Utterance]] = {}
         #: This session's engine, as seen so far: time to first audio, audio per character.
         self.pace = Pace()
 
@@ -281,7 +294,7 @@ class Core:
                 self._utterance(u, c).total = n
                 self._settle()
             case UtteranceCancelled(utterance_index=u):
-                self.cancel(u)
+                self.cancel(u, now)
             case Committed(commit_id=commit_id, utterance_index=u, sentence_index=s, context_number=c):
                 msg = InputCommitted(
                     commit_id=commit_id, utterance_index=u, sentence_index=s, context_id=self._wire_id(c)
@@ -295,28 +308,34 @@ class Core:
                     if c is None or ctx.number == c:
                         ctx.active_t = now
             case ContextCancelled(context_id=cid, context_number=c):
-                self._drop(cid, c, confirm=True)
+                self._drop(cid, c, now, confirm=True)
                 if c is not None:
                     self._close(cid, c, "cancelled")
             case ContextEnded(context_id=cid, context_number=c, reason="closed") if c in self._contexts:
                 self._contexts[c].closing = True
                 self._settle()
             case ContextEnded(context_id=cid, context_number=c, reason=reason):
-                self._drop(cid, c, confirm=False)
+                self._drop(cid, c, now, confirm=False)
                 self._close(cid, c, reason)
             case CloseRequested():  # pragma: no branch - the last kind of Event
                 self._closing = True
                 self._settle()
 
-    def cancel(self, open_index: int | None = None) -> None:
+    def cancel(self, open_index: int | None = None, now: float | None = None) -> None:
         """Barge-in: drop every utterance in flight, and confirm with one ``audio.cancelled`` each.
 
-        The named contexts close too (``context.closed``, reason ``cancelled``), after the confirmations.
+        Each says what the listener heard of its utterance at ``now``; an utterance whose audio was all
+        written but is still playing gets one too. The named contexts close too (``context.closed``,
+        reason ``cancelled``), after the confirmations.
 
         Args:
             open_index: the utterance the client had open, confirmed when nothing was in flight.
+            now: the time of the cancel (None: no utterance still playing is reported).
         """
-        self._cancel(tuple(self._utterances.values()), AudioCancelled(utterance_index=open_index))
+        playing = [u for q in self._playing.values() for u in q]
+        self._playing.clear()
+        victims = tuple(self._utterances.values())
+        self._cancel(victims, playing, now, AudioCancelled(utterance_index=open_index))
         for ctx in list(self._contexts.values()):
             if ctx.context_id is not None:
                 self._close(ctx.context_id, ctx.number, "cancelled")
@@ -429,9 +448,11 @@ class Core:
                         if seg.started_t is not None:
                             self.pace.first_audio(len(seg.text), now - seg.started_t)
                     seg.sent_s += audio_s
+                    u.sent_s += audio_s
                     u.first_audio_t = now if u.first_audio_t is None else u.first_audio_t
                     if (ctx := self._contexts.get(u.context)) is not None:
                         ctx.play_end = max(now, ctx.play_end or now) + audio_s
+                    u.play_end = max(now, u.play_end or now) + audio_s if ctx is None else ctx.play_end
             case Message(msg=AudioStart(utterance_index=index, sentence_index=int(sentence))):
                 u = self._utterances.get(index)
                 if u is not None:
@@ -441,6 +462,11 @@ class Core:
                 if u is None:
                     return None
                 self._remove(u)
+                if u.play_end is not None and u.play_end > now:  # still heard: a cancel reports it
+                    playing = self._playing.setdefault(u.context, collections.deque(maxlen=_PLAYING))
+                    while playing and playing[0].play_end is not None and playing[0].play_end <= now:
+                        playing.popleft()
+                    playing.append(u)
                 return Message(self._session_done(u), index)
             case Report(utterance=index, sentence=int(sentence)):
                 u = self._utterances.get(index)
@@ -456,6 +482,9 @@ class Core:
         for event in events:
             self.receive(event, now)
         session = self.session
+        for index, text in session.received:  # text of an utterance just started or still open
+            self._utterances[index].text.append(text)
+        session.received.clear()
         for ctx in self._contexts.values():
             if not (session.eager_pending_in(ctx.number) and session.first_pending_in(ctx.number)):
                 ctx.deadline = None
@@ -521,25 +550,85 @@ class Core:
         if not group:
             del self._by_context[u.context]
 
-    def _drop(self, context_id: str, number: int | None, *, confirm: bool) -> None:
+    def _drop(self, context_id: str, number: int | None, now: float, *, confirm: bool) -> None:
         """Cancel one context's utterances; ``confirm``: answer even when there were none."""
         victims = () if number is None else tuple(self._by_context.get(number, {}).values())
-        self._cancel(victims, AudioCancelled(context_id=context_id) if confirm else None)
+        # An idle timeout stops no audio: only a cancel reports what was heard of audio all written.
+        playing = list(self._playing.pop(-1 if number is None else number, ())) if confirm else []
+        self._cancel(victims, playing, now, AudioCancelled(context_id=context_id) if confirm else None)
 
-    def _cancel(self, victims: tuple[_Utterance, ...], otherwise: AudioCancelled | None) -> None:
-        """Drop ``victims`` and confirm each with ``audio.cancelled``; with none, send ``otherwise``."""
+    def _cancel(
+        self,
+        victims: tuple[_Utterance, ...],
+        playing: list[_Utterance],
+        now: float | None,
+        otherwise: AudioCancelled | None,
+    ) -> None:
+        """Drop ``victims`` and confirm each with ``audio.cancelled``, with those of ``playing`` still heard
+        at ``now``; with none, send ``otherwise``."""
         self._forget(victims)
         if victims or otherwise is not None:
             self._out.append(Drop(tuple(u.index for u in victims)))
-        for u in victims:
-            cancelled = AudioCancelled(utterance_index=u.index, context_id=wire_context_id(u.context_id))
-            self._out.append(Message(cancelled))
-        if not victims and otherwise is not None:
+        heard = [u for u in playing if now is not None and u.play_end is not None and u.play_end > now]
+        told = sorted((*heard, *victims), key=lambda u: u.index)
+        for u in told:
+            self._out.append(Message(self._cancelled(u, now)))
+        if not told and otherwise is not None:
             self._out.append(Message(otherwise))
+
+    def _cancelled(self, u: _Utterance, now: float | None) -> AudioCancelled:
+        """The ``audio.cancelled`` of ``u``: what its listener heard of it by ``now`` (None: nothing)."""
+        ahead = 0.0 if now is None or u.play_end is None else min(u.sent_s, max(0.0, u.play_end - now))
+        played_ms = (u.sent_s - ahead) * 1000.0 if now is not None else 0.0
+        text = "".join(u.text)
+        cut = self._spoken_cut(u, text, played_ms)
+        return AudioCancelled(
+            utterance_index=u.index,
+            context_id=wire_context_id(u.context_id),
+            played_ms=round(played_ms, 2),
+            text_spoken=text[:cut],
+            text_remaining=text[cut:],
+            text_spoken_source="words" if u.words else "estimate",
+        )
+
+    def _spoken_cut(self, u: _Utterance, text: str, played_ms: float) -> int:
+        """Where in the client's ``text`` of ``u`` the words heard in ``played_ms`` end.
+
+        Segments heard whole count to their last character; in the one being heard, the last word that
+        ended (from the engine's word timings, else the share of its audio played, spread over its
+        characters, back to the end of a whole word). A word heard takes the characters stuck to it in
+        the client's text (punctuation, markup: up to the next whitespace).
+        """
+        cut = cursor = 0
+        for seg in (u.segments[s] for s in sorted(u.segments)):
+            at = text.find(seg.source, cursor)
+            heard_ms = played_ms - seg.start_ms
+            if at < 0 or not seg.started or heard_ms <= 0:
+                break
+            cursor = at + len(seg.source)
+            if seg.finished and heard_ms >= seg.made_s * 1000.0 - _SLACK_MS:
+                cut = cursor
+                continue
+            n = len(seg.text)
+            if u.words:
+                k = max((end for end, end_ms in seg.timed if end_ms <= played_ms), default=0)
+            else:
+                length_s = seg.made_s if seg.finished else max(seg.made_s, self.pace.audio_s(n) / AUDIO_SHARE)
+                k = min(n, int(n * (heard_ms + _SLACK_MS) / (length_s * 1000.0)))
+                if k < n and not seg.text[k].isspace():  # that word is not over: back to the one before
+                    k = max(0, seg.text.rfind(" ", 0, k))
+                k = len(seg.text[:k].rstrip())
+            if k:
+                cut = at + (k if seg.namer is None else seg.namer.origins[k - 1] + 1)
+            break
+        while 0 < cut < len(text) and not text[cut].isspace():
+            cut += 1
+        return cut
 
     def _close(self, context_id: str, number: int | None, reason: CloseReason) -> None:
         if number is not None:
             self._contexts.pop(number, None)
+            self._playing.pop(number, None)
         msg = ContextClosed(context_id=context_id, context_number=number, reason=reason)
         self._out.append(Message(msg))
 
@@ -609,6 +698,12 @@ class Core:
         )
         seg.word_chunks += 1
         self._out.append(Message(msg, u.index))
+        folded = seg.text.lower() if len(seg.text.lower()) == len(seg.text) else seg.text
+        for w, _, end in words:  # where each word ends in the segment's text, for ``_spoken_cut``
+            at = folded.find(w.lower(), seg.timed_at) if w else -1
+            if at >= 0:
+                seg.timed_at = at + len(w)
+                seg.timed.append((seg.timed_at, base + end * 1000.0 / rate))
 
     def _settle(self) -> None:
         """Hand out the ``session.done`` of finished utterances in order within each context, then the

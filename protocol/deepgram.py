@@ -10,6 +10,8 @@ Client -> server, one JSON text message each::
     {"type": "Speak", "text": "Hello. "}     input.text (speech starts before Flush: the segmenter cuts)
     {"type": "Flush"}                        input.done, answered by {"type": "Flushed", "sequence_id": n}
     {"type": "Clear"}                        input.cancel, answered by {"type": "Cleared", "sequence_id": n}
+                                             with what the listener heard of the utterance playing:
+                                             "text_spoken", "text_remaining" (as Deepgram plans for Flux)
     {"type": "Close"}                        session.close: the audio goes out, then close 1000
 
 Server -> client: ``{"type": "Metadata", ...}`` first, binary audio, ``Flushed``, ``Cleared``, and
@@ -298,7 +300,10 @@ class DeepgramSocket(Own):
                 self._flushed.clear()  # their audio will not end: it was cleared
                 if self._clears:
                     self._clears -= 1
-                    return [_encode({"type": "Cleared", "sequence_id": max(self.flushes - 1, 0)})]
+                    cleared: dict[str, object] = {"type": "Cleared", "sequence_id": max(self.flushes - 1, 0)}
+                    if msg.text_spoken is not msgspec.UNSET:  # what the listener heard (as Deepgram's Flux)
+                        cleared.update(text_spoken=msg.text_spoken, text_remaining=msg.text_remaining)
+                    return [_encode(cleared)]
             case ServerWarning(code=code, message=message):
                 return [warning(code, message)]
             case Error(code=code, message=message, fatal=True):

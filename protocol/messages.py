@@ -454,11 +454,20 @@ class SessionDone(_Server, tag="session.done"):
 class AudioCancelled(_Server, tag="audio.cancelled"):
     """Confirms ``input.cancel``; no binary frame of this utterance follows it.
 
-    One per utterance that was in flight; ``utterance_index`` is None when nothing was.
+    One per utterance that was in flight, or whose audio was all written but not yet all heard;
+    ``utterance_index`` is None when there was none. What the listener heard of it (docs/protocol.md §8):
+    ``played_ms`` of its audio, played in real time from its first frame written; ``text_spoken``, its text
+    up to the last word heard, and ``text_remaining``, the rest (together: the text as the client sent it);
+    ``text_spoken_source`` says how the cut was found: ``words`` from the engine's word timings, ``estimate``
+    spread over each segment's audio by characters. Absent with no utterance.
     """
 
     utterance_index: int | None = None
     context_id: str | msgspec.UnsetType = msgspec.UNSET
+    played_ms: float | msgspec.UnsetType = msgspec.UNSET
+    text_spoken: str | msgspec.UnsetType = msgspec.UNSET
+    text_remaining: str | msgspec.UnsetType = msgspec.UNSET
+    text_spoken_source: Literal["words", "estimate"] | msgspec.UnsetType = msgspec.UNSET
 
 
 class InputCommitted(_Server, tag="input.committed"):

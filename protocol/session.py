@@ -265,6 +265,9 @@ class Session:
         #: Whether ``text_normalization`` ``auto`` writes numbers out, for an engine whose front end
         #: misreads them (Piper's espeak): the host sets it from the engine; ``on`` always does.
         self.expand_numbers = False
+        #: The client's text of each ``input.text`` taken, as sent, with its utterance: the ``Core`` takes
+        #: it after each message (the listener's ``text_spoken`` names the client's own characters).
+        self.received: list[tuple[int, str]] = []
 
     @property
     def _segmenter(self) -> Segmenter:
@@ -365,6 +368,7 @@ class Session:
                     stream.utterance, stream.sentences = self._next_index(), 0
                     events.append(UtteranceStarted(stream.utterance, stream.number))
                 events.extend(self._segments(stream, stream.segmenter.push(stream.normalizer.feed(text))))
+                self.received.append((stream.utterance, text))
             case InputDone():
                 self._check_admitted(cid)
                 events.extend(self._end_utterance(self._stream(cid, events)))

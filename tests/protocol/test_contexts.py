@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import numpy as np
 import pytest
 from voxgate.protocol.audio import Samples
@@ -48,6 +49,21 @@ from voxgate.protocol.session import (
     UtteranceEnded,
     UtteranceStarted,
 )
+
+
+def unheard(
+    index: int, text: str = "", context_id: str | msgspec.UnsetType = msgspec.UNSET
+) -> AudioCancelled:
+    """The ``audio.cancelled`` of an utterance the listener heard nothing of (its ``text``: all remaining)."""
+    return AudioCancelled(
+        utterance_index=index,
+        context_id=context_id,
+        played_ms=0.0,
+        text_spoken="",
+        text_remaining=text,
+        text_spoken_source="estimate",
+    )
+
 
 RATE = 8000
 PCM = OutputFormat("pcm", RATE, frame_ms=100, frame_header=True)
@@ -360,7 +376,7 @@ def test_cancelling_one_context_drops_only_its_utterances() -> None:
     core.receive_text(msg("input.cancel", context_id="b"), 1.0)
     assert core.data_to_send() == [
         Drop((1,)),
-        Message(AudioCancelled(utterance_index=1, context_id="b")),
+        Message(unheard(1, "Goes. Away.", "b")),
         Message(ContextClosed(context_id="b", context_number=2, reason="cancelled")),
     ]
     core.segment_done(1, 0, synthesis_s=0.0)  # the cancelled segment's engine work ends: nothing comes of it
@@ -381,8 +397,8 @@ def test_cancel_without_a_context_confirms_each_utterance_with_its_context_and_c
     core.receive_text(msg("input.cancel"), 1.0)
     assert core.data_to_send() == [
         Drop((0, 1)),
-        Message(AudioCancelled(utterance_index=0)),
-        Message(AudioCancelled(utterance_index=1, context_id="a")),
+        Message(unheard(0, "Default")),
+        Message(unheard(1, "Named", "a")),
         Message(ContextClosed(context_id="a", context_number=1, reason="cancelled")),
     ]
 
@@ -431,7 +447,8 @@ def test_an_idle_context_times_out_after_its_last_message_or_its_last_audio() ->
     core.tick(70.0)
     assert core.data_to_send() == [
         Drop((0,)),
-        Message(AudioCancelled(utterance_index=0, context_id="a")),  # its open utterance ends unspoken
+        # its open utterance ends unspoken
+        Message(unheard(0, "Hello there. More", "a")),
         Message(ContextClosed(context_id="a", context_number=1, reason="idle_timeout")),
     ]
     assert core.next_deadline() is None and core.session.state is State.READY

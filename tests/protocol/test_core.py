@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import av
+import msgspec
 import numpy as np
 import pytest
 from voxgate.protocol.audio import Samples
@@ -45,6 +46,21 @@ from voxgate.protocol.session import (
     UtteranceEnded,
     UtteranceStarted,
 )
+
+
+def unheard(
+    index: int, text: str = "", context_id: str | msgspec.UnsetType = msgspec.UNSET
+) -> AudioCancelled:
+    """The ``audio.cancelled`` of an utterance the listener heard nothing of (its ``text``: all remaining)."""
+    return AudioCancelled(
+        utterance_index=index,
+        context_id=context_id,
+        played_ms=0.0,
+        text_spoken="",
+        text_remaining=text,
+        text_spoken_source="estimate",
+    )
+
 
 RATE = 8000
 PCM = OutputFormat("pcm", RATE, frame_ms=100)
@@ -154,8 +170,8 @@ def test_cancel_drops_everything_in_flight_and_later_engine_work_produces_nothin
     core.receive(UtteranceCancelled(1), 0.0)
     assert core.data_to_send() == [
         Drop((0, 1)),
-        Message(AudioCancelled(utterance_index=0)),
-        Message(AudioCancelled(utterance_index=1)),
+        Message(unheard(0)),
+        Message(unheard(1)),
     ]
     core.segment_started(0, 0)
     core.audio(0, 0, tone(0.1), RATE)
