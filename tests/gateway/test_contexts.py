@@ -55,7 +55,14 @@ def test_two_contexts_interleave_and_one_is_cancelled_while_the_other_plays_on()
     # a: one audio.cancelled, then context.closed; after the cancel, nothing more of a (frames that were
     # already written may come before the audio.cancelled).
     cancelled = [m for m in got.messages("audio.cancelled")]
-    assert cancelled == [{"type": "audio.cancelled", "utterance_index": a_index, "context_id": "a"}]
+    fields = ("type", "utterance_index", "context_id")
+    assert [{k: m[k] for k in fields} for m in cancelled] == [
+        {"type": "audio.cancelled", "utterance_index": a_index, "context_id": "a"}
+    ]
+    heard = cancelled[0]  # what the listener heard of a, in its text as sent (docs/protocol.md §8)
+    assert heard["text_spoken"] + heard["text_remaining"] == (
+        "Alpha one is a long sentence to cancel. Alpha two never plays. "
+    )
     closed = got.messages("context.closed")
     assert closed == [
         {"type": "context.closed", "context_id": "a", "context_number": 2, "reason": "cancelled"}
@@ -173,7 +180,15 @@ def test_cancelling_a_queued_context_leaves_the_segment_being_spoken_whole() -> 
         send(ws, type="input.cancel", context_id="a")
         got = recv_until(ws, "session.done")
     assert got.messages("audio.cancelled") == [
-        {"type": "audio.cancelled", "utterance_index": 1, "context_id": "a"}
+        {
+            "type": "audio.cancelled",
+            "utterance_index": 1,
+            "context_id": "a",
+            "played_ms": 0.0,  # none of it was heard (docs/protocol.md §8)
+            "text_spoken": "",
+            "text_remaining": "Queued behind it.",
+            "text_spoken_source": "estimate",
+        }
     ]
     (done,) = got.messages("audio.done")
     assert done["context_id"] == "b" and done["error"] is False
