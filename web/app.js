@@ -39,6 +39,7 @@ const stats = {
   serverTtfaMs: null, // session.done first_text_to_first_audio_ms
   segments: [],
   cancelled: 0, // audio.cancelled messages received
+  heard: null, // what the listener heard of the utterance Stop cut: {textSpoken, textRemaining, playedMs, source}
   sessionsDone: 0, // session.done messages received
   ready: null, // the last session.ready
   lastError: null, // the message of the last error shown
@@ -466,7 +467,23 @@ function onMessage(msg) {
       stats.cancelled += 1;
       if (stats.state === "stopping") {
         setState("idle");
-        status(msg.utterance_index === null ? "Stopped." : `Stopped: utterance ${msg.utterance_index} cancelled.`);
+        if (msg.utterance_index === null) {
+          status("Stopped.");
+        } else {
+          // The first audio.cancelled is the utterance playing: what the listener heard of it (the text as sent).
+          stats.heard = {
+            textSpoken: msg.text_spoken,
+            textRemaining: msg.text_remaining,
+            playedMs: msg.played_ms,
+            source: msg.text_spoken_source,
+          };
+          const how = msg.text_spoken_source === "words" ? "by word timings" : "estimated";
+          const heard = msg.text_spoken ? `“${msg.text_spoken}”` : "nothing";
+          status(
+            `Stopped: utterance ${msg.utterance_index} cancelled after ${(msg.played_ms / 1000).toFixed(1)} s. ` +
+              `Heard (${how}): ${heard}`,
+          );
+        }
       }
       break;
     case "error":

@@ -330,6 +330,11 @@ def test_stop_cancels_mid_paragraph(page: Page, piper_gateway: str, fmt: str) ->
     assert at_stop["bufferedMs"] > 500
     assert after["secondsPlayed"] - at_stop["secondsPlayed"] < 0.3
     assert "cancelled" in page.inner_text("#status")
+    # What the listener heard, as audio.cancelled says it: a start of the text sent, in its own characters.
+    heard = after["heard"]
+    assert heard is not None and heard["playedMs"] > 0 and heard["source"] == "estimate"
+    assert LONG_PARAGRAPH.startswith(heard["textSpoken"] + heard["textRemaining"]), heard
+    assert "Heard (estimated)" in page.inner_text("#status")
     assert after["errors"] == []
     if fmt == "opus":  # decoded before Stop; what the closed decoder still held was dropped (samplesPlayed)
         assert after["decoder"]["frames"] > 0 and after["decoder"]["error"] is None
