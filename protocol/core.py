@@ -33,6 +33,13 @@ The rules it owns:
   (``sending``) played in real time from its first frame (a gap restarts the clock), then the audio its
   open utterance's segments still owe: what the engine made and is not written yet, and, for segments
   not finished, at least ``Pace.audio_s`` of their text, from their estimated first audio on.
+- What the listener heard (docs/protocol.md §8). Each ``audio.cancelled`` says how much of its
+  utterance's audio the listener has heard on the listener clock (its audio written, played in real time
+  after the context's audio written before it) and cuts the utterance's text, as the client sent it
+  (``Session.received``), after the last word heard: by the engine's word timings when the config asked
+  for them, else by each segment's audio spread over its characters; the normalizer's map (``WordNamer``'s
+  ``origins``) turns a spoken position into the client's. An utterance whose ``session.done`` is written is
+  kept while its audio still plays, so that a cancel reports it too.
 - Contexts (``protocol.session``): messages of a named context's utterances carry its ``context_id``
   and its frames its ``context_number``; ``context.closed`` follows its last ``session.done`` (a
   graceful close), or its ``audio.cancelled`` (a cancel, an idle timeout). A named context is idle
