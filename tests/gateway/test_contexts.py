@@ -60,7 +60,7 @@ def test_two_contexts_interleave_and_one_is_cancelled_while_the_other_plays_on()
         {"type": "audio.cancelled", "utterance_index": a_index, "context_id": "a"}
     ]
     heard = cancelled[0]  # what the listener heard of a, in its text as sent (docs/protocol.md §8)
-    assert heard["text_spoken"] + heard["text_remaining"] == (
+    assert f"{heard['text_spoken']}{heard['text_remaining']}" == (
         "Alpha one is a long sentence to cancel. Alpha two never plays. "
     )
     closed = got.messages("context.closed")

@@ -88,9 +88,15 @@ def test_text_spoken_is_what_a_real_time_player_played_within_one_word() -> None
     server = heard_by(received, played_s)
     player = heard_by(received, position)
     assert 0 < len(player) <= len(server) <= len(player) + 1
-    # text_spoken ends with the last word heard, in the client's characters ("*settings*,": with its markup).
-    assert answer["text_spoken"].rstrip().endswith(server[-1].rstrip(",.!:"))
-    assert TEXT.startswith(answer["text_spoken"]) and answer["text_spoken"].count(" ") == len(server) - 1
+    check_cut(answer, server)
+
+
+def check_cut(answer: dict[str, Any], server: list[str]) -> None:
+    """``text_spoken`` ends with the last word heard at ``played_ms`` (``server``: as ``audio.chunk`` names
+    them), in the client's characters with what is stuck to it ("*settings*,": markup, punctuation)."""
+    spoken = answer["text_spoken"]
+    assert TEXT.startswith(spoken) and server[-1].strip(",.!:*") in spoken.split()[-1]
+    assert len(spoken.split()) == len(server)
 
 
 @pytest.mark.parametrize("delay_s", [0.0, 0.2])
