@@ -51,7 +51,8 @@ class Peak:
     """The peak RSS of a process while a block runs (sampled every 50 ms)."""
 
     def __init__(self, pid: int) -> None:
-        self.pid, self.peak_mb, self._task = pid, 0.0, None
+        self.pid, self.peak_mb = pid, 0.0
+        self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Peak:
         async def sample() -> None:
@@ -59,12 +60,12 @@ class Peak:
                 self.peak_mb = max(self.peak_mb, rss_mb(self.pid))
                 await asyncio.sleep(0.05)
 
-        self._task = asyncio.create_task(sample())  # type: ignore[assignment]
+        self._task = asyncio.create_task(sample())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
-        self._task.cancel()  # type: ignore[unreachable]
+        self._task.cancel()
 
 
 async def batch_memory(server: Server, batches: int) -> dict[str, Any]:

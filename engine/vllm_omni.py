@@ -340,7 +340,7 @@ class VllmOmniEngine:
     def _default_reference(self) -> VoiceReference:
         """The reference a plain request carries to a family that speaks only from one (read once)."""
         if self._reference is None:
-            from .remote import DEFAULT_REFERENCE_AUDIO, DEFAULT_REFERENCE_TEXT
+            from .remote_settings import DEFAULT_REFERENCE_AUDIO, DEFAULT_REFERENCE_TEXT
 
             audio, rate = soundfile.read(DEFAULT_REFERENCE_AUDIO, dtype="float32", always_2d=True)
             self._reference = VoiceReference(

@@ -313,9 +313,10 @@ class Connection:
         in progress. The socket's read is kept across waits (a wait that ends early loses no message)."""
         if self._receiving is None:
             self._receiving = asyncio.ensure_future(self.ws.receive())
-        sooner = asyncio.ensure_future(self._sooner.wait())
+        receiving: asyncio.Future[Any] = self._receiving
+        sooner: asyncio.Future[Any] = asyncio.ensure_future(self._sooner.wait())
         try:
-            await asyncio.wait([self._receiving, sooner], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([receiving, sooner], return_when=asyncio.FIRST_COMPLETED)
         finally:
             sooner.cancel()
         if self._receiving.done():

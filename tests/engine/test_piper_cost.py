@@ -124,7 +124,10 @@ def test_the_engine_speaks_what_the_voice_file_says() -> None:
     # in and out over 4 ms (protocol/joins.py).
     plain = np.concatenate(
         [
-            fade(piece * min(gain, 0.9 / float(np.max(np.abs(piece)))), voice.config.sample_rate)
+            fade(
+                (piece * min(gain, 0.9 / float(np.max(np.abs(piece))))).astype(np.float32),
+                voice.config.sample_rate,
+            )
             for piece in pieces
         ]
     )
