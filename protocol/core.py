@@ -114,6 +114,21 @@ _PLAYING = 32
 _SLACK_MS = 0.5
 
 
+def _named(namer: WordNamer | None, words: list[tuple[str, float, float]]) -> list[WordTimestamp]:
+    """The engine's timed words named in the client's text: the spoken words of one written word ("three
+    dollars and fifty cents" for "$3.50", "five dollars." for "$5.") are one entry, from the first one's
+    start to the last one's end."""
+    out: list[WordTimestamp] = []
+    for word, start, end in words:
+        name = word if namer is None else namer.name(word)
+        if out and not any(c.isalnum() for c in name):  # nothing of its own: the rest of the word before
+            out[-1].word += name
+            out[-1].end_ms = end
+        else:
+            out.append(WordTimestamp(word=name, start_ms=start, end_ms=end))
+    return out
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 2)
 
@@ -695,12 +710,7 @@ class Core:
             chunk_start_ms=ms(0),
             chunk_end_ms=ms(length),
             sample_rate=u.packer.sample_rate,
-            timestamps=[
-                WordTimestamp(
-                    word=w if seg.namer is None else seg.namer.name(w), start_ms=ms(start), end_ms=ms(end)
-                )
-                for w, start, end in words
-            ],
+            timestamps=_named(seg.namer, [(w, ms(start), ms(end)) for w, start, end in words]),
             context_id=wire_context_id(u.context_id),
         )
         seg.word_chunks += 1

@@ -22,7 +22,7 @@ from voxgate.protocol.messages import (
     aliases,
 )
 from voxgate.protocol.normalize import Alias, Normalizer
-from voxgate.protocol.output import Message, OutputFormat
+from voxgate.protocol.output import Message, OutputFormat, Speak
 from voxgate.protocol.session import SegmentReady, Session, UtteranceEnded, UtteranceStarted
 from voxgate.protocol.speech import decode_batch_request, decode_speech_request, merge
 
@@ -245,3 +245,27 @@ def test_word_timestamps_and_sentence_text_name_the_clients_characters() -> None
     assert start.sentence_text == "Here is `sushi_roll`, **really**."
     [chunk] = [o.msg for o in out if isinstance(o, Message) and isinstance(o.msg, WordTimestamps)]
     assert [w.word for w in chunk.timestamps] == ["Here", "is", "sushi", "roll`,", "really**."]
+
+
+def test_the_spoken_words_of_one_written_word_are_one_timed_word() -> None:
+    fmt = OutputFormat("pcm", 8000, frame_ms=100, word_timestamps=True)
+    core = Core(fmt)
+    core.session.expand_numbers = True  # an engine that misreads numbers (Piper): "$5." is spoken in words
+    core.receive_message(SessionConfig(word_timestamps=True), 0.0)
+    core.accept_config(SessionConfig(word_timestamps=True), fmt)
+    core.data_to_send()
+    core.receive_message(InputText(text="It is $5."), 0.0)
+    core.receive_message(InputDone(), 0.0)
+    [speak] = [o for o in core.data_to_send() if isinstance(o, Speak)]
+    assert speak.text == "It is five dollars."
+    core.segment_started(0, 0)
+    timed = [("It", 0, 100), ("is", 100, 200), ("five", 200, 400), ("dollars.", 400, 800)]
+    core.audio(0, 0, np.zeros(800, dtype=np.float32), 8000, timed)
+    [chunk] = [
+        o.msg for o in core.data_to_send() if isinstance(o, Message) and isinstance(o.msg, WordTimestamps)
+    ]
+    assert [(w.word, w.start_ms, w.end_ms) for w in chunk.timestamps] == [
+        ("It", 0.0, 12.5),
+        ("is", 12.5, 25.0),
+        ("$5.", 25.0, 100.0),
+    ]
