@@ -7,7 +7,7 @@ import re
 
 import pytest
 from voxgate.protocol.audio import decode
-from voxgate.protocol.normalize import Normalizer, TextNormalization
+from voxgate.protocol.normalize import Normalizer
 
 from tests.conftest import recv_until, send, session
 from tests.speech_check import load_whisper, word_error_rate
@@ -53,10 +53,9 @@ HEARD = [
 def test_the_issues_examples_are_spoken_as_a_person_reads_them(
     piper_gateway: str, whisper: object, text: str, heard_as: tuple[str, str]
 ) -> None:
-    # "on" writes "$12.99" out, as "auto" does for Piper once the host sets ``Session.expand_numbers``.
-    mode: TextNormalization = "on" if "$" in text else "auto"
-    frames, sentences = speak(piper_gateway, text, text_normalization=mode)
-    norm = Normalizer(mode, expand_numbers=False)
+    # The default, "auto": for Piper (``reads_numbers`` False) it writes numbers out, as "on" does.
+    frames, sentences = speak(piper_gateway, text)
+    norm = Normalizer("auto", expand_numbers=True)
     error, heard = word_error_rate(whisper, decode(frames, "f32"), 16000, norm.feed(text) + norm.flush())
     assert not READ_ALOUD.search(heard), heard
     expected, struck = heard_as
