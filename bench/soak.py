@@ -4,10 +4,13 @@ open file descriptors and threads are sampled from /proc.
     .venv/bin/python bench/soak.py --engine fake --sessions 200 --minutes 30 --json soak-fake.json
     .venv/bin/python bench/soak.py --engine piper --sessions 4 --minutes 30 --json soak-piper.json
 
-Sessions take the surfaces in turn (``--surfaces``, default all): the voxgate session socket, ElevenLabs'
-``multi-stream-input`` (a context per utterance) and a Twilio-framed session (marks echoed, one utterance
-in ten cleared by a barge-in). What it does and reports: docs/performance.md ("soak.py"). Exit status 1
-when the server died, a session got an ``error`` or an unexpected close, or the server logged a traceback.
+Sessions take the surfaces in turn (``--surfaces``, default the three sockets): the voxgate session socket,
+ElevenLabs' ``multi-stream-input`` (a context per utterance) and a Twilio-framed session (marks echoed, one
+utterance in ten cleared by a barge-in); ``batch`` (opt in) posts small batches to
+``POST /v1/audio/speech/batch`` (2-6 items, mixed formats, one request in five dropped after its first
+bytes), every item of which must succeed. What it does and reports: docs/performance.md ("soak.py").
+Exit status 1 when the server died, a session got an ``error`` or an unexpected close, or the server logged
+a traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 from _client import PATH, SessionRefused, open_session, speak
 from _serve import gateway
@@ -44,6 +48,10 @@ REPLY_TIMEOUT_S = 120.0
 # The pause between text pieces: an LLM's pace.
 TOKEN_DELAY_S = 0.02
 SURFACES = ("voxgate", "elevenlabs", "twilio")
+#: Surfaces a soak may take besides the default ones.
+OPT_IN = ("batch",)
+BATCH_PATH = "/v1/audio/speech/batch"
+BATCH_FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
 ELEVENLABS_PATH = "/v1/text-to-speech/{voice}/multi-stream-input"
 # The voice each engine speaks on the ElevenLabs path (which names it).
 VOICES = {"fake": "tone", "piper": "joe"}
@@ -177,6 +185,40 @@ async def run_surface(
             await asyncio.sleep(0.5)
 
 
+async def run_batches(index: int, base: str, stop_at: float, counters: Counters) -> None:
+    """Small batches to ``POST /v1/audio/speech/batch`` until ``stop_at``: every item must come back whole;
+    one request in five is dropped after its first bytes (the server stops its work and frees its place)."""
+    rng = random.Random(index)
+    await asyncio.sleep(rng.uniform(0, 2.0))
+    async with httpx.AsyncClient(timeout=REPLY_TIMEOUT_S) as client:
+        while time.monotonic() < stop_at:
+            items = [{"input": rng.choice(SENTENCES)} for _ in range(rng.randint(2, 6))]
+            body = {"items": items, "response_format": rng.choice(BATCH_FORMATS)}
+            try:
+                async with client.stream("POST", f"{base}{BATCH_PATH}", json=body) as response:
+                    counters.connections += 1
+                    if response.status_code != 200:
+                        _error(counters, f"http {response.status_code}")
+                        continue
+                    if rng.random() < 0.2:  # a client that goes away after the first bytes
+                        async for _ in response.aiter_raw():
+                            break
+                        bump(counters.by_surface, "batch_abandoned")
+                        continue
+                    answer = json.loads(await response.aread())
+                if answer["succeeded"] != len(items):
+                    _error(counters, "batch item failed")
+                for result in answer["results"]:
+                    counters.audio_bytes += len(result.get("audio_data") or "") * 3 // 4
+                counters.utterances += len(items)
+                bump(counters.by_surface, "batch")
+            except httpx.TimeoutException:
+                counters.hangs += 1
+            except (httpx.HTTPError, OSError, ValueError, KeyError):
+                counters.unexpected_closes += 1
+                await asyncio.sleep(0.5)
+
+
 def bump(counts: dict[str, int], key: str) -> None:
     counts[key] = counts.get(key, 0) + 1
 
@@ -280,6 +322,8 @@ async def main_async(args: argparse.Namespace) -> int:
             surface = args.surfaces[i % len(args.surfaces)]
             if surface == "voxgate":
                 return run_session(i, url, stop_at, every, counters)
+            if surface == "batch":
+                return run_batches(i, server.url(""), stop_at, counters)
             return run_surface(i, surface, base, voice, stop_at, every, counters)
 
         await asyncio.gather(*(session(i) for i in range(args.sessions)))
@@ -341,14 +385,15 @@ def main(argv: list[str] | None = None) -> int:
         "--surfaces",
         default=",".join(SURFACES),
         help="comma-separated surfaces the sessions take in turn: voxgate (the session socket), elevenlabs "
-        "(multi-stream-input, a context per utterance), twilio (the session socket with carrier framing)",
+        "(multi-stream-input, a context per utterance), twilio (the session socket with carrier framing), "
+        "batch (small batches on the REST batch route; not in the default)",
     )
     parser.add_argument("--json", help="write samples and summary here")
     parser.add_argument("--log", help="server log file (default: next to --json)")
     args = parser.parse_args(argv)
     args.surfaces = [name for name in args.surfaces.split(",") if name]
-    if unknown := set(args.surfaces) - set(SURFACES):
-        parser.error(f"unknown surfaces {sorted(unknown)}: choose from {', '.join(SURFACES)}")
+    if unknown := set(args.surfaces) - set(SURFACES) - set(OPT_IN):
+        parser.error(f"unknown surfaces {sorted(unknown)}: choose from {', '.join(SURFACES + OPT_IN)}")
     if args.warmup_min is None:
         args.warmup_min = min(5.0, args.minutes / 3)
     return asyncio.run(main_async(args))
