@@ -24,10 +24,12 @@ CLAUSE: Final = 4
 #: After a sentence end.
 SENTENCE: Final = 5
 
-_SENTENCE_MARKS: Final = frozenset(".!?…。！？｡")
-_CLAUSE_MARKS: Final = frozenset(",;:—–，、；：")
-_CLOSERS: Final = "\"')]}”’»」』）】》〉〕］｝"
-_OPENERS: Final = "\"'([{“‘«「『（【《〈¿¡"
+SENTENCE_MARKS: Final = frozenset(".!?…。！？｡")
+CJK_CLAUSE_MARKS: Final = frozenset("，、；：")
+CLAUSE_MARKS: Final = frozenset(",;:—–") | CJK_CLAUSE_MARKS
+#: Closing quotes and brackets, kept with the mark before them; opening ones, kept with the word after.
+CLOSERS: Final = "\"')]}”’»」』）】》〉〕］｝"
+OPENERS: Final = "\"'([{“‘«「『（【《〈¿¡"
 # English words a phrase opens with. Not "of" / "the" / "a": a cut before them splits a noun phrase.
 PHRASE_WORDS: Final = frozenset(
     "and but or nor so yet because since although though while whereas unless until if when where "
@@ -54,14 +56,14 @@ def score(before: str, after: str) -> int:
     """
     if not before.strip():
         return NONE
-    mark = before.rstrip().rstrip(_CLOSERS)[-1:]
-    if mark in _SENTENCE_MARKS:
+    mark = before.rstrip().rstrip(CLOSERS)[-1:]
+    if mark in SENTENCE_MARKS:
         return SENTENCE
-    if mark in _CLAUSE_MARKS:
+    if mark in CLAUSE_MARKS:
         return CLAUSE
     head = after.strip()
     if head.startswith(("—", "–")):
         return CLAUSE  # "text — and": the dash is the clause mark
-    if head[:1] and head[0] in _OPENERS or head.lower().rstrip(",;:") in PHRASE_WORDS:
+    if head[:1] and head[0] in OPENERS or head.lower().rstrip(",;:") in PHRASE_WORDS:
         return PHRASE
-    return BOUND if before.strip().lstrip(_OPENERS).lower() in LEANING_WORDS else WORD
+    return BOUND if before.strip().lstrip(OPENERS).lower() in LEANING_WORDS else WORD

@@ -84,10 +84,10 @@ _MAX_CLOSERS: Final = 4
 
 _ASCII_TERMINATORS: Final = frozenset(".!?")
 _CJK_TERMINATORS: Final = frozenset("。！？｡")
-_CLAUSE_MARKS: Final = frozenset(",;:—–")
-_CJK_CLAUSE_MARKS: Final = frozenset("，、；：")
-_CLOSERS: Final = frozenset("\"')]}”’»」』）】》〉〕］｝")
-_OPENERS: Final = "\"'([{“‘«「『（【《〈¿¡"
+_CJK_CLAUSE_MARKS: Final = boundaries.CJK_CLAUSE_MARKS
+_CLAUSE_MARKS: Final = boundaries.CLAUSE_MARKS - _CJK_CLAUSE_MARKS
+_CLOSERS: Final = frozenset(boundaries.CLOSERS)
+_OPENERS: Final = boundaries.OPENERS
 # A character that may directly follow a CJK mark (or its closers) without ending its run.
 _RUN_CONTINUES: Final = _CLOSERS | _CJK_TERMINATORS | _CJK_CLAUSE_MARKS | _ASCII_TERMINATORS
 # A character after which the next non-space character may start a new segment.
