@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import msgspec
 import numpy as np
 import pytest
 from voxgate.protocol.audio import Samples
@@ -50,20 +49,7 @@ from voxgate.protocol.session import (
     UtteranceStarted,
 )
 
-
-def unheard(
-    index: int, text: str = "", context_id: str | msgspec.UnsetType = msgspec.UNSET
-) -> AudioCancelled:
-    """The ``audio.cancelled`` of an utterance the listener heard nothing of (its ``text``: all remaining)."""
-    return AudioCancelled(
-        utterance_index=index,
-        context_id=context_id,
-        played_ms=0.0,
-        text_spoken="",
-        text_remaining=text,
-        text_spoken_source="estimate",
-    )
-
+from tests.protocol.test_core import unheard
 
 RATE = 8000
 PCM = OutputFormat("pcm", RATE, frame_ms=100, frame_header=True)
