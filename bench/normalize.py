@@ -120,7 +120,7 @@ def wer(rounds_seed: int = 7) -> dict[str, Any]:
     import jiwer
     import numpy as np
     import soxr
-    from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
+    from voxgate.protocol.codecs.stream import EXTENSIONS_SUBPROTOCOL
     from websockets.sync.client import connect
     from websockets.typing import Subprotocol
 

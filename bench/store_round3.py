@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 
 import obstore
-from voxgate.gateway.store_s3 import S3VoiceStore
+from voxgate.gateway.voices.s3 import S3VoiceStore
 
 from tests.gateway import test_voice_store_s3_bounds as bounds
 from tests.gateway.test_fleet_limits import over_cap_after_restarts
@@ -49,7 +49,7 @@ def lock(args: argparse.Namespace) -> None:
 
 
 def restart(args: argparse.Namespace) -> None:
-    from voxgate.gateway import shared_limits
+    from voxgate.gateway.middleware import shared_limits
 
     if args.no_settle:
         init = shared_limits.SharedLimits.__init__

@@ -33,7 +33,7 @@ from typing import Any
 from _client import PATH
 from _serve import Server, gateway
 from _stats import write_json
-from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
+from voxgate.protocol.codecs.stream import EXTENSIONS_SUBPROTOCOL
 from voxgate.protocol.errors import FAILURES, ErrorCode
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake

@@ -17,19 +17,21 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from ..engine import ENGINES, TTSEngine
-from . import batch, cartesia, deepgram, elevenlabs, elevenlabs_rest, speech, voices, wyoming
-from .auth import AuthMiddleware
-from .catalog import Catalog
-from .clips import MAX_CLIP_RATE, MIN_SAMPLE_RATE
-from .headers import SecurityHeadersMiddleware
-from .http import RequestIdMiddleware, WebFiles, http_error
 from .metrics import Metrics, metrics_endpoint
-from .ratelimit import RateLimitMiddleware, rate_limiter
-from .sessions import Admission, Sessions
+from .middleware.auth import AuthMiddleware
+from .middleware.headers import SecurityHeadersMiddleware
+from .middleware.http import RequestIdMiddleware, WebFiles, http_error
+from .middleware.ratelimit import RateLimitMiddleware, rate_limiter
+from .middleware.shared_limits import SharedLimits
+from .routes import batch, cartesia, deepgram, elevenlabs_rest, voices, wyoming
+from .routes import elevenlabs_ws as elevenlabs
+from .routes import openai as speech
+from .routes.stream import speech_stream
+from .server.sessions import Admission, Sessions
 from .settings import Settings
-from .shared_limits import SharedLimits
-from .voicestore import VoiceBackend, open_store, parse_location
-from .ws import speech_stream
+from .voices.backend import VoiceBackend, open_store, parse_location
+from .voices.catalog import Catalog
+from .voices.clips import MAX_CLIP_RATE, MIN_SAMPLE_RATE
 
 logger = logging.getLogger(__name__)
 # The demo page is package data of voxgate (voxgate/web), in a checkout and in any install.

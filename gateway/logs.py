@@ -3,7 +3,8 @@
 What a client or an upstream sends reaches the log: an unknown config field's name, an upstream's 4xx
 text, a request path in uvicorn's access line. Logged raw, a newline in it forges a second record
 (``...\\n2026-01-01 ERROR voxgate ...``) and an ANSI escape recolours or erases the terminal that tails the
-log. ``install_escaping`` fixes it once for every logger: a log record factory (as ``gateway.auth``'s
+log. ``install_escaping`` fixes it once for every logger: a log record factory (as
+``gateway.middleware.auth``'s
 redaction) escapes each record as it is made, whatever handler or formatter later renders it, uvicorn's
 included, so no logging call has to remember to.
 
@@ -63,7 +64,8 @@ def rewrite_record(
     block: Callable[[str], str],
 ) -> None:
     """Rewrite a record's message and arguments (keeping their shape: uvicorn's access formatter unpacks
-    them), its traceback and its stack, each as it is made (escaping here, ``gateway.auth``'s redaction).
+    them), its traceback and its stack, each as it is made (escaping here, ``gateway.middleware.auth``'s
+    redaction).
 
     Args:
         text: for a message that is a string.
@@ -90,7 +92,8 @@ def escape_record(record: logging.LogRecord) -> None:
 
 def install_escaping() -> None:
     """Escape every log record made in this process from now on, by any logger (once; a second call
-    does nothing). Install it after ``gateway.auth.install_redaction``, so it escapes redacted text."""
+    does nothing). Install it after ``gateway.middleware.auth.install_redaction``, so it escapes redacted
+    text."""
     global _installed
     if _installed:
         return

@@ -101,7 +101,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ] = 60.0
     # Messages other than audio (errors, acks, timings) held for a client before its messages stop being
     # read (TCP pushes back; one that reads nothing is then closed, 4001): far more than the engine's own
-    # messages for a minute of audio, far less than a flood of refusals (gateway/outbox.py).
+    # messages for a minute of audio, far less than a flood of refusals (gateway/session/outbox.py).
     max_buffered_messages: Annotated[
         int,
         option("messages other than audio held for a client before the server stops reading its messages"),
@@ -110,7 +110,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         int,
         option("bytes (as JSON) of messages other than audio held for a client, likewise"),
     ] = 1024 * 1024
-    # A ping in the audio stream unanswered for this long (gateway/receipts.py), or a write that makes no
+    # A ping in the audio stream unanswered for this long (gateway/session/receipts.py), or a write that
+    # makes no
     # progress for this long with no pong meanwhile, means the client stopped reading: it is closed (4001).
     # Long enough for a congested mobile link, short enough to free the session soon.
     send_timeout_s: Annotated[
@@ -122,7 +123,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         ),
     ] = 15.0
     # uvicorn's keepalive, for a connection with nothing in flight: its defaults. While audio is in flight the
-    # read receipts watch the client instead (gateway/receipts.py): a client reading at playback pace 30 s
+    # read receipts watch the client instead (gateway/session/receipts.py): a client reading at playback pace
+    # 30 s
     # behind answers a keepalive ping 30 s late, and must not be closed for it.
     ws_ping_interval_s: Annotated[
         float,
@@ -138,7 +140,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ] = 20.0
     # Off: speech does not compress (PCM and u-law gain a few percent, Opus nothing), while deflate costs
     # about 30% more server CPU and a compressor's memory per session. Browsers offer it on every
-    # WebSocket. (A client that stops reading is caught with it too: gateway/receipts.py.)
+    # WebSocket. (A client that stops reading is caught with it too: gateway/session/receipts.py.)
     ws_compression: Annotated[
         bool,
         option(
@@ -202,7 +204,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         int, option("REST requests a key (or address) may make at once, above the rate", flag=True)
     ] = 50
     # Unset: each process counts alone (a fleet of N allows N times each cap). Set: the caps hold fleet-wide,
-    # falling back to per process while Redis is down (gateway/shared_limits.py).
+    # falling back to per process while Redis is down (gateway/middleware/shared_limits.py).
     redis_url: Annotated[
         str,
         option(

@@ -28,7 +28,7 @@ Message flow (``docs/protocol.md`` is the full contract)::
 Client messages are frozen and ignore unknown fields, as vllm-omni does (its clients send fields newer
 servers know); ``session.ready`` lists the ignored config fields back to clients that opted in to
 voxgate's extensions (``session.ready``, ``input.cancel``, ``warning``, timings). Server messages give
-every field a default, so adding one never breaks a client; ``protocol.dialect`` renders them with
+every field a default, so adding one never breaks a client; ``protocol.codecs.stream`` renders them with
 exactly vllm-omni's field sets for clients that did not opt in.
 
 Contexts (a voxgate extension): ``input.text``, ``input.done``, ``input.commit``, ``input.cancel`` and
@@ -64,7 +64,7 @@ DEFAULT_SAMPLE_RATE = 24000
 #: The time budget of an utterance's eager first segment when a config names none (``max_buffer_delay_ms``).
 DEFAULT_MAX_BUFFER_DELAY_MS = 300
 BufferDelayMs = Annotated[int, msgspec.Meta(ge=0, le=5000)]
-#: Carriers whose media-stream framing ``framing`` can produce (``protocol.telephony.CARRIERS``).
+#: Carriers whose media-stream framing ``framing`` can produce (``protocol.codecs.telephony.CARRIERS``).
 CarrierName = Literal["twilio", "telnyx"]
 # Twilio's stream SIDs are 34 characters; room for other carriers' ids, never for a payload.
 StreamId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]

@@ -5,7 +5,7 @@ The shell takes them with ``Core.data_to_send()`` and acts on each in order:
 - ``Configure``: a ``session.config`` passed validation: check it against the engines, then call
   ``Core.accept_config`` or ``Core.reject_config``;
 - ``Speak``: synthesize this segment (the shell queues it for its engine);
-- ``Message``: a server message, rendered by the surface's codec (``protocol.codec``; REST: its route);
+- ``Message``: a server message, rendered by the surface's codec (``protocol.codecs.base``; REST: its route);
 - ``Audio``: encoded audio of a segment, sent as it is;
 - ``Report``: a timing report whose numbers are known only when it is written: pass it through
   ``Core.sending`` just before writing, which turns it into a ``Message``;
@@ -38,7 +38,7 @@ class OutputFormat:
             file for the compressed formats).
         bitrate: the compressed formats' bit rate in bit/s; None: the encoder's default for the rate.
         word_timestamps: the config asked for word timings (``audio.start`` says so: its dialect may then
-            carry the audio inside ``audio.chunk`` messages, ``protocol.dialect``).
+            carry the audio inside ``audio.chunk`` messages, ``protocol.codecs.stream``).
     """
 
     fmt: AudioFormat

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from .dialect import render
+from .codecs.openai import speakable
+from .codecs.stream import render
 from .errors import MALFORMED_JSON, CloseCode, ErrorCode, ProtocolError, field_path
 from .messages import (
     CLIENT_TYPES,
@@ -61,7 +62,6 @@ from .messages import (
 )
 from .normalize import Normalizer
 from .segmenter import Granularity, Segmenter
-from .speech import speakable
 
 # vllm-omni's limits: a config may carry reference audio inline, other messages are small.
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -220,7 +220,7 @@ class Session:
         max_message_bytes: largest accepted message of any other type.
         max_pending_text_chars: most text not yet handed to the engine (buffered here, or in segments not
             started yet: ``backlog``, kept by the ``Core``) an ``input.text`` may bring it to; 0 for no cap.
-        extensions: the client opted in to voxgate's extensions (``protocol.dialect``).
+        extensions: the client opted in to voxgate's extensions (``protocol.codecs.stream``).
         max_contexts: named contexts open at once; a message that would open one more is refused
             (``too_many_contexts``). 0 refuses every named context.
         context_idle_timeout_s: seconds a named context may go without a message before the core
@@ -430,7 +430,7 @@ class Session:
         """Encode a server message as the text of a WebSocket message, in this session's dialect.
 
         ``streamed`` says, for ``audio.start``, whether its audio goes out in frames (see
-        ``protocol.dialect.render``).
+        ``protocol.codecs.stream.render``).
         """
         return render(msg, extensions=self.extensions, streamed=streamed)
 

@@ -21,9 +21,9 @@ import uvicorn
 from starlette.applications import Starlette
 from voxgate.engine.base import TTSEngine
 from voxgate.gateway.app import create_app
-from voxgate.gateway.receipts import ReceiptProtocol
+from voxgate.gateway.session.receipts import ReceiptProtocol
 from voxgate.gateway.settings import Settings
-from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
+from voxgate.protocol.codecs.stream import EXTENSIONS_SUBPROTOCOL
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.app import create_app
 from voxgate.gateway.metrics import Metrics
-from voxgate.gateway.server import DRAIN_GRACE_S
+from voxgate.gateway.server.serve import DRAIN_GRACE_S
 from voxgate.gateway.settings import Settings, options
 
 ROOT = Path(__file__).resolve().parent.parent

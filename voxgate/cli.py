@@ -1,7 +1,7 @@
 """The ``voxgate`` command line: ``serve`` runs the gateway, ``say`` and ``voices`` talk to a running one.
 
 Argument parsing and dispatch only; the client work lives in ``voxgate.client``. ``voices import|export``
-work on the voice store itself, not through a gateway (``gateway.voice_folder``).
+work on the voice store itself, not through a gateway (``gateway.voices.folder``).
 """
 
 from __future__ import annotations
@@ -270,7 +270,7 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"voxgate: engine {name!r} {problem}", file=sys.stderr)
             return 2
     if settings.wyoming:
-        from .gateway.wyoming import parse_address
+        from .gateway.routes.wyoming import parse_address
 
         try:
             parse_address(settings.wyoming)
@@ -289,7 +289,7 @@ def serve(settings: Settings, engine: TTSEngine | None = None) -> None:
     import uvicorn
 
     from .gateway.app import create_app
-    from .gateway.server import DRAIN_GRACE_S, DrainingServer
+    from .gateway.server.serve import DRAIN_GRACE_S, DrainingServer
 
     app = create_app(settings, engine)
     config = uvicorn.Config(
@@ -308,10 +308,10 @@ def _voice_folder(args: argparse.Namespace) -> int:
     """``voices import|export``: one line per voice moved or skipped; 1 when any was skipped."""
     from pathlib import Path
 
-    from .gateway.auth import owner_of
-    from .gateway.store import VoiceStoreUnavailable
-    from .gateway.voice_folder import export_folder, import_folder
-    from .gateway.voicestore import open_store
+    from .gateway.middleware.auth import owner_of
+    from .gateway.voices.backend import open_store
+    from .gateway.voices.folder import export_folder, import_folder
+    from .gateway.voices.local import VoiceStoreUnavailable
 
     settings = Settings.from_env(voices_dir=args.voices_dir, voice_store=args.voice_store)
     owner = owner_of(args.owner_key) if args.owner_key else ""
@@ -338,10 +338,11 @@ def _voice_folder(args: argparse.Namespace) -> int:
 
 def configure_logging(settings: Settings) -> None:
     """The log of ``voxgate serve``: one line a record on stderr, with API keys redacted
-    (``gateway.auth``) and control characters escaped (``gateway.logs``) in every record the process
+    (``gateway.middleware.auth``) and control characters escaped (``gateway.logs``) in every record the
+    process
     makes, uvicorn's access and error lines too (their handlers are configured later, by uvicorn)."""
-    from .gateway.auth import install_redaction
     from .gateway.logs import install_escaping
+    from .gateway.middleware.auth import install_redaction
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -352,12 +353,12 @@ def configure_logging(settings: Settings) -> None:
 
 def uvicorn_http_options(settings: Settings, impl: str = "auto") -> dict[str, Any]:
     """uvicorn's HTTP protocol (``impl``: ``auto``, ``h11`` or ``httptools``) with the header timeout and
-    size limit (``gateway.server.http_protocol``), and whose ``X-Forwarded-*`` headers it believes.
+    size limit (``gateway.server.serve.http_protocol``), and whose ``X-Forwarded-*`` headers it believes.
 
     uvicorn believes them from 127.0.0.1 unless told otherwise (its ``forwarded_allow_ips``): here only
     from ``trusted_proxies``, and with none, from nobody.
     """
-    from .gateway.server import http_protocol
+    from .gateway.server.serve import http_protocol
 
     return {
         "http": http_protocol(settings.header_timeout_s, impl, settings.max_header_bytes),
@@ -375,7 +376,7 @@ def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
     closes an uncompressed 50 MB message only after the config timeout (10 s). permessage-deflate is
     accepted only with ``ws_compression`` (uvicorn accepts it whenever a client offers it). The keepalive
     is ``ws_ping_interval_s`` / ``ws_ping_timeout_s`` (0: none); with read receipts it pings only a
-    connection with nothing in flight (``gateway.receipts``), so a client far behind is not cut.
+    connection with nothing in flight (``gateway.session.receipts``), so a client far behind is not cut.
     """
     from uvicorn.config import WS_PROTOCOLS
 
@@ -386,9 +387,9 @@ def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
         "ws_ping_timeout": settings.ws_ping_timeout_s or None,
     }
     if "websockets-sansio" in WS_PROTOCOLS:
-        from .gateway.receipts import ReceiptProtocol
+        from .gateway.session.receipts import ReceiptProtocol
 
-        options["ws"] = ReceiptProtocol  # the sans-I/O one, with read receipts (gateway.receipts)
+        options["ws"] = ReceiptProtocol  # the sans-I/O one, with read receipts (gateway.session.receipts)
     return options
 
 

@@ -29,7 +29,7 @@ from websockets.exceptions import (
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
-from .protocol.dialect import EXTENSIONS_SUBPROTOCOL
+from .protocol.codecs.stream import EXTENSIONS_SUBPROTOCOL
 from .protocol.messages import (
     Error,
     InputDone,

@@ -1,4 +1,5 @@
-"""The real ``wyoming`` package's ``AsyncTcpClient`` against ``voxgate serve --wyoming`` (gateway/wyoming.py).
+"""The real ``wyoming`` package's ``AsyncTcpClient`` against ``voxgate serve --wyoming``
+(gateway/routes/wyoming.py).
 
 The events are those Home Assistant's Wyoming integration sends: ``describe``; a one-shot ``synthesize``;
 and its streaming sequence (``synthesize-start``, ``synthesize-chunk``s, the whole text again as
@@ -27,8 +28,8 @@ import pytest
 from voxgate.engine.base import TTSEngine
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
 from voxgate.gateway.app import create_app
+from voxgate.gateway.routes.wyoming import parse_address
 from voxgate.gateway.settings import Settings
-from voxgate.gateway.wyoming import parse_address
 from voxgate.protocol.audio import decode
 from wyoming.audio import AudioChunk, AudioStart
 from wyoming.client import AsyncTcpClient

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from voxgate.engine.base import AudioChunk
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
-from voxgate.gateway.jobs import AudioCap, CappedStream
+from voxgate.gateway.session.jobs import AudioCap, CappedStream
 
 from tests.conftest import recv_until, send, serve_engine, session
 

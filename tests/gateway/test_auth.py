@@ -97,7 +97,7 @@ def test_dns_rebinding_is_refused_though_origin_matches_host() -> None:
 def test_api_keys_in_urls_are_redacted_from_logs() -> None:
     import logging
 
-    from voxgate.gateway.auth import RedactKeys
+    from voxgate.gateway.middleware.auth import RedactKeys
 
     record = logging.LogRecord(
         "uvicorn.access",
@@ -125,7 +125,7 @@ def test_every_api_path_needs_the_key_even_with_a_dot_and_probes_do_not() -> Non
 def test_elevenlabs_key_names_count_and_are_redacted() -> None:
     import logging
 
-    from voxgate.gateway.auth import RedactKeys, presented_key, redact
+    from voxgate.gateway.middleware.auth import RedactKeys, presented_key, redact
 
     assert presented_key({"headers": [(b"xi-api-key", b"k1")]}) == "k1"
     assert presented_key({"headers": [], "query_string": b"a=1&xi-api-key=k2"}) == "k2"
@@ -148,7 +148,7 @@ def test_elevenlabs_key_names_count_and_are_redacted() -> None:
 
 
 def test_wrong_keys_are_limited_per_address_and_the_valid_key_never_is() -> None:
-    from voxgate.gateway.auth import FAILED_AUTH_BURST
+    from voxgate.gateway.middleware.auth import FAILED_AUTH_BURST
 
     with serve_engine(FakeEngine(), api_keys=("right-key",)) as address:
         url = f"http://{address}/v1/audio/voices"
@@ -183,7 +183,7 @@ async def _failed_key_allowance() -> None:
     from starlette.applications import Starlette
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
-    from voxgate.gateway.auth import AuthMiddleware
+    from voxgate.gateway.middleware.auth import AuthMiddleware
 
     async def ok(request: object) -> PlainTextResponse:
         return PlainTextResponse("ok")
@@ -214,7 +214,7 @@ async def _failed_key_allowance() -> None:
 
 
 def test_a_key_is_redacted_as_a_whole_token_only() -> None:
-    from voxgate.gateway.auth import install_redaction, redact
+    from voxgate.gateway.middleware.auth import install_redaction, redact
 
     install_redaction(["ka"])
     # Inside a longer word the letters stay: redacting them would say what the key holds.

@@ -15,7 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = ROOT / "gateway"
 CLIENT_MODULES = {"voxgate.client", "voxgate.voice_client", "voxgate.cli"}
-SERVER_MODULES = sorted(p.stem for p in GATEWAY.glob("*.py") if p.stem != "__init__")
+SERVER_MODULES = sorted(
+    str(p.relative_to(GATEWAY).with_suffix("")) for p in GATEWAY.rglob("*.py") if p.stem != "__init__"
+)
 
 
 def imported(path: Path) -> set[str]:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from voxgate.engine.base import UnknownVoice
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.catalog import Catalog, VoiceNotServable
-from voxgate.gateway.store import VoiceStore
+from voxgate.gateway.voices.catalog import Catalog, VoiceNotServable
+from voxgate.gateway.voices.local import VoiceStore
 
 
 def engines() -> tuple[FakeEngine, FakeEngine]:

@@ -8,7 +8,7 @@ import tempfile
 import pytest
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.app import create_app
-from voxgate.gateway.server import quiet_client_faults
+from voxgate.gateway.server.serve import quiet_client_faults
 from voxgate.gateway.settings import Settings
 from websockets.exceptions import ConnectionClosed
 

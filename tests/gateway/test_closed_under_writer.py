@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.catalog import Catalog
-from voxgate.gateway.connection import Connection
 from voxgate.gateway.settings import Settings
+from voxgate.gateway.transport.socket import Connection
+from voxgate.gateway.voices.catalog import Catalog
 
 _CLOSED = "Unexpected ASGI message 'websocket.send', after sending 'websocket.close'."
 

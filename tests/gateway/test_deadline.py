@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from voxgate.gateway.connection import Deadline
+from voxgate.gateway.transport.socket import Deadline
 
 
 async def _forever() -> None:

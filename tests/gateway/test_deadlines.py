@@ -12,7 +12,7 @@ import numpy as np
 from voxgate.engine.base import AudioChunk, SynthesisRequest
 from voxgate.engine.fake import FakeEngine
 from voxgate.engine.workers import DeadlineWorkers
-from voxgate.gateway.jobs import Playback, Segment, Utterance
+from voxgate.gateway.session.jobs import Playback, Segment, Utterance
 from voxgate.protocol.messages import SessionConfig
 
 from tests.conftest import TIMEOUT_S
@@ -60,7 +60,7 @@ def test_a_segment_opened_ahead_gets_its_deadline_when_read_after_the_earlier_au
         first, second = Segment(u, 0, "Hello there."), Segment(u, 1, "And more.")
         before = time.monotonic()
         first_stream = first.open()
-        second.open()  # opened ahead, while the first streams (gateway.connection does this)
+        second.open()  # opened ahead, while the first streams (gateway.transport.socket does this)
         assert engine.requests == []  # a lazy engine is called only when read
         async for _ in first_stream:
             pass

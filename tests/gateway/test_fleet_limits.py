@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.shared_limits import redacted
+from voxgate.gateway.middleware.shared_limits import redacted
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection
 
@@ -143,7 +143,7 @@ def test_a_killed_replicas_sessions_stop_counting_within_the_lease(
 
 def test_a_redis_restart_is_survived_and_the_limits_come_back(redis: RedisServer) -> None:
     records = LogRecords()
-    log = logging.getLogger("voxgate.gateway.shared_limits")
+    log = logging.getLogger("voxgate.gateway.middleware.shared_limits")
     log.addHandler(records)
     try:
         limits = _settings(redis, rate_limit_per_s=100.0, rate_limit_burst=100)

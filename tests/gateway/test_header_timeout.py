@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.app import create_app
-from voxgate.gateway.server import HTTP_IMPLS, http_protocol
+from voxgate.gateway.server.serve import HTTP_IMPLS, http_protocol
 from voxgate.gateway.settings import Settings
 
 from tests.conftest import TIMEOUT_S, bound_socket, recv_until, send, session

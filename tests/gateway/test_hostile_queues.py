@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import pytest
 from voxgate.engine.base import AudioChunk, SynthesisRequest
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway import errorlog, outbox
+from voxgate.gateway.session import errorlog, outbox
 from voxgate.protocol.output import Output
 
 from tests.conftest import (

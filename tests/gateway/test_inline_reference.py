@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import soundfile
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway import catalog as catalog_module
-from voxgate.gateway import clips
-from voxgate.gateway.ratelimit import REFERENCES_BURST
+from voxgate.gateway.middleware.ratelimit import REFERENCES_BURST
+from voxgate.gateway.voices import catalog as catalog_module
+from voxgate.gateway.voices import clips
 
 from tests.conftest import recv_message, recv_until, send, serve_engine, session, voxgate_connect
 
@@ -91,7 +91,7 @@ def test_rest_ref_audio() -> None:
 
 def test_ref_audio_is_not_decoded_for_an_engine_that_cannot_clone(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cloning check comes before the decode (issue 18 #18: 0.45-0.5 s of CPU per refused config)."""
-    from voxgate.gateway import catalog
+    from voxgate.gateway.voices import catalog
 
     decoded: list[str] = []
     real = clips.inline_reference

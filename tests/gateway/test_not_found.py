@@ -9,7 +9,7 @@ import httpx
 import pytest
 from starlette.types import Message
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.http import not_found
+from voxgate.gateway.middleware.http import not_found
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 

@@ -4,7 +4,7 @@ Issue 18 #3: a client reading a long utterance in real time falls tens of second
 server wrote (the kernel's buffers and the server's transport hold it). Its writes then block for long
 stretches while it reads steadily, and a keepalive ping reaches it only once it has played everything sent
 before the ping: the 15 s write timeout closed it as ``slow_consumer`` and uvicorn's keepalive (20 s ping,
-20 s pong timeout) cut it with 1011. Both now count read receipts (gateway/receipts.py).
+20 s pong timeout) cut it with 1011. Both now count read receipts (gateway/session/receipts.py).
 
 The scale is shrunk so a test takes seconds: 8 kHz 16-bit PCM (16 kB a second, so uvicorn's 64 KiB of
 transport buffer alone is 4 s of audio), a 2 s send timeout, a 1 s keepalive ping with a 2 s pong timeout.
@@ -27,9 +27,9 @@ from contextlib import contextmanager
 import pytest
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
 from voxgate.gateway.app import create_app
-from voxgate.gateway.deadline import Deadline
+from voxgate.gateway.session.deadline import Deadline
 from voxgate.gateway.settings import Settings
-from voxgate.protocol.dialect import EXTENSIONS_SUBPROTOCOL
+from voxgate.protocol.codecs.stream import EXTENSIONS_SUBPROTOCOL
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Response

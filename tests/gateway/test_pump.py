@@ -10,10 +10,10 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
-from voxgate.gateway.jobs import Utterance
 from voxgate.gateway.metrics import Metrics
-from voxgate.gateway.outbox import Outbox
-from voxgate.gateway.pump import FIRST_SLICE_S, Pump
+from voxgate.gateway.session.jobs import Utterance
+from voxgate.gateway.session.outbox import Outbox
+from voxgate.gateway.session.pump import FIRST_SLICE_S, Pump
 from voxgate.protocol.core import Core
 from voxgate.protocol.messages import InputDone, InputText, SessionConfig, SessionDone
 from voxgate.protocol.output import Audio, Message, OutputFormat

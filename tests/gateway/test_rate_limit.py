@@ -10,7 +10,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.ratelimit import RateLimitMiddleware, TokenBuckets, rate_limiter, retry_after
+from voxgate.gateway.middleware.ratelimit import RateLimitMiddleware, TokenBuckets, rate_limiter, retry_after
 
 from tests.conftest import serve_engine
 

@@ -1,4 +1,4 @@
-"""Read receipts and the coalescing transport (gateway/receipts.py).
+"""Read receipts and the coalescing transport (gateway/session/receipts.py).
 
 A client that stops reading is closed with 4001 ``slow_consumer`` within ``send_timeout_s`` even when
 nothing it was sent ever fills a buffer: with permessage-deflate a test tone compresses to almost
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
-import voxgate.gateway.receipts as receipts_module
+import voxgate.gateway.session.receipts as receipts_module
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.receipts import QUIET_S, CoalescingTransport, ReadReceipts
+from voxgate.gateway.session.receipts import QUIET_S, CoalescingTransport, ReadReceipts
 
 from ..conftest import TIMEOUT_S, recv, send, serve_engine, voxgate_connect
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.catalog import Catalog
-from voxgate.gateway.connection import Connection
-from voxgate.gateway.host import SessionHost
 from voxgate.gateway.metrics import Metrics
+from voxgate.gateway.session.host import SessionHost
 from voxgate.gateway.settings import Settings
+from voxgate.gateway.transport.socket import Connection
+from voxgate.gateway.voices.catalog import Catalog
 
 
 class _Queued:

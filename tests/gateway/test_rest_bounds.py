@@ -1,5 +1,6 @@
 """REST answers bounded as sockets are: a reader that stops is cut off, batches admitted item by item, held
-answers with true file sizes (gateway/body.py, gateway/batch.py; the hardening round's H1-H2, M2-M3)."""
+answers with true file sizes (gateway/transport/body.py, gateway/routes/batch.py; the hardening round's
+H1-H2, M2-M3)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import httpx
 import soundfile
 from voxgate.engine.base import AudioChunk, SynthesisRequest
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.ratelimit import REFERENCES_BURST
+from voxgate.gateway.middleware.ratelimit import REFERENCES_BURST
 
 from tests.conftest import TIMEOUT_S, serve_engine
 from tests.gateway.test_inline_reference import clip, data_url

@@ -125,7 +125,7 @@ def test_elevenlabs_keys_are_never_logged() -> None:
 
 
 def test_canonical_origin() -> None:
-    from voxgate.gateway.auth import canonical_origin, server_origins
+    from voxgate.gateway.middleware.auth import canonical_origin, server_origins
 
     assert canonical_origin("HTTPS://App.Example:443/") == "https://app.example"
     assert canonical_origin("http://[::1]:8000") == "http://[::1]:8000"
@@ -262,7 +262,7 @@ def test_voice_names_are_nfkc_normalized_and_found_by_any_compatible_spelling() 
 
 
 def test_the_name_rule_unit() -> None:
-    from voxgate.gateway.names import UnsafeName, normalize_name
+    from voxgate.gateway.voices.names import UnsafeName, normalize_name
 
     assert normalize_name("\ufb01ne") == "fine"  # ligature
     assert normalize_name("Zoë") == "Zoë" and normalize_name("Zoe\u0308") == "Zoë"  # composed

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway.sessions import Admission, Sessions
+from voxgate.gateway.server.sessions import Admission, Sessions
 from websockets.exceptions import InvalidStatus
 
 from tests.conftest import TIMEOUT_S, recv_message, recv_until, send, serve_engine, voxgate_connect

@@ -67,7 +67,10 @@ def test_sse_stream_format() -> None:
 def test_instructions_an_engine_cannot_follow_are_ignored_with_a_warning_in_the_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level("WARNING", logger="voxgate.gateway.speech"), serve_engine(FakeEngine()) as address:
+    with (
+        caplog.at_level("WARNING", logger="voxgate.gateway.routes.openai"),
+        serve_engine(FakeEngine()) as address,
+    ):
         response = post(address, input=TEXT, response_format="pcm", instructions="whisper")
     assert response.status_code == 200 and response.content
     assert any("'instructions'" in r.getMessage() and "ignored" in r.getMessage() for r in caplog.records)

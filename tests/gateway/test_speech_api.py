@@ -19,7 +19,7 @@ import pytest
 import soundfile
 from voxgate.engine.base import AudioChunk, SynthesisRequest, WordTiming
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
-from voxgate.gateway.batch import ITEMS_AT_ONCE
+from voxgate.gateway.routes.batch import ITEMS_AT_ONCE
 
 from tests.conftest import TIMEOUT_S, recv_message, send, serve_engine, voxgate_connect
 
@@ -267,7 +267,7 @@ def test_extra_params_reach_the_engine_options_or_are_ignored() -> None:
     assert [r.options["extra_params"] for r in taking.requests] == [params, params]
     unable = FakeEngine()
     with serve_engine(unable) as address:
-        # Model tuning an engine cannot use is ignored, with a warning (gateway.catalog.IGNORABLE).
+        # Model tuning an engine cannot use is ignored, with a warning (gateway.voices.catalog.IGNORABLE).
         ignored = post(address, SPEECH, input="Hi.", response_format="pcm", extra_params=params)
         empty = post(address, SPEECH, input="Hi.", response_format="pcm", extra_params={})
         not_an_object = post(address, SPEECH, input="Hi.", extra_params=[1])

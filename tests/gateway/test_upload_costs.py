@@ -27,13 +27,13 @@ import safetensors.numpy
 import soundfile
 from safetensors import safe_open
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway import clips
 from voxgate.gateway.app import create_app
-from voxgate.gateway.catalog import Catalog
-from voxgate.gateway.clips import decode_audio
-from voxgate.gateway.http import Rejected
+from voxgate.gateway.middleware.http import Rejected
 from voxgate.gateway.settings import Settings
-from voxgate.gateway.store import FORMAT, PUBLIC_DIR, VoiceQuotaExceeded, VoiceStore
+from voxgate.gateway.voices import clips
+from voxgate.gateway.voices.catalog import Catalog
+from voxgate.gateway.voices.clips import decode_audio
+from voxgate.gateway.voices.local import FORMAT, PUBLIC_DIR, VoiceQuotaExceeded, VoiceStore
 
 from tests.conftest import TIMEOUT_S, recv_message, recv_until, send, serve_engine, session, voxgate_connect
 

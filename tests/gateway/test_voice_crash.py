@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import safetensors.numpy
 import soundfile
-from voxgate.gateway.store import PUBLIC_DIR, SUFFIX, VoiceStore
+from voxgate.gateway.voices.local import PUBLIC_DIR, SUFFIX, VoiceStore
 
 from tests.conftest import TIMEOUT_S
 from tests.gateway import voice_server

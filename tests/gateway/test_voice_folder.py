@@ -16,10 +16,10 @@ import numpy.typing as npt
 import pytest
 import safetensors.numpy
 from safetensors import safe_open
-from voxgate.gateway.auth import owner_of
-from voxgate.gateway.clips import MAX_TEXT_BYTES, MAX_UPLOAD_EMBEDDING_DIM
-from voxgate.gateway.store import VoiceStore
-from voxgate.gateway.voice_folder import export_folder, import_folder
+from voxgate.gateway.middleware.auth import owner_of
+from voxgate.gateway.voices.clips import MAX_TEXT_BYTES, MAX_UPLOAD_EMBEDDING_DIM
+from voxgate.gateway.voices.folder import export_folder, import_folder
+from voxgate.gateway.voices.local import VoiceStore
 
 from voxgate.cli import main
 

@@ -13,7 +13,7 @@ import numpy.typing as npt
 import pytest
 import safetensors.numpy
 from safetensors import safe_open
-from voxgate.gateway.store import (
+from voxgate.gateway.voices.local import (
     MAX_FILE_BYTES,
     PUBLIC_DIR,
     InvalidVoiceName,
@@ -180,14 +180,14 @@ def test_unreadable_files_are_skipped_with_a_warning(
     moved.rename(folder / ("2" * 32 + ".safetensors"))  # its name no longer matches the file
     (folder / ".half-written.tmp").write_bytes(b"partial")
 
-    with caplog.at_level(logging.WARNING, logger="voxgate.gateway.store"):
+    with caplog.at_level(logging.WARNING, logger="voxgate.gateway.voices.local"):
         assert [v.name for v in store.list(OWNER)] == ["good"]
         assert store.get(OWNER, "torn") is None and store.info(OWNER, "torn") is None
         assert store.get(OWNER, "good") is not None
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) >= 5 and all("unreadable voice file" in r.getMessage() for r in warned)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="voxgate.gateway.store"):
+    with caplog.at_level(logging.WARNING, logger="voxgate.gateway.voices.local"):
         store.list(OWNER)
     assert not caplog.records, "the same broken file is reported once, not on every listing"
 

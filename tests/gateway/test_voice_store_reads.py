@@ -1,4 +1,5 @@
-"""Every stored voice is checked when it is read, as an upload is checked (``gateway.clips``): a file in the
+"""Every stored voice is checked when it is read, as an upload is checked (``gateway.voices.clips``): a file
+in the
 store that an upload would have refused is skipped in listings with a warning, and never served or exported.
 
 The files here are written as a foreign writer (an older version, a hand copy, a tampered bucket) would:
@@ -15,9 +16,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import safetensors.numpy
-from voxgate.gateway.clips import MAX_TEXT_BYTES
-from voxgate.gateway.store import FORMAT, VoiceStore
-from voxgate.gateway.voice_folder import export_folder
+from voxgate.gateway.voices.clips import MAX_TEXT_BYTES
+from voxgate.gateway.voices.folder import export_folder
+from voxgate.gateway.voices.local import FORMAT, VoiceStore
 
 OWNER = "0123456789abcdef01234567"
 
@@ -60,7 +61,7 @@ def test_voices_an_upload_would_refuse_are_never_listed_served_or_exported(
     for name, data in bad_voices().items():
         (folder / file_name(name)).write_bytes(data)
     store = VoiceStore(tmp_path / "voices")
-    with caplog.at_level(logging.WARNING, logger="voxgate.gateway.store"):
+    with caplog.at_level(logging.WARNING, logger="voxgate.gateway.voices.local"):
         assert [info.name for info in store.list(OWNER)] == ["good"]
         for name in bad_voices():
             if name != "good":

@@ -27,9 +27,9 @@ import safetensors.numpy
 import soundfile
 from obstore.store import S3Store
 from voxgate.engine.fake import FakeEngine
-from voxgate.gateway import store_s3
-from voxgate.gateway.store import FORMAT, PUBLIC_DIR, SUFFIX, VoiceStore
-from voxgate.gateway.store_s3 import S3VoiceStore
+from voxgate.gateway.voices import s3 as store_s3
+from voxgate.gateway.voices.local import FORMAT, PUBLIC_DIR, SUFFIX, VoiceStore
+from voxgate.gateway.voices.s3 import S3VoiceStore
 
 from tests.conftest import TIMEOUT_S, recv, recv_message, send, serve_engine, session, voxgate_connect
 from tests.gateway.test_voice_crash import NAMES, Possible, checksum, run_until_killed

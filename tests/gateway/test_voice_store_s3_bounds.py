@@ -14,8 +14,8 @@ from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from voxgate.gateway import store_s3
-from voxgate.gateway.store_s3 import S3VoiceStore
+from voxgate.gateway.voices import s3 as store_s3
+from voxgate.gateway.voices.s3 import S3VoiceStore
 
 LIMIT = 1 << 20  # the largest voice file, for this test (MAX_FILE_BYTES is 64 MiB)
 BODY_BYTES = 64 << 20

@@ -18,9 +18,9 @@ import numpy as np
 import obstore
 import pytest
 from obstore.store import S3Store
-from voxgate.gateway import store_s3
-from voxgate.gateway.store import PUBLIC_DIR, VoiceQuotaExceeded, encode
-from voxgate.gateway.store_s3 import S3VoiceStore
+from voxgate.gateway.voices import s3 as store_s3
+from voxgate.gateway.voices.local import PUBLIC_DIR, VoiceQuotaExceeded, encode
+from voxgate.gateway.voices.s3 import S3VoiceStore
 
 from tests.gateway.test_voice_store_reads import file_name
 from tests.seaweed_server import BUCKET, SeaweedServer, seaweed_server

@@ -18,12 +18,12 @@ import soxr
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from voxgate.engine.base import Voice
-from voxgate.gateway import voices
-from voxgate.gateway.auth import AuthMiddleware, owner_of
-from voxgate.gateway.clips import MAX_AUDIO_BYTES
-from voxgate.gateway.http import Rejected
-from voxgate.gateway.multipart import read_form
-from voxgate.gateway.store import VoiceStore
+from voxgate.gateway.middleware.auth import AuthMiddleware, owner_of
+from voxgate.gateway.middleware.http import Rejected
+from voxgate.gateway.routes import voices
+from voxgate.gateway.routes.multipart import read_form
+from voxgate.gateway.voices.clips import MAX_AUDIO_BYTES
+from voxgate.gateway.voices.local import VoiceStore
 
 from tests.conftest import TIMEOUT_S, serve
 from tests.gateway import voice_server

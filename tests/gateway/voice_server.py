@@ -18,9 +18,9 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from voxgate.gateway import voices
-from voxgate.gateway.auth import AuthMiddleware
-from voxgate.gateway.store import VoiceStore
+from voxgate.gateway.middleware.auth import AuthMiddleware
+from voxgate.gateway.routes import voices
+from voxgate.gateway.voices.local import VoiceStore
 
 ROOT = Path(__file__).resolve().parents[2]
 Process = subprocess.Popen[bytes]

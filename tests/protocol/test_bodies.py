@@ -1,4 +1,4 @@
-"""REST bodies as codecs: each shape's bytes, golden, without an event loop (protocol/bodies.py)."""
+"""REST bodies as codecs: each shape's bytes, golden, without an event loop (protocol/codecs/bodies.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import wave
 import msgspec
 import numpy as np
 import soundfile
-from voxgate.protocol.bodies import (
+from voxgate.protocol.codecs.bodies import (
     MAX_WORDS_HEADER_CHARS,
     SLICE_BYTES,
     BatchBody,
@@ -26,7 +26,7 @@ from voxgate.protocol.bodies import (
     sized,
     words_headers,
 )
-from voxgate.protocol.elevenlabs import Params, Stream, parse_params
+from voxgate.protocol.codecs.elevenlabs import Params, Stream, parse_params
 from voxgate.protocol.encoders import StreamEncoder
 from voxgate.protocol.errors import ErrorCode, ProtocolError
 from voxgate.protocol.messages import AudioDone, AudioStart, SessionDone, WordTimestamp, WordTimestamps

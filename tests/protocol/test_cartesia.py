@@ -1,4 +1,5 @@
-"""Cartesia's codec (``protocol.cartesia``) and what it shares with Deepgram's (``protocol.vendor``), pure."""
+"""Cartesia's codec (``protocol.codecs.cartesia``) and what it shares with Deepgram's
+(``protocol.codecs.vendor``), pure."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from collections import deque
 from typing import Any
 
 import pytest
-from voxgate.protocol.cartesia import (
+from voxgate.protocol.codecs.cartesia import (
     CartesiaSocket,
     decode_request,
     error_payload,
     session_config,
     settings_of,
 )
-from voxgate.protocol.cartesia_rest import CartesiaSse
+from voxgate.protocol.codecs.cartesia_rest import CartesiaSse
+from voxgate.protocol.codecs.vendor import RawAudio, VoiceBook, alaw, wav_head
 from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from voxgate.protocol.messages import (
     AudioCancelled,
@@ -36,7 +38,6 @@ from voxgate.protocol.messages import (
     WordTimestamps,
 )
 from voxgate.protocol.output import Audio, Message
-from voxgate.protocol.vendor import RawAudio, VoiceBook, alaw, wav_head
 
 KATIE = "f786b574-daa5-4673-aa0c-cbe3e8534c02"
 BOOK = VoiceBook(("joe", "tone"), frozenset({"joe", "tone", KATIE}), frozenset({"", "joe", KATIE}))

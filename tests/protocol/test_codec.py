@@ -10,10 +10,11 @@ import base64
 import json
 
 import pytest
-from voxgate.protocol.codec import Codec
-from voxgate.protocol.dialect import SessionCodec
-from voxgate.protocol.elevenlabs import FIXED_CONTEXT, Params, Stream, VoiceSettings, session_config
-from voxgate.protocol.elevenlabs_socket import ElevenLabsSocket
+from voxgate.protocol.codecs.base import Codec
+from voxgate.protocol.codecs.elevenlabs import FIXED_CONTEXT, Params, Stream, VoiceSettings, session_config
+from voxgate.protocol.codecs.elevenlabs_socket import ElevenLabsSocket
+from voxgate.protocol.codecs.stream import SessionCodec
+from voxgate.protocol.codecs.telephony import Telephony
 from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from voxgate.protocol.messages import (
     AudioCancelled,
@@ -29,7 +30,6 @@ from voxgate.protocol.messages import (
     SessionReady,
 )
 from voxgate.protocol.output import Audio, Message, OutputFormat
-from voxgate.protocol.telephony import Telephony
 
 SID = "MZ0123456789abcdef0123456789abcdef"
 SHUTDOWN = ProtocolError(ErrorCode.SERVER_SHUTDOWN, "the server is shutting down", fatal=True)

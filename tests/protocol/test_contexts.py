@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 from voxgate.protocol.audio import Samples
+from voxgate.protocol.codecs.stream import render, sends
 from voxgate.protocol.core import Core
-from voxgate.protocol.dialect import render, sends
 from voxgate.protocol.errors import ErrorCode, ProtocolError
 from voxgate.protocol.frames import CONTEXT_HEADER_BYTES, HEADER_BYTES, FrameHeader, split_frame
 from voxgate.protocol.messages import (

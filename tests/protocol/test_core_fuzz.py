@@ -1,6 +1,6 @@
 """A hypothesis fuzz of the session core: random client messages, valid and hostile, mixed with engine events.
 
-A small model shell drives ``protocol.core.Core`` the way ``gateway/connection.py`` does: it accepts
+A small model shell drives ``protocol.core.Core`` the way ``gateway/transport/socket.py`` does: it accepts
 configs (or refuses those for voice ``nobody``, as the engines would), queues ``Speak`` for a model
 engine that starts, feeds and finishes segments (or fails them) when the fuzz says so, keeps an outbox
 that a ``Drop`` prunes, and writes outputs through ``Core.sending``. Invariants checked on every run:
@@ -147,7 +147,7 @@ _actions = st.lists(
 
 
 class Shell:
-    """Drives a Core as gateway/connection.py does, synchronously, with a model engine."""
+    """Drives a Core as gateway/transport/socket.py does, synchronously, with a model engine."""
 
     def __init__(self, *, extensions: bool, max_pending: int) -> None:
         session = Session(

@@ -1,4 +1,5 @@
-"""Deepgram Aura's codec (``protocol.deepgram``), pure: the query, the socket's messages, REST's pieces."""
+"""Deepgram Aura's codec (``protocol.codecs.deepgram``), pure: the query, the socket's messages, REST's
+pieces."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import struct
 from typing import Any
 
 import pytest
-from voxgate.protocol.deepgram import (
+from voxgate.protocol.codecs.deepgram import (
     DeepgramSocket,
     Params,
     decode_body,
@@ -15,6 +16,7 @@ from voxgate.protocol.deepgram import (
     rest_error,
     warning,
 )
+from voxgate.protocol.codecs.vendor import VoiceBook
 from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from voxgate.protocol.messages import (
     AudioCancelled,
@@ -31,7 +33,6 @@ from voxgate.protocol.messages import (
     SessionReady,
 )
 from voxgate.protocol.output import Audio, Message
-from voxgate.protocol.vendor import VoiceBook
 
 BOOK = VoiceBook(("joe",), frozenset({"joe", "aura-2-thalia-en"}))
 

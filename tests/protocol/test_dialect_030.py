@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import msgspec
 import numpy as np
+from voxgate.protocol.codecs.stream import SessionCodec
 from voxgate.protocol.core import Core
-from voxgate.protocol.dialect import SessionCodec
 from voxgate.protocol.errors import ErrorCode, ProtocolError
 from voxgate.protocol.messages import AudioDone, Error, SessionConfig
 from voxgate.protocol.output import Audio, Configure, Message, OutputFormat

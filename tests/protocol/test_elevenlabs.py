@@ -15,7 +15,7 @@ from voxgate.protocol.alignment import (
     spread_alignment,
     word_alignment,
 )
-from voxgate.protocol.elevenlabs import (
+from voxgate.protocol.codecs.elevenlabs import (
     DEFAULT_INACTIVITY_TIMEOUT_S,
     FIXED_CONTEXT,
     Inbound,

@@ -11,9 +11,10 @@ import json
 import numpy as np
 import pytest
 from voxgate.protocol.audio import Samples
+from voxgate.protocol.codecs.deepgram import DeepgramSocket, Params
+from voxgate.protocol.codecs.stream import SessionCodec, render, sends
+from voxgate.protocol.codecs.telephony import CARRIERS, Framing, Telephony
 from voxgate.protocol.core import Core
-from voxgate.protocol.deepgram import DeepgramSocket, Params
-from voxgate.protocol.dialect import SessionCodec, render, sends
 from voxgate.protocol.messages import (
     AudioCancelled,
     CarrierName,
@@ -24,7 +25,6 @@ from voxgate.protocol.messages import (
 )
 from voxgate.protocol.output import Audio, Message, Output, OutputFormat, Speak
 from voxgate.protocol.session import Session
-from voxgate.protocol.telephony import CARRIERS, Framing, Telephony
 
 RATE = 8000
 

@@ -9,8 +9,9 @@ import msgspec
 import numpy as np
 import pytest
 from voxgate.protocol.alignment import WordNamer
+from voxgate.protocol.codecs.elevenlabs import Params, decode_body, parse_params, session_config
+from voxgate.protocol.codecs.openai import decode_batch_request, decode_speech_request, merge
 from voxgate.protocol.core import Core
-from voxgate.protocol.elevenlabs import Params, decode_body, parse_params, session_config
 from voxgate.protocol.errors import ErrorCode, ProtocolError
 from voxgate.protocol.messages import (
     AudioStart,
@@ -24,7 +25,6 @@ from voxgate.protocol.messages import (
 from voxgate.protocol.normalize import Alias, Normalizer
 from voxgate.protocol.output import Message, OutputFormat, Speak
 from voxgate.protocol.session import SegmentReady, Session, UtteranceEnded, UtteranceStarted
-from voxgate.protocol.speech import decode_batch_request, decode_speech_request, merge
 
 STEPS = "Here are the steps:\n1. Open the app\n2. Tap settings\n3. Choose voice\nThat is all"
 

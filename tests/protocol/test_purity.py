@@ -14,11 +14,12 @@ FORBIDDEN = frozenset(
     {"asyncio", "anyio", "starlette", "uvicorn", "websockets", "voxgate.engine", "voxgate.gateway"}
     | {"socket", "threading"}
 )
-MODULES = sorted(PROTOCOL_DIR.glob("*.py"))
+MODULES = sorted(PROTOCOL_DIR.rglob("*.py"))
 
 
-def forbidden_imports(source: str) -> list[str]:
-    """Return the forbidden modules imported anywhere in ``source`` (functions and ``TYPE_CHECKING`` too)."""
+def forbidden_imports(source: str, package: tuple[str, ...] = ("voxgate", "protocol")) -> list[str]:
+    """Return the forbidden modules imported anywhere in ``source`` (functions and ``TYPE_CHECKING`` too),
+    a module of ``package`` (where its relative imports count from)."""
     found: list[str] = []
     for node in ast.walk(ast.parse(source)):
         names: list[str] = []
@@ -27,7 +28,7 @@ def forbidden_imports(source: str) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
             names = [node.module]
         elif isinstance(node, ast.ImportFrom) and node.level > 0:
-            names = _resolved(node)
+            names = _resolved(node, package)
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name | ast.Attribute)
@@ -42,14 +43,16 @@ def forbidden_imports(source: str) -> list[str]:
     return found
 
 
-#: What a module of protocol/ is inside the installed package: relative imports count from here.
-PACKAGE = ("voxgate", "protocol")
+def package_of(path: Path) -> tuple[str, ...]:
+    """The package a module of protocol/ is in, inside the installed package: relative imports count from
+    here (``protocol/codecs/x.py`` is in ``voxgate.protocol.codecs``)."""
+    return ("voxgate", "protocol", *path.relative_to(PROTOCOL_DIR).parent.parts)
 
 
-def _resolved(node: ast.ImportFrom) -> list[str]:
+def _resolved(node: ast.ImportFrom, package: tuple[str, ...]) -> list[str]:
     """The absolute names a relative import of a protocol/ module names (``from ..engine import x`` is
     ``voxgate.engine``; ``from .. import gateway`` is ``voxgate.gateway``)."""
-    base = ".".join(PACKAGE[: len(PACKAGE) + 1 - node.level])
+    base = ".".join(package[: len(package) + 1 - node.level])
     if node.module is not None:
         return [f"{base}.{node.module}" if base else node.module]
     return [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
@@ -60,9 +63,18 @@ def test_protocol_modules_are_found() -> None:
     assert {"__init__.py", "errors.py", "frames.py", "audio.py", "messages.py", "session.py"} <= names
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: str(path.relative_to(PROTOCOL_DIR)))
 def test_module_imports_no_io(path: Path) -> None:
-    assert forbidden_imports(path.read_text(encoding="utf-8")) == []
+    assert forbidden_imports(path.read_text(encoding="utf-8"), package_of(path)) == []
+
+
+def test_relative_imports_count_from_the_module_s_own_package() -> None:
+    """``from ...gateway import x`` in protocol/codecs/ reaches the shell; ``from ..errors`` does not."""
+    codecs = package_of(PROTOCOL_DIR / "codecs" / "stream.py")
+    assert codecs == ("voxgate", "protocol", "codecs")
+    assert forbidden_imports("from ...gateway.app import create_app", codecs) == ["voxgate.gateway.app"]
+    assert forbidden_imports("from ..errors import ProtocolError", codecs) == []
+    assert forbidden_imports("from ..engine import x", codecs) == []
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ import json
 
 import msgspec
 import pytest
-from voxgate.protocol.dialect import sends
+from voxgate.protocol.codecs.openai import speakable
+from voxgate.protocol.codecs.stream import sends
 from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from voxgate.protocol.messages import (
     ENGINE_OPTION_FIELDS,
@@ -37,7 +38,6 @@ from voxgate.protocol.session import (
     UtteranceEnded,
     UtteranceStarted,
 )
-from voxgate.protocol.speech import speakable
 
 CONFIG = '{"type": "session.config"}'
 DONE = '{"type": "input.done"}'

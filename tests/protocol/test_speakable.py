@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from voxgate.protocol.codecs.openai import speakable
 from voxgate.protocol.session import SegmentReady, Session, UtteranceEnded, UtteranceStarted
-from voxgate.protocol.speech import speakable
 
 
 def _feed(session: Session, *messages: dict[str, object]) -> list[object]:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from voxgate.protocol.errors import ErrorCode, ProtocolError
-from voxgate.protocol.speech import (
+from voxgate.protocol.codecs.openai import (
     DEFAULT_SAMPLE_RATE,
     check_limits,
     check_word_timestamps,
@@ -13,6 +12,7 @@ from voxgate.protocol.speech import (
     decode_speech_request,
     merge,
 )
+from voxgate.protocol.errors import ErrorCode, ProtocolError
 
 
 def test_voice_may_be_a_name_or_an_object() -> None:

@@ -7,6 +7,7 @@ import json
 from typing import get_args
 
 import pytest
+from voxgate.protocol.codecs.telephony import CARRIERS, Framing, framed_config, mark_name
 from voxgate.protocol.errors import ErrorCode, ProtocolError
 from voxgate.protocol.messages import (
     AudioCancelled,
@@ -18,7 +19,6 @@ from voxgate.protocol.messages import (
     SessionConfig,
     SessionDone,
 )
-from voxgate.protocol.telephony import CARRIERS, Framing, framed_config, mark_name
 
 SID = "MZ0123456789abcdef0123456789abcdef"
 

@@ -5,6 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
+from voxgate.protocol.codecs.wyoming import (
+    Event,
+    Framer,
+    VoiceInfo,
+    WyomingCodec,
+    error_event,
+    info,
+    parse,
+    pong,
+    serialize,
+)
 from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
 from voxgate.protocol.messages import (
     AudioDone,
@@ -17,17 +28,6 @@ from voxgate.protocol.messages import (
     SessionReady,
 )
 from voxgate.protocol.output import Audio, Message
-from voxgate.protocol.wyoming import (
-    Event,
-    Framer,
-    VoiceInfo,
-    WyomingCodec,
-    error_event,
-    info,
-    parse,
-    pong,
-    serialize,
-)
 from wyoming.event import Event as WyomingEvent
 from wyoming.info import Info
 

@@ -443,7 +443,7 @@ FAMILY_CASES = ("plain", "transcribed", "untranscribed", "embedding", "over budg
 #: What "over budget" asks for: past vllm-omni's limit (``max_new_tokens_max``), which voxgate leaves to it.
 OVER_BUDGET = 5000
 #: The rate of the clips cloned from: in process, a reference reaches vllm-omni's preparation at its own rate
-#: (Fish Speech's codec runs at 44.1 kHz); uploads are stored at most at 24 kHz (gateway/clips.py).
+#: (Fish Speech's codec runs at 44.1 kHz); uploads are stored at most at 24 kHz (gateway/voices/clips.py).
 CLIP_RATE_HZ = 44100
 #: The length of an uploaded speaker embedding (as test_families_real.py uploads).
 EMBEDDING_DIMS = 192

@@ -32,8 +32,8 @@ import soundfile
 from voxgate.engine.families import FAMILIES
 from voxgate.engine.upstream_voices import PREFIX, UpstreamVoices
 from voxgate.engine.upstreams import Upstream
-from voxgate.gateway.store import VoiceStore
-from voxgate.gateway.voice_folder import export_folder, import_folder
+from voxgate.gateway.voices.folder import export_folder, import_folder
+from voxgate.gateway.voices.local import VoiceStore
 
 from tests.conftest import TIMEOUT_S, serve_engine
 from tests.vllm_omni.upstream import RealUpstream, real_upstream

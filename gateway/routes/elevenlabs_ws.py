@@ -1,0 +1,127 @@
+"""ElevenLabs-compatible WebSockets, ``stream-input`` and ``multi-stream-input`` (REST: ``elevenlabs_rest``).
+
+One socket is one voxgate session: a ``Connection`` (``gateway/transport/socket.py``, which drives the session
+core) runs on the socket itself with ElevenLabs' codec (``protocol.codecs.elevenlabs_socket``), which
+translates
+both ways: each ElevenLabs context is one of the session's contexts (``context_id``, docs/protocol.md §11,
+with the mapping in §11.1); ``stream-input`` uses one fixed context. So every rule of the session core and
+its shell (segmentation, contexts and their cap and idle timeout, backpressure, timeouts, read receipts,
+drain, metrics) holds here unchanged, and the socket is admitted and counted as one session
+(``gateway/server/sessions.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import msgspec
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from ...engine.base import UnsupportedOption
+from ...protocol.codecs.elevenlabs import Params, Stream, close_code, parse_params
+from ...protocol.codecs.elevenlabs_socket import ElevenLabsSocket
+from ...protocol.errors import ProtocolError
+from ..session.failures import REFUSALS, error_for
+from ..session.receipts import read_receipts
+from ..transport.socket import CLOSE_TIMEOUT_S, Connection
+from ..voices.catalog import Catalog
+
+logger = logging.getLogger(__name__)
+
+#: The ``dialect`` label of this surface in the metrics.
+DIALECT = "elevenlabs"
+
+
+def connection_for(websocket: WebSocket, stream: Stream, params: Params) -> Connection:
+    """A voxgate session on ``websocket`` with ElevenLabs' codec; ``inactivity_timeout`` is its idle timeout,
+    and bounds its contexts' (``context_idle_timeout``)."""
+    state = websocket.state
+    settings = state.settings
+    idle_s = context_idle_timeout(settings.context_idle_timeout_s, params, multi=stream.multi)
+    settings = msgspec.structs.replace(
+        settings, idle_timeout_s=float(params.inactivity_timeout_s), context_idle_timeout_s=idle_s
+    )
+    return Connection(
+        websocket,
+        state.catalog,
+        settings,
+        owner=getattr(state, "owner", ""),
+        extensions=True,
+        meter=state.metrics.session(DIALECT),
+        sessions=getattr(state, "sessions", None),
+        receipts=read_receipts(websocket.scope),
+        codec=ElevenLabsSocket(stream, settings.max_message_bytes),
+    )
+
+
+def context_idle_timeout(server_s: float, params: Params, *, multi: bool) -> float:
+    """The contexts' idle timeout: the client's ``inactivity_timeout`` within the server's
+    ``context_idle_timeout_s`` (0 there: no limit). ``stream-input``'s one context never times out by
+    itself: the session's idle timeout (the same ``inactivity_timeout``) closes the socket instead."""
+    if not multi:
+        return 0.0
+    client_s = float(params.inactivity_timeout_s)
+    return min(client_s, server_s) if server_s > 0 else client_s
+
+
+async def check_voice(state: object, voice_id: str, params: Params) -> bool:
+    """Refuse an unknown voice before any text arrives, as ElevenLabs does; True if its engine times words
+    (the alignment then follows them, else it is spread over each sentence)."""
+    catalog: Catalog = state.catalog  # type: ignore[attr-defined]
+    owner = getattr(state, "owner", "")
+    try:
+        await catalog.prepare(owner, voice_id, params.model_id, {"word_timestamps": True})
+        return True
+    except UnsupportedOption as exc:
+        if exc.field != "word_timestamps":
+            raise error_for(exc) from None
+    except REFUSALS as exc:
+        raise error_for(exc) from None
+    return False
+
+
+async def _refuse(websocket: WebSocket, err: ProtocolError) -> None:
+    """Refuse a socket before its session starts (its query, its voice): the error, then the close."""
+    err.fatal = True  # its close code goes in the error (ElevenLabs' shape of an error that closes)
+    with contextlib.suppress(OSError, RuntimeError, WebSocketDisconnect, TimeoutError):
+        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            await websocket.send_text(Stream("", Params(), multi=False).error(err).decode())
+            await websocket.close(close_code(err.close_code))
+
+
+async def _serve(websocket: WebSocket, *, multi: bool) -> None:
+    voice_id = websocket.path_params["voice_id"]
+    await websocket.accept()
+    try:
+        params = parse_params(websocket.query_params)
+        words = await check_voice(websocket.state, voice_id, params)
+    except ProtocolError as err:
+        await _refuse(websocket, err)
+        return
+    connection = connection_for(websocket, Stream(voice_id, params, multi=multi, words=words), params)
+    try:
+        with connection.meter.active():
+            await asyncio.create_task(connection.run())  # its own task, as when it ran behind a pipe
+    except Exception:
+        logger.exception("elevenlabs session %s failed", connection.id)
+        if websocket.application_state is not WebSocketState.DISCONNECTED:
+            await connection.fail()
+
+
+async def stream_input(websocket: WebSocket) -> None:
+    """``WS /v1/text-to-speech/{voice_id}/stream-input``: one context."""
+    await _serve(websocket, multi=False)
+
+
+async def multi_stream_input(websocket: WebSocket) -> None:
+    """``WS /v1/text-to-speech/{voice_id}/multi-stream-input``: contexts named by ``context_id``."""
+    await _serve(websocket, multi=True)
+
+
+routes = [
+    WebSocketRoute("/v1/text-to-speech/{voice_id}/stream-input", stream_input),
+    WebSocketRoute("/v1/text-to-speech/{voice_id}/multi-stream-input", multi_stream_input),
+]

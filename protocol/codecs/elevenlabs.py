@@ -1,0 +1,506 @@
+"""ElevenLabs' text-to-speech wire shapes, mapped onto voxgate's session protocol (sans-I/O).
+
+ElevenLabs clients (pipecat's ``ElevenLabsTTSService``, livekit-plugins-elevenlabs, the ``elevenlabs``
+SDK) speak through voxgate unchanged: this module turns their messages into voxgate client messages
+(``protocol.messages``) of one session per socket, each ElevenLabs context a context of that session
+(``context_id``, docs/protocol.md §11 and §11.1), and the session's server messages back into theirs.
+``protocol.codecs.elevenlabs_socket`` makes ``Stream`` the codec of a socket
+(``gateway/routes/elevenlabs_ws.py`` runs it),
+and the REST routes use it for each segment's alignment; docs/agents.md has the wire rules.
+
+Client -> server, one JSON text message each (every field optional)::
+
+    {"text": " ", "voice_settings": {...}, "generation_config": {...}, "context_id": "c1"}  first one
+    {"text": "Hello there. ", "try_trigger_generation": true, "flush": false}                text
+    {"text": ""}                       stream-input: end of input; multi-stream-input: keep-alive
+    {"context_id": "c1", "flush": true}                  speak what is buffered now
+    {"context_id": "c1", "close_context": true}          end of the context's input
+    {"close_socket": true}                               end of every context, then close
+
+Server -> client::
+
+    {"audio": "<base64>", "isFinal": null, "alignment": {...} | null, "normalizedAlignment": {...} | null,
+     "contextId": "c1"}                                  audio as it comes; contextId on multi only
+    {"audio": "", "isFinal": null, "alignment": {...}, ...}  a segment's characters not sent by its end
+    {"isFinal": true, "contextId": "c1"}                 after a context's last audio
+    {"message": "...", "error": "<code>", "code": 1008}  an error (contextId when it is a context's); the
+                                                         close code only on a fatal one, as it closes
+
+Each character of a segment goes out once, in order, with the first audio message by which it is known
+(``known_alignment``: a word's characters once the next word is timed; all of them at the segment's
+``audio.done`` when the engine times no words) and has started (``Stream.audio``). Alignment times are
+milliseconds from where the segment's previous alignment ended, so that the spans add up to the audio
+(pipecat's clock), which is the message's own audio start when its alignment covers it (``Alignment`` in
+the SDK). The REST routes send a segment whole with its alignment (``hold`` / ``take_segment``); their
+``with-timestamps`` shapes use seconds from the start of the response.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import msgspec
+
+from ..alignment import Alignment, known_alignment, spread_alignment, word_alignment
+from ..audio import BYTES_PER_SAMPLE, AudioFormat
+from ..errors import FAILURES, CloseCode, ErrorCode, ProtocolError, decoded, field_path
+from ..messages import (
+    AudioDone,
+    AudioStart,
+    ClientMessage,
+    ContextClose,
+    ContextClosed,
+    Error,
+    InputDone,
+    InputText,
+    Keepalive,
+    ServerMessage,
+    SessionClose,
+    SessionConfig,
+    WordTimestamp,
+    WordTimestamps,
+)
+from ..normalize import TextNormalization
+
+#: ElevenLabs' ``output_format`` values voxgate produces: our format, rate and bit rate (None: not compressed)
+#: for each. Every one works on every route; the compressed ones come as one encoder stream per utterance
+#: on the WebSockets, as one complete file per segment on REST.
+OUTPUT_FORMATS: dict[str, tuple[AudioFormat, int, int | None]] = {
+    **{f"pcm_{rate}": ("pcm", rate, None) for rate in (8000, 16000, 22050, 24000, 32000, 44100, 48000)},
+    "ulaw_8000": ("mulaw", 8000, None),
+    **{
+        f"mp3_{rate}_{kbps}": ("mp3", rate, kbps * 1000)
+        for rate, kbps in (
+            (22050, 32),
+            (24000, 48),
+            (44100, 32),
+            (44100, 64),
+            (44100, 96),
+            (44100, 128),
+            (44100, 192),
+        )
+    },
+    **{f"opus_48000_{kbps}": ("opus", 48000, kbps * 1000) for kbps in (32, 64, 96, 128, 192)},
+}
+#: ElevenLabs' default when ``output_format`` is left out.
+DEFAULT_OUTPUT_FORMAT = "mp3_44100_128"
+#: ElevenLabs closes a socket that sent no text for this long (its documented default and maximum).
+DEFAULT_INACTIVITY_TIMEOUT_S = 20
+MAX_INACTIVITY_TIMEOUT_S = 180
+#: ElevenLabs' own word for an unknown voice, and for an idle socket.
+_CODES: dict[str, str] = {
+    ErrorCode.VOICE_NOT_FOUND: "voice_not_found",
+    ErrorCode.IDLE_TIMEOUT: "input_timeout_exceeded",
+    ErrorCode.UNSUPPORTED_FORMAT: "invalid_output_format",
+    ErrorCode.TOO_MANY_CONTEXTS: "max_active_conversations",
+}
+
+
+#: The close code of each error code (``protocol.errors.FAILURES``), by the code's string.
+_CLOSE_CODES: dict[str, CloseCode] = {str(code): failure.close_code for code, failure in FAILURES.items()}
+
+
+def close_code(code: int) -> int:
+    """The close code an ElevenLabs client gets: ours, but 1008 for a timeout (ElevenLabs' own choice)."""
+    return int(CloseCode.POLICY_VIOLATION) if code == CloseCode.TIMEOUT else code
+
+
+class VoiceSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """``voice_settings``: only ``speed`` changes what we make; the others are the voice's own (ignored)."""
+
+    stability: float | None = None
+    similarity_boost: float | None = None
+    style: float | None = None
+    use_speaker_boost: bool | None = None
+    speed: float | None = None
+
+
+class Inbound(msgspec.Struct, frozen=True, kw_only=True):
+    """One client message of ``stream-input`` / ``multi-stream-input``; unknown fields are ignored."""
+
+    text: str | None = None
+    context_id: str | None = None
+    flush: bool = False
+    try_trigger_generation: bool | None = None
+    close_context: bool = False
+    close_socket: bool = False
+    voice_settings: VoiceSettings | None = None
+
+
+class RequestBody(msgspec.Struct, frozen=True, kw_only=True):
+    """The body of ``POST /v1/text-to-speech/{voice_id}`` (every route); the fields not named are ignored."""
+
+    text: str
+    model_id: str | None = None
+    seed: int | None = None
+    voice_settings: VoiceSettings | None = None
+    #: ElevenLabs' ``auto`` / ``on`` / ``off``: voxgate's ``text_normalization`` (None: the query's).
+    apply_text_normalization: TextNormalization | None = None
+
+
+_decode_inbound = msgspec.json.Decoder(Inbound).decode
+_decode_body = msgspec.json.Decoder(RequestBody).decode
+_encode = msgspec.json.Encoder().encode
+
+
+def decode_inbound(data: str | bytes) -> Inbound:
+    """Decode one client message of a socket.
+
+    Raises:
+        ProtocolError: not JSON, nested past the interpreter's stack (``invalid_json``), or a field of the
+            wrong type (``invalid_message``, with its path).
+    """
+    return decoded(_decode_inbound, data)
+
+
+def decode_body(data: bytes) -> RequestBody:
+    """Decode the body of a REST request.
+
+    Raises:
+        ProtocolError: as ``decode_inbound`` does.
+    """
+    return decoded(_decode_body, data, " body")
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """The query parameters that change what a stream makes; the others are accepted and ignored.
+
+    Ignored the way ElevenLabs ignores what a model cannot do: ``language_code``, ``enable_logging``,
+    ``enable_ssml_parsing``, ``auto_mode``, ``sync_alignment``, ``optimize_streaming_latency``,
+    ``chunk_length_schedule`` (voxgate cuts at sentences itself). ``apply_text_normalization`` is
+    voxgate's ``text_normalization``.
+    """
+
+    output_format: str = "pcm_24000"
+    model_id: str | None = None
+    seed: int | None = None
+    inactivity_timeout_s: int = DEFAULT_INACTIVITY_TIMEOUT_S
+    text_normalization: TextNormalization = "auto"
+
+    @property
+    def audio(self) -> tuple[AudioFormat, int]:
+        """Our format and rate."""
+        fmt, rate, _ = OUTPUT_FORMATS[self.output_format]
+        return fmt, rate
+
+    @property
+    def bitrate(self) -> int | None:
+        """A compressed format's bit rate in bit/s."""
+        return OUTPUT_FORMATS[self.output_format][2]
+
+
+def parse_params(query: Mapping[str, str]) -> Params:
+    """Read a request's query parameters.
+
+    Raises:
+        ProtocolError: an ``output_format`` we cannot make (``unsupported_format``), or a
+            malformed ``inactivity_timeout`` / ``seed`` / ``apply_text_normalization`` (``invalid_message``).
+    """
+    fmt = query.get("output_format", DEFAULT_OUTPUT_FORMAT)
+    formats = sorted(OUTPUT_FORMATS)
+    if fmt not in formats:
+        message = f"output_format {fmt!r} is not available here; use one of {formats}"
+        raise ProtocolError(ErrorCode.UNSUPPORTED_FORMAT, message, field="output_format")
+    timeout = _int(query, "inactivity_timeout", DEFAULT_INACTIVITY_TIMEOUT_S)
+    if timeout is None or not 1 <= timeout <= MAX_INACTIVITY_TIMEOUT_S:
+        message = f"inactivity_timeout must be a whole number of seconds from 1 to {MAX_INACTIVITY_TIMEOUT_S}"
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, message, field="inactivity_timeout")
+    seed = _int(query, "seed", None)
+    if seed is None and query.get("seed") is not None:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "seed must be an integer", field="seed")
+    normalization = query.get("apply_text_normalization", "auto")
+    if normalization not in _NORMALIZATIONS:
+        message = f"apply_text_normalization must be one of {list(_NORMALIZATIONS)}, not {normalization!r}"
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, message, field="apply_text_normalization")
+    return Params(fmt, query.get("model_id"), seed, timeout, _NORMALIZATIONS[normalization])
+
+
+_NORMALIZATIONS: dict[str, TextNormalization] = {"auto": "auto", "on": "on", "off": "off"}
+
+
+def _int(query: Mapping[str, str], name: str, default: int | None) -> int | None:
+    value = query.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def session_config(
+    voice_id: str,
+    params: Params,
+    settings: VoiceSettings | None = None,
+    *,
+    words: bool = False,
+    whole_segments: bool = True,
+    text_normalization: TextNormalization | None = None,
+) -> SessionConfig:
+    """The ``session.config`` of a socket (or REST request): our voice named ``voice_id``, the query's format.
+
+    Args:
+        voice_id: the path's voice id: a voxgate voice name.
+        params: the query parameters.
+        settings: the first message's ``voice_settings`` (its ``speed`` is honoured, for the whole session).
+        words: ask the engine for word timings (``word_timestamps``), which the alignment follows.
+        whole_segments: one audio message per segment (REST, which sends each with its alignment); the
+            sockets stream (False).
+        text_normalization: a REST body's ``apply_text_normalization``, which wins over the query's.
+
+    Raises:
+        ProtocolError: a ``speed`` out of range (``invalid_message``).
+    """
+    fmt, rate = params.audio
+    fields: dict[str, object] = {
+        "type": "session.config",
+        "voice": voice_id,
+        "response_format": fmt,
+        "sample_rate": rate,
+        "stream_audio": not whole_segments,
+        "bitrate": params.bitrate,
+        "model": params.model_id,
+        "seed": params.seed,
+        "word_timestamps": words,
+        "text_normalization": text_normalization or params.text_normalization,
+    }
+    if settings is not None and settings.speed is not None:
+        fields["speed"] = settings.speed
+    try:
+        return msgspec.convert(fields, SessionConfig)
+    except msgspec.ValidationError as exc:
+        path = field_path(exc)
+        field = "$.voice_settings.speed" if path == "$.speed" else path
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field) from None
+
+
+#: The session's context for ``stream-input``'s messages, and for ``multi-stream-input``'s that name none
+#: (a named context of the core, so that its end is reported: ``context.closed`` is ``isFinal``).
+FIXED_CONTEXT = "elevenlabs:default"
+
+
+class Stream:
+    """One ``stream-input`` or ``multi-stream-input`` socket over one voxgate session and its contexts.
+
+    ``start`` opens the session; ``receive`` maps the client's messages to the session's (docs/protocol.md
+    §11.1); ``render`` maps the session's typed server messages back and ``audio`` its audio as it comes,
+    routing each by its context: a message by its ``context_id``, audio by the ``audio.start`` before it.
+
+    Args:
+        voice_id: the voice of the path.
+        params: the query parameters.
+        multi: ``multi-stream-input``: messages name contexts, an empty text is a keep-alive, and every
+            message sent back carries ``contextId``.
+        words: the engine times words: ask for them, and align characters with them.
+    """
+
+    def __init__(self, voice_id: str, params: Params, *, multi: bool, words: bool = False) -> None:
+        self.voice_id, self.params, self.multi, self.words = voice_id, params, multi, words
+        self.configured = False  # a session.config went out
+        self.settled = False  # a first message was taken: later ``voice_settings`` are ignored
+        self.ended = False  # the client's input ended: what follows is ignored
+        self._open: set[str] = set()  # the contexts this codec opened and has not closed
+        self._context = FIXED_CONTEXT  # the context of the segment whose audio comes next
+        self._timed: list[WordTimestamp] = []  # that segment's words
+        self._start_ms = 0.0  # where that segment starts on its utterance's clock
+        self._text = ""  # that segment's text
+        self._format, self._rate = params.audio
+        self._held: bytes | None = None  # REST: a segment's audio, until its audio.done says how long it is
+        self._ready: tuple[bytes, Alignment, float] | None = None  # REST: a segment with its alignment
+        self._speaking = False  # between a segment's audio.start and its audio.done
+        self._sent = 0  # that segment's characters already sent
+        self._sent_ms = 0.0  # that segment's audio already sent
+        self._origin_ms = 0.0  # where the next alignment's times count from, from the segment's start
+
+    def start(self) -> list[ClientMessage]:
+        """The session's ``session.config``, sent as the socket opens (the first message may add a speed)."""
+        self.configured = True
+        return [session_config(self.voice_id, self.params, words=self.words, whole_segments=False)]
+
+    def context_of(self, msg: Inbound) -> str:
+        """The session's context for a client message."""
+        return (msg.context_id if self.multi else None) or FIXED_CONTEXT
+
+    def receive(self, msg: Inbound) -> list[ClientMessage]:
+        """The session messages one client message becomes (none once the input ended).
+
+        Raises:
+            ProtocolError: the first message's ``voice_settings`` are out of range; the message is not
+                taken, and the next one is a first message again.
+        """
+        if self.ended:
+            return []
+        out: list[ClientMessage] = []
+        if not self.settled:
+            settings = msg.voice_settings
+            if not self.configured or (settings is not None and settings.speed is not None):
+                config = session_config(
+                    self.voice_id, self.params, settings, words=self.words, whole_segments=False
+                )
+                out.append(config)
+            self.configured = self.settled = True
+        if msg.close_socket or (msg.text == "" and not self.multi):
+            self.ended = True
+            return [*out, SessionClose()]
+        context = self.context_of(msg)
+        if msg.text == "":  # multi-stream-input's keep-alive: of one context, or of all
+            out.append(Keepalive(context_id=msg.context_id))
+            if msg.context_id:
+                self._open.add(context)
+        elif msg.text is not None and (msg.text.strip() or context in self._open):
+            out.append(InputText(text=msg.text, context_id=context))
+            self._open.add(context)
+        elif msg.text is not None:  # the init message's " ": opens the context
+            out.append(Keepalive(context_id=context))
+            self._open.add(context)
+        if msg.flush:
+            out.append(InputDone(context_id=context))
+            self._open.add(context)
+        if msg.close_context:
+            out.append(ContextClose(context_id=context))
+            self._open.discard(context)
+        return out
+
+    def render(self, msg: ServerMessage) -> list[bytes]:
+        """The client messages for one server message of the session: ``isFinal`` for a context's end, an
+        error, and at a segment's ``audio.done`` the alignment of its characters not sent yet."""
+        rest = self._rest(msg.duration_ms) if isinstance(msg, AudioDone) and self._speaking else []
+        match self._take(msg):
+            case ContextClosed(context_id=context):
+                self._open.discard(context)
+                return [self._shape({"isFinal": True}, context)]
+            case Error(code=code, message=message, fatal=fatal, context_id=context):
+                named = None if isinstance(context, msgspec.UnsetType) else context
+                close = _CLOSE_CODES.get(code, CloseCode.INTERNAL_ERROR) if fatal else None
+                return [*rest, self._shape(ws_error(code, message, close), named)]
+        return rest
+
+    def audio(self, data: bytes, audio_s: float) -> bytes:
+        """One audio message as the audio comes: ``data`` (a piece of the segment whose ``audio.start`` came
+        last, ``audio_s`` long: a frame, or what the compressed stream's encoder gave), with the alignment
+        of the characters known by now that start before the end of the audio sent (null: none yet).
+
+        An alignment's times count from where the segment's previous alignment ended (its first from the
+        segment's start), and its last character lasts until the end of the audio it covers, so that a
+        client adding up each alignment's span (pipecat) stays on the audio's clock; a message whose
+        alignment is its own audio's starts at that audio's start.
+        """
+        width = BYTES_PER_SAMPLE.get(self._format)
+        self._sent_ms += len(data) / width * 1000.0 / self._rate if width else audio_s * 1000.0
+        alignment = None
+        if self._speaking and self._timed:
+            known, open_ms = known_alignment(self._text + " ", self._timed, self._start_ms)
+            alignment = self._next(known, min(self._sent_ms, open_ms), last=False)
+        return self._audio_payload(data, alignment)
+
+    def _rest(self, duration_ms: float) -> list[bytes]:
+        """At a segment's ``audio.done``: its characters not sent yet, in an audio message with no audio
+        (the segment's whole alignment when its engine times no words: only its length places them)."""
+        self._speaking = False
+        alignment = self._next(self._alignment(duration_ms), duration_ms, last=True)
+        return [] if alignment is None else [self._audio_payload(b"", alignment)]
+
+    def _next(self, known: Alignment, until_ms: float, *, last: bool) -> Alignment | None:
+        """The characters of ``known`` not sent yet that start before ``until_ms`` (every one: ``last``),
+        timed from the previous alignment's end to ``until_ms``; None if there are none."""
+        stop = self._sent
+        while stop < len(known.chars) and (last or known.charStartTimesMs[stop] < until_ms):
+            stop += 1
+        if stop == self._sent:
+            return None
+        origin, until = round(self._origin_ms), round(until_ms)
+        starts = [max(t - origin, 0) for t in known.charStartTimesMs[self._sent : stop]]
+        durations = known.charDurationsMs[self._sent : stop]
+        durations[-1] = max(until - origin - starts[-1], 0)
+        chars = known.chars[self._sent : stop]
+        self._sent, self._origin_ms = stop, until_ms
+        return Alignment(chars, starts, durations)
+
+    def hold(self, data: bytes) -> None:
+        """A whole segment's audio (one binary message of the session); its ``audio.done`` follows."""
+        self._held = data
+
+    def take_segment(self) -> tuple[bytes, Alignment, float] | None:
+        """The segment completed by the last message taken: its audio, alignment and length in ms."""
+        segment, self._ready = self._ready, None
+        return segment
+
+    def observe(self, msg: ServerMessage) -> Error | None:
+        """Take one message of the session without rendering it (REST: noting each segment's text, words
+        and end); hands back its errors."""
+        self._take(msg)
+        return msg if isinstance(msg, Error) else None
+
+    def _take(self, msg: ServerMessage) -> ServerMessage:
+        match msg:
+            case AudioStart(sentence_text=sentence, format=fmt, sample_rate=rate, start_sample=start):
+                self._text, self._format, self._rate = sentence, fmt, rate
+                self._start_ms, self._timed = start * 1000.0 / rate, []
+                self._speaking, self._sent, self._sent_ms, self._origin_ms = True, 0, 0.0, 0.0
+                self._context = (
+                    FIXED_CONTEXT if isinstance(msg.context_id, msgspec.UnsetType) else msg.context_id
+                )
+            case WordTimestamps(timestamps=timed):
+                self._timed += timed
+            case AudioDone(duration_ms=duration_ms) if self._held is not None:
+                data, self._held = self._held, None
+                self._ready = (data, self._alignment(duration_ms), duration_ms)
+        return msg
+
+    def _alignment(self, duration_ms: float) -> Alignment:
+        """The alignment of the segment of the ``audio.start`` seen last, ``duration_ms`` long."""
+        if self._timed:
+            return word_alignment(self._text + " ", self._timed, self._start_ms, duration_ms)
+        return spread_alignment(self._text + " ", duration_ms)
+
+    def _audio_payload(self, data: bytes, alignment: Alignment | None) -> bytes:
+        """One audio message: base64 audio with its alignment (also as ``normalizedAlignment``; null when it
+        has none), for the context of the ``audio.start`` seen last."""
+        shape = None if alignment is None else msgspec.to_builtins(alignment)
+        payload: dict[str, object] = {
+            "audio": base64.b64encode(data).decode(),
+            "isFinal": None,
+            "normalizedAlignment": shape,
+            "alignment": shape,
+        }
+        return self._shape(payload, self._context)
+
+    def error(self, err: ProtocolError, context: str | None = None) -> bytes:
+        """An error in ElevenLabs' shape, of ``context`` (the session's name for it), else of the socket;
+        with its close code when it is fatal."""
+        return self._shape(ws_error(err.code, err.message, err.close_code if err.fatal else None), context)
+
+    def _shape(self, payload: dict[str, object], context: str | None) -> bytes:
+        """``payload`` with the ``contextId`` of ``context`` on ``multi-stream-input`` (None: the socket's,
+        which has none; the fixed context's is null)."""
+        if self.multi and context is not None:
+            payload["contextId"] = None if context == FIXED_CONTEXT else context
+        return _encode(payload)
+
+
+def ws_error(code: str, message: str, close: int | None) -> dict[str, object]:
+    """A WebSocket error in ElevenLabs' shape: ``message``, ``error`` (its code), and ``code``, the close code
+    that follows, only when one follows.
+
+    ElevenLabs sends an error only as it closes, with the close code in it; voxgate's non-fatal errors
+    (``message_too_large``, ``max_active_conversations``, ``engine_error`` of one segment, ...) leave the
+    socket open, and a close code in them (1009, 1011) would tell the client it is closing.
+
+    Args:
+        code: a voxgate error code (ElevenLabs' own word where it has one: ``voice_not_found``, ...).
+        message: what to tell the client.
+        close: voxgate's close code of a fatal error (ElevenLabs' is sent: ``close_code``); None when the
+            error is not fatal.
+    """
+    payload: dict[str, object] = {"message": message, "error": _CODES.get(code, code)}
+    if close is not None:
+        payload["code"] = close_code(close)
+    return payload
+
+
+def http_error(err: ProtocolError) -> bytes:
+    """A REST error body in ElevenLabs' shape: ``{"detail": {"status": code, "message": ...}}``."""
+    return _encode({"detail": {"status": _CODES.get(err.code, err.code), "message": err.message}})
