@@ -131,6 +131,15 @@ class ErrorCode(enum.StrEnum):
     VOICE_QUOTA_EXCEEDED = "voice_quota_exceeded"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    # ElevenLabs' pronunciation dictionaries (``protocol.pls``, ``protocol.dictionaries``).
+    #: An uploaded PLS lexicon that cannot be used (malformed, a DOCTYPE, no entries, too large).
+    INVALID_LEXICON = "invalid_lexicon"
+    #: A ``pronunciation_dictionary_locators`` entry (or a route's id) names no dictionary of the key.
+    PRONUNCIATION_DICTIONARY_NOT_FOUND = "pronunciation_dictionary_not_found"
+    #: The key holds ``max_pronunciation_dictionaries`` dictionaries.
+    PRONUNCIATION_DICTIONARY_LIMIT_REACHED = "pronunciation_dictionary_limit_reached"
+    #: The key's dictionaries and this one would pass ``max_pronunciation_dictionary_bytes``.
+    PRONUNCIATION_DICTIONARY_QUOTA_EXCEEDED = "pronunciation_dictionary_quota_exceeded"
 
 
 class Failure(NamedTuple):
@@ -211,6 +220,13 @@ FAILURES: dict[ErrorCode, Failure] = {
     ErrorCode.VOICE_QUOTA_EXCEEDED: Failure(_POLICY, 409, "$.audio_sample"),
     ErrorCode.NOT_FOUND: Failure(_POLICY, 404),
     ErrorCode.METHOD_NOT_ALLOWED: Failure(_POLICY, 405),
+    ErrorCode.INVALID_LEXICON: Failure(_POLICY, 400, "$.file"),
+    # 400 in a speech request (a field of it is wrong); the dictionary routes answer 404 for their path's id.
+    ErrorCode.PRONUNCIATION_DICTIONARY_NOT_FOUND: Failure(
+        _POLICY, 400, "$.pronunciation_dictionary_locators"
+    ),
+    ErrorCode.PRONUNCIATION_DICTIONARY_LIMIT_REACHED: Failure(_POLICY, 409),
+    ErrorCode.PRONUNCIATION_DICTIONARY_QUOTA_EXCEEDED: Failure(_POLICY, 409, "$.file"),
 }
 #: The message of an ``internal_error``: the details stay in the server log.
 INTERNAL_ERROR_MESSAGE = "internal error; see the server log"
