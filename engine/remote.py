@@ -22,16 +22,10 @@ stored clip plus ``ref_text`` (or ``x_vector_only_mode`` when there is no transc
 need no voice store of their own; to a vllm-omni family whose speaker cache keys on a voice name, the clip is
 also uploaded once and named after (``engine.upstream_voices``).
 
-What is sent follows the rules of the model family upstream (``engine.families``: one row per vllm-omni
-serving adapter, detected from the model id or set with ``upstream_family``): which options it takes (the
-rest are refused by name at session config), whether ``voice`` names a preset, how a clone travels and
-which clones it cannot make (refused before any upstream call), Qwen3-TTS's ``task_type`` and language
-names. A family that speaks only from a reference (Qwen3-TTS Base, CosyVoice3, GLM-TTS, MOSS-TTS) gets the
-default reference voice with a plain request: a clip and its transcript shipped in the package
-(``engine/data/reference.wav``), or the ones ``upstream_reference_audio`` / ``_text`` name. A reference clip
-is sent at its own rate up to the family's (Fish Speech's codec runs at 44.1 kHz, the others at 24 kHz).
-A ``speed`` other than 1 is served by a whole (non-streamed) answer per segment, since vllm-omni refuses
-streaming with one.
+What is sent follows the rules of the model family upstream (``engine.families``; the body is made by
+``engine.remote_requests``): which options it takes (the rest are refused by name at session config), which
+clones it cannot make (refused before any upstream call), and the default reference voice that a family
+speaking only from a reference gets with a plain request.
 
 Word timestamps come from vllm-omni's own path: a server launched with ``--forced-aligner`` runs the
 Qwen3-ForcedAligner stage after the audio, and its non-streamed ``POST /v1/audio/speech`` with
@@ -48,23 +42,16 @@ option is refused by name at session config once no upstream can time words.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import functools
-import hashlib
 import logging
-import re
 from collections.abc import AsyncGenerator
 
 import aiohttp
 import httpx
 import numpy as np
 import numpy.typing as npt
-import soundfile
-import soxr
 
-from ..protocol.audio import encode, wav_header
-from ..protocol.messages import ENGINE_OPTION_FIELDS
 from . import http_stream
 from .base import (
     AudioChunk,
@@ -78,8 +65,8 @@ from .base import (
     VoiceReference,
 )
 from .deadlines import UpstreamTimeout, Waits, bounded_read
-from .families import FAMILIES, GENERIC, Clip, Family, Presets
-from .qwen3_tts import qwen_language, word_timings
+from .families import FAMILIES, GENERIC, Family, Presets
+from .qwen3_tts import word_timings
 from .remote_answers import (
     ERROR_BODY_BYTES,
     LOGGED_BODY_BYTES,
@@ -91,21 +78,19 @@ from .remote_answers import (
     parse_words,
     refusal,
     retry_after,
+    wav_chunks,
 )
+from .remote_requests import FORWARDED, SpeechBodies
 from .remote_settings import DEFAULT_REFERENCE_AUDIO, DEFAULT_REFERENCE_TEXT, RemoteSettings
 from .survey import ALIGNER_FLAG, Survey
 from .upstream_voices import UpstreamVoices
 from .upstreams import ScrubUrls, Upstream, UpstreamPool, redact_url
-from .wav_stream import WavError, WavStream
 
 logger = logging.getLogger(__name__)
 
 # vllm-omni's default voice and output rate for Qwen3-TTS; both are re-learned from the upstream.
 DEFAULT_VOICE = "vivian"
 DEFAULT_SAMPLE_RATE = 24000
-# Options sent upstream as they are (``word_timestamps`` turns the segment into a whole answer too).
-_FORWARDED = frozenset(ENGINE_OPTION_FIELDS)
-# The default reference voice (3.7 s of the embedded Piper voice, 24 kHz 16-bit mono) and its transcript.
 _NO_ALIGNER = (
     "no upstream can time words: vllm-omni times them only when launched with --forced-aligner "
     "(Qwen/Qwen3-ForcedAligner-0.6B, an extra model stage); use engine piper for word timestamps"
@@ -118,7 +103,6 @@ _AUDIO_TYPES = ("audio/", "application/octet-stream")
 # (no such route): another upstream may, so they fail over like a 5xx. 401/403 say our key is wrong
 # for that upstream, its fault and not the request's. Any other 4xx is the request's fault.
 _UPSTREAM_FAULTS = frozenset({401, 403, 404, 405, 408, 429})
-_WORD = re.compile(r"[A-Za-z_]+")
 # The gateway's default audio cap (gateway.settings ``max_segment_audio_*``), for a request that does
 # not carry its own.
 _DEFAULT_CAP_BASE_S, _DEFAULT_CAP_PER_CHAR_S = 10.0, 0.3
@@ -185,10 +169,9 @@ class RemoteEngine:
         #: What is known of the upstreams: voices, checkpoint, which time words.
         self.survey = Survey(self.pool, self._http, model=model, probe_s=first_byte_timeout_s)
         self._health: asyncio.Task[None] | None = None
-        self._ref_cache: dict[tuple[bytes, int, int], str] = {}
         self._family = FAMILIES[family] if family else None
-        self._reference_path, self._reference_text = reference_audio, reference_text
-        self._reference: VoiceReference | None = None
+        #: The request bodies, with the default reference voice and the clips as data URLs.
+        self.bodies = SpeechBodies(model, reference_audio, reference_text)
         #: Clips uploaded to each upstream and named there, for vllm-omni's speaker cache.
         self.uploads = UpstreamVoices(self._http)
         self._scrub = ScrubUrls(self.pool)
@@ -198,20 +181,8 @@ class RemoteEngine:
         """The upstreams' model family: the configured one, else the detected one, else ``GENERIC``."""
         return self._family or self.survey.family or GENERIC
 
-    def _default_reference(self) -> VoiceReference:
-        """The reference a plain request carries to a family that speaks only from one (read once)."""
-        if self._reference is None:
-            audio, rate = soundfile.read(self._reference_path, dtype="float32", always_2d=True)
-            self._reference = VoiceReference(
-                name="default",
-                audio=np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32),
-                sample_rate=int(rate),
-                ref_text=self._reference_text,
-            )
-        return self._reference
-
     async def start(self) -> None:
-        self._default_reference()  # a missing or unreadable file fails the start, not a request
+        self.bodies.default_reference()  # a missing or unreadable file fails the start, not a request
         # Probes and uploads never follow a redirect either (httpx's default, said here): an upload carries
         # a tenant's clip.
         self._client = httpx.AsyncClient(
@@ -256,7 +227,7 @@ class RemoteEngine:
         if names and voice not in names and self.family.presets is Presets.LISTED:
             raise UnknownVoice(voice, self.name, names)
         for field in options:
-            if field not in _FORWARDED:
+            if field not in FORWARDED:
                 raise UnsupportedOption(field, self.name)
         self.family.check(options)
         if options.get("word_timestamps") and not self.survey.may_time_words():
@@ -274,66 +245,16 @@ class RemoteEngine:
         options: dict[str, object],
         reference: VoiceReference | None = None,
     ) -> dict[str, object]:
-        """The request body of one segment, shaped by the upstreams' family (``engine.families``)."""
-        family = self.family
-        body: dict[str, object] = {"input": text, "response_format": "wav"}
-        # vllm-omni refuses a streamed answer with speed adjustment (serving_speech.py
-        # ``_validate_speech_streaming_request``) or with word timestamps (``create_speech``), but makes a
-        # whole one: ask for that instead.
-        if options.get("speed", 1.0) == 1.0 and not options.get("word_timestamps"):
-            body.update(stream=True, stream_format="audio")
-        if self.model:
-            body["model"] = self.model
-        if reference is None and family.reference_only and options.get("speaker_embedding") is None:
-            reference = self._default_reference()
-        # A checkpoint that lists no voices (Qwen3-TTS Base or VoiceDesign) has no speakers to name; a
-        # family with unlisted presets (Ming-flash-omni) is named any voice but the default.
-        named = {
-            Presets.LISTED: self.survey.names != [],
-            Presets.NAMED: voice != self.default_voice,
-            Presets.NONE: False,
-        }[family.presets]
-        if voice is not None and reference is None and named:
-            body["voice"] = voice
-        body.update({k: v for k, v in options.items() if k in _FORWARDED})
-        # vllm-omni takes a Qwen3-TTS request without ``task_type`` as CustomVoice, which a VoiceDesign or
-        # Base checkpoint refuses (tts_adapters/qwen3_tts.py ``validate``): name the task it runs.
-        task_type = family.task_type or (family.clone_task_type if reference is not None else None)
-        if task_type is not None:
-            body.setdefault("task_type", task_type)
-        # vllm-omni title-cases ``language`` and accepts Qwen3-TTS's names (tts_adapters/qwen3_tts.py
-        # ``validate``): codes and tags (``en``, ``en-US``) become those names; others go as they are.
-        if family.qwen_languages and isinstance(body.get("language"), str):
-            body["language"] = qwen_language(str(body["language"]))
-        if reference is not None:
-            if reference.audio is not None:
-                body["ref_audio"] = self._data_url(reference, family.reference_rate_hz)
-                if reference.ref_text:
-                    body["ref_text"] = reference.ref_text
-                elif family.clip is Clip.X_VECTOR:
-                    # A Qwen3-TTS clone without a transcript is refused unless it asks for the speaker
-                    # embedding alone (tts_adapters/qwen3_tts.py ``validate``, Base task).
-                    body.setdefault("x_vector_only_mode", True)
-            elif reference.embedding is not None:
-                body["speaker_embedding"] = [float(x) for x in reference.embedding]
-        return body
-
-    def _data_url(self, ref: VoiceReference, max_rate: int) -> str:
-        """The clip as a WAV data URL, at its own rate or ``max_rate`` when that is lower."""
-        assert ref.audio is not None
-        # Keyed by content, not name: a voice may be replaced, and each API key has its own namespace.
-        audio = np.ascontiguousarray(ref.audio, dtype=np.float32)
-        rate = min(ref.sample_rate, max_rate)
-        key = (hashlib.blake2b(audio.tobytes(), digest_size=16).digest(), ref.sample_rate, rate)
-        if key not in self._ref_cache:
-            if rate != ref.sample_rate:
-                audio = soxr.resample(audio, ref.sample_rate, rate).astype(np.float32)
-            pcm = encode(audio, "pcm")
-            wav = wav_header(rate, len(pcm)) + pcm
-            if len(self._ref_cache) > 64:  # a handful of voices are in use at a time
-                self._ref_cache.clear()
-            self._ref_cache[key] = "data:audio/wav;base64," + base64.b64encode(wav).decode()
-        return self._ref_cache[key]
+        """The request body of one segment, shaped by the upstreams' family (``engine.remote_requests``)."""
+        return self.bodies.body(
+            text,
+            voice,
+            options,
+            family=self.family,
+            names=self.survey.names,
+            default_voice=self.default_voice,
+            reference=reference,
+        )
 
     async def synthesize(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
         client = self._speech_client()
@@ -449,32 +370,6 @@ class RemoteEngine:
         finally:
             http_stream.finish(response)
 
-    async def _audio(
-        self, response: aiohttp.ClientResponse, waits: Waits
-    ) -> AsyncGenerator[AudioChunk, None]:
-        """The WAV body of ``response``, as chunks of samples, until its stated size or its end.
-
-        Raises ``UpstreamFailed`` for a body that is not a playable WAV (or changes format mid-stream),
-        that breaks, ends short of its WAV's stated size (or of its ``Content-Length``, or without its last
-        chunk: aiohttp's ``ClientPayloadError``) or that misses a deadline (the caller tells before from
-        after the first audio).
-        """
-        wav = WavStream()
-        try:
-            async with contextlib.aclosing(waits.pieces(http_stream.reader(response))) as pieces:
-                async for raw in pieces:
-                    samples = wav.feed(raw)
-                    if len(samples) and wav.sample_rate is not None:
-                        waits.flowing()
-                        yield AudioChunk(samples, wav.sample_rate)
-                    if wav.done:
-                        break
-            if wav.sample_rate is None:
-                raise UpstreamFailed("answered no WAV header")
-            wav.finish()  # a body that ends before its WAV's stated size is cut short, not complete
-        except (*http_stream.StreamError, UpstreamTimeout, WavError) as exc:
-            raise UpstreamFailed(str(exc) or repr(exc)) from exc
-
     async def _timed(
         self,
         client: aiohttp.ClientSession,
@@ -496,7 +391,7 @@ class RemoteEngine:
             header = response.headers.get(_WORDS_HEADER)
             omitted = response.headers.get(_WORDS_OMITTED_HEADER)
             waits.flowing()  # a whole answer's headers come when it is made: its bytes follow at once
-            async with contextlib.aclosing(self._audio(response, waits)) as chunks:
+            async with contextlib.aclosing(wav_chunks(response, waits)) as chunks:
                 async for chunk in chunks:
                     held, rate = held + len(chunk.samples), chunk.sample_rate
                     if held > max_audio_s * rate:
@@ -541,7 +436,7 @@ class RemoteEngine:
         self, client: aiohttp.ClientSession, upstream: Upstream, body: dict[str, object], waits: Waits
     ) -> AsyncGenerator[AudioChunk, None]:
         async with self._answer(client, upstream, body, waits) as response:
-            async with contextlib.aclosing(self._audio(response, waits)) as chunks:
+            async with contextlib.aclosing(wav_chunks(response, waits)) as chunks:
                 async for chunk in chunks:
                     self.sample_rate = chunk.sample_rate
                     yield chunk

@@ -1,8 +1,10 @@
-"""What the remote engine makes of an upstream's answers: refusals, busy answers, word timings.
+"""What the remote engine makes of an upstream's answers: refusals, busy answers, word timings, WAV bodies.
 
 An upstream's refusal (its 4xx) reaches the client as the one printable line its JSON names, never its raw
 body; a busy upstream (429, or 503 with ``Retry-After``) is failed over and, when all are busy, reported
-with the shortest wait any asked for; vllm-omni's ``X-Word-Timestamps`` header is read here.
+with the shortest wait any asked for; vllm-omni's ``X-Word-Timestamps`` header is read here, and a WAV
+body becomes chunks of samples as it comes (``wav_chunks``), failing as the upstream's fault when it is not
+a playable WAV.
 """
 
 from __future__ import annotations
@@ -13,9 +15,15 @@ import json
 import logging
 import re
 import time
+from collections.abc import AsyncGenerator
 
-from .base import RequestRefused
+import aiohttp
+
+from . import http_stream
+from .base import AudioChunk, RequestRefused
+from .deadlines import UpstreamTimeout, Waits
 from .qwen3_tts import word_triples
+from .wav_stream import WavError, WavStream
 
 logger = logging.getLogger(__name__)
 
@@ -109,3 +117,28 @@ def halves(text: str) -> tuple[str, str] | None:
         return None
     cut = min(gaps, key=lambda i: abs(i - len(text) // 2))
     return text[:cut].strip(), text[cut:].strip()
+
+
+async def wav_chunks(response: aiohttp.ClientResponse, waits: Waits) -> AsyncGenerator[AudioChunk, None]:
+    """The WAV body of ``response``, as chunks of samples, until its stated size or its end.
+
+    Raises ``UpstreamFailed`` for a body that is not a playable WAV (or changes format mid-stream),
+    that breaks, ends short of its WAV's stated size (or of its ``Content-Length``, or without its last
+    chunk: aiohttp's ``ClientPayloadError``) or that misses a deadline (the caller tells before from
+    after the first audio).
+    """
+    wav = WavStream()
+    try:
+        async with contextlib.aclosing(waits.pieces(http_stream.reader(response))) as pieces:
+            async for raw in pieces:
+                samples = wav.feed(raw)
+                if len(samples) and wav.sample_rate is not None:
+                    waits.flowing()
+                    yield AudioChunk(samples, wav.sample_rate)
+                if wav.done:
+                    break
+        if wav.sample_rate is None:
+            raise UpstreamFailed("answered no WAV header")
+        wav.finish()  # a body that ends before its WAV's stated size is cut short, not complete
+    except (*http_stream.StreamError, UpstreamTimeout, WavError) as exc:
+        raise UpstreamFailed(str(exc) or repr(exc)) from exc
