@@ -15,10 +15,13 @@ reaches the segmenter as it arrives. With ``text_normalization`` ``on`` or ``aut
   segmenter always cuts at) goes before a list item, heading, table or fence and after such a line;
 * bare URLs and e-mail addresses are spoken compactly: "https://example.com/menu?id=42" as "example dot
   com", and the domain of an e-mail address: "ann@example.com" as "ann at example dot com";
-* emoji are left out (``keep_emoji`` keeps them);
+* emoji are left out (``keep_emoji`` keeps them: the engine reads them as it would, by name for Piper);
 * with ``expand_numbers`` (``on``, and ``auto`` for an engine whose front end misreads them), numbers,
   dates, times, amounts, percentages and phone numbers are written out in English (``protocol.numbers``);
-* ``pronunciations`` replace whole words by their ``alias``.
+* ``pronunciations`` replace whole words by their ``alias``; an entry of several words ("New York") matches
+  them with any spaces between (not a line end), also when they come in separate pieces: its first word
+  waits until the words after it match or cannot. An entry without an alias (an ``ipa`` one, which the
+  engine says from its phonemes) keeps its words as written, out of every other rule.
 
 ``off`` passes text through unchanged. Every spoken character keeps the index of the client's character
 it stands for (``origins``, counted from the first character fed, or from the last ``reset``), so that what
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from .numbers import spell, spell_at
@@ -91,17 +95,24 @@ class Alias:
     """One pronunciation: the whole word ``text`` is spoken as ``alias``.
 
     Args:
-        text: the word as written; matched whole (not inside a longer word).
-        alias: what to say instead.
+        text: the word as written, or several words ("New York"); matched whole (not inside a longer word).
+        alias: what to say instead; None keeps the words as written, out of every other rule (the engine
+            says them from phonemes).
         case_sensitive: match ``text`` only in the same case (the default), else in any case.
     """
 
     __slots__ = ("alias", "case_sensitive", "text")
 
-    def __init__(self, text: str, alias: str, *, case_sensitive: bool = True) -> None:
+    def __init__(self, text: str, alias: str | None, *, case_sensitive: bool = True) -> None:
         self.text = text
         self.alias = alias
         self.case_sensitive = case_sensitive
+
+    @property
+    def key(self) -> str:
+        """``text`` as it is looked up: its words one space apart, in lower case unless case-sensitive."""
+        words = " ".join(self.text.split())
+        return words if self.case_sensitive else words.lower()
 
 
 def _alias_pattern(aliases: Sequence[Alias]) -> re.Pattern[str] | None:
@@ -113,6 +124,15 @@ def _alias_pattern(aliases: Sequence[Alias]) -> re.Pattern[str] | None:
         for a in sorted(aliases, key=lambda a: -len(a.text))
     ]
     return re.compile(rf"(?:{'|'.join(parts)})(?!\w)")
+
+
+@dataclass(slots=True)
+class _Held:
+    """A token of a pronunciation of several words, held until it matches or cannot (``Normalizer``)."""
+
+    token: str
+    at: int  #: the client index of its first character
+    gap: list[tuple[str, int]] = field(default_factory=list)  #: the spaces after it, with their indices
 
 
 class Normalizer:
@@ -141,11 +161,15 @@ class Normalizer:
         self.enabled = mode != "off"
         self.expand_numbers = mode == "on" or (self.enabled and expand_numbers)
         self.keep_emoji = keep_emoji
-        self._alias_re = _alias_pattern(aliases)
-        self._aliases = {a.text if a.case_sensitive else a.text.lower(): a.alias for a in aliases}
-        self._alias_texts = [
-            (a.text if a.case_sensitive else a.text.lower(), a.case_sensitive) for a in aliases
-        ]
+        single = [a for a in aliases if len(a.text.split()) == 1]
+        self._alias_re = _alias_pattern(single)
+        self._aliases = {a.key: a.alias for a in single}
+        self._alias_texts = [(a.key, a.case_sensitive) for a in aliases]
+        # Entries of several words, longest first: (their words one space apart, as looked up), ...
+        self._phrases = sorted(
+            ((a.key, a.alias, a.case_sensitive) for a in aliases if len(a.text.split()) > 1),
+            key=lambda p: -len(p[0]),
+        )
         self.reset()
 
     def reset(self) -> None:
@@ -162,6 +186,7 @@ class Normalizer:
     def _start(self) -> None:
         """Start an utterance: no markup is open."""
         self._token = ""  # the token being written: no whitespace after it yet
+        self._held: list[_Held] = []  # the tokens a pronunciation of several words may yet take
         self._token_at = 0  # the client index of its first character
         self._done = 0  # characters of it already read (``_plain``)
         self._line_start = True  # no token yet on this line
@@ -175,8 +200,9 @@ class Normalizer:
 
     @property
     def pending(self) -> str:
-        """The client's text held back: the last token, until the whitespace after it (or the end)."""
-        return self._token
+        """The client's text held back: the last token, until the whitespace after it (or the end), and the
+        words before it that a pronunciation of several words may yet take."""
+        return "".join(h.token + "".join(c for c, _ in h.gap) for h in self._held) + self._token
 
     @property
     def origins(self) -> list[int]:
@@ -217,12 +243,12 @@ class Normalizer:
             if self._token:
                 self._take_token(out_text, out_at)
             if char == "\n":
+                self._release(out_text, out_at)  # a pronunciation does not go over a line end
                 self._newline(start + i, out_text, out_at)
             else:
-                out_text.append(char)
-                out_at.append(start + i)
+                self._space(char, start + i, out_text, out_at)
             i += 1
-        if self._token and self._plain(self._token):
+        if self._token and not self._held and self._plain(self._token):
             self._take_token(out_text, out_at, final=False)
         return self._emit(out_text, out_at)
 
@@ -245,11 +271,13 @@ class Normalizer:
 
     def commit(self) -> str:
         """The client declared its text so far final (``input.commit``): speak the token held, if any."""
-        if not self.enabled or not self._token:
+        if not self.enabled or not (self._token or self._held):
             return ""
         out_text: list[str] = []
         out_at: list[int] = []
-        self._take_token(out_text, out_at)
+        if self._token:
+            self._take_token(out_text, out_at)
+        self._release(out_text, out_at)
         return self._emit(out_text, out_at)
 
     def flush(self) -> str:
@@ -329,7 +357,87 @@ class Normalizer:
             tok, at = self._line_marker(tok, at, out_text, out_at)
         if not done and self._table and _TABLE_RULE.fullmatch(tok):
             return
-        self._inline(tok, at, done, out_text, out_at)
+        if final and self._phrases:
+            self._read(tok, at, done, out_text, out_at)
+        else:
+            self._inline(tok, at, done, out_text, out_at)
+
+    # -- pronunciations of several words ----------------------------------------------------------------
+
+    def _read(self, tok: str, at: int, i: int, out_text: list[str], out_at: list[int]) -> None:
+        """Read a whole token from ``i`` on, its words perhaps those of a pronunciation of several words:
+        it goes on the words held (``_held``), or a word of it may start a pronunciation (held)."""
+        if self._held:
+            if self._may_go_on(" ".join([*(h.token for h in self._held), tok])):
+                self._held.append(_Held(tok, at))
+            else:
+                self._settle([*self._held, _Held(tok, at)], out_text, out_at)
+            return
+        start = self._phrase_start(tok, i)
+        if start is None:
+            self._inline(tok, at, i, out_text, out_at)
+            return
+        self._inline(tok[:start], at, i, out_text, out_at)
+        if self._skip or self._strike:  # inside a link's URL, a tag or struck text: read as such
+            self._inline(tok, at, start, out_text, out_at)
+            return
+        self._held = [_Held(tok[start:], at + start)]
+
+    def _phrase_start(self, tok: str, i: int) -> int | None:
+        """The first word start from ``i`` on where the rest of ``tok`` begins a pronunciation of several
+        words (its first words, then a space), if any."""
+        for j in range(i, len(tok)):
+            if (j == 0 or not tok[j - 1].isalnum()) and self._may_go_on(tok[j:]):
+                return j
+        return None
+
+    def _may_go_on(self, words: str) -> bool:
+        """Whether ``words`` and a space begin a pronunciation of several words."""
+        lowered = words.lower()
+        return any(
+            key.startswith(f"{words if sensitive else lowered} ") for key, _, sensitive in self._phrases
+        )
+
+    def _settle(self, items: list[_Held], out_text: list[str], out_at: list[int]) -> None:
+        """The words ``items`` can go on no pronunciation: say the longest one they start with, if any (else
+        read the first as written), and read what follows as if it came now (it may start another)."""
+        self._held = []
+        words = " ".join(h.token for h in items)
+        lowered = words.lower()
+        for key, alias, sensitive in self._phrases:
+            said = words if sensitive else lowered
+            if said.startswith(key) and (len(said) == len(key) or not _is_word(said[len(key)])):
+                k, end = 0, len(key)  # the item the match ends in, and where in it
+                while end > len(items[k].token):
+                    end -= len(items[k].token) + 1
+                    k += 1
+                span = items[k].at + end - items[0].at
+                self._put(
+                    alias if alias is not None else words[: len(key)], items[0].at, span, out_text, out_at
+                )
+                break
+        else:
+            k, end = 0, len(items[0].token)
+            self._inline(items[0].token, items[0].at, 0, out_text, out_at)
+        for n, h in enumerate(items[k:]):
+            i = end if n == 0 else 0
+            if i < len(h.token):
+                self._read(h.token, h.at, i, out_text, out_at)
+            for char, char_at in h.gap:
+                self._space(char, char_at, out_text, out_at)
+
+    def _release(self, out_text: list[str], out_at: list[int]) -> None:
+        """No word comes after those held (a line end, a commit): settle them."""
+        while self._held:
+            self._settle(self._held, out_text, out_at)
+
+    def _space(self, char: str, at: int, out_text: list[str], out_at: list[int]) -> None:
+        """A space or tab after a token: said, or held with the words before it."""
+        if self._held:
+            self._held[-1].gap.append((char, at))
+        else:
+            out_text.append(char)
+            out_at.append(at)
 
     def _line_marker(self, tok: str, at: int, out_text: list[str], out_at: list[int]) -> tuple[str, int]:
         """Read the markdown that opens a line; return what is left of the token to read inline."""
@@ -481,8 +589,9 @@ class Normalizer:
         """What starts at ``i`` (a word's start) if it is spoken other than as written, with where it ends:
         a pronunciation, a URL or (``expand_numbers``) a number."""
         if self._alias_re is not None and (m := self._alias_re.match(tok, i)) is not None:
-            said = self._aliases.get(m[0])
-            return (said if said is not None else self._aliases[m[0].lower()]), m.end()
+            key = m[0] if m[0] in self._aliases else m[0].lower()
+            said = self._aliases[key]
+            return (said if said is not None else m[0]), m.end()
         if (m := _URL.match(tok, i)) is not None:
             url = m[0].rstrip(_TRAILING)
             end = i + len(url) + (1 if tok.startswith(">", i + len(url)) else 0)
@@ -496,3 +605,8 @@ def _dotted(name: str) -> str:
     return re.sub(
         r"[._-]+", lambda m: {".": " dot ", "_": " underscore ", "-": " dash "}[m[0][0]], name
     ).strip()
+
+
+def _is_word(char: str) -> bool:
+    """Whether ``char`` goes on a word (a match must not end inside one): a letter, digit or underscore."""
+    return char.isalnum() or char == "_"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from voxgate.protocol.alignment import WordNamer
 from voxgate.protocol.normalize import Alias, Normalizer, TextNormalization, is_emoji
 from voxgate.protocol.numbers import cardinal, digits, ordinal, spell, year
 from voxgate.protocol.segmenter import Segmenter
@@ -158,6 +159,56 @@ def test_pronunciations_replace_whole_words() -> None:
     ]
     out = spoken("SQL, sql, SQLs, SQLite and NGUYEN. **SQL**", aliases=aliases)
     assert words(out) == "sequel, sql, SQLs, S Q lite and win. sequel"
+
+
+def test_pronunciations_of_several_words_match_whole_across_pieces() -> None:
+    aliases = [
+        Alias("New York", "the big apple"),
+        Alias("New York City", "N Y C"),
+        Alias("big data", "large data", case_sensitive=False),
+    ]
+    text = "New York, New  York City! **New York** New Jersey. Big Data; New\nYork; New Yorker, New York"
+    said = "the big apple, N Y C! the big apple New Jersey. large data; New York; New Yorker, the big apple"
+    assert words(spoken(text, aliases=aliases)) == said
+    assert words(spoken(list(text), aliases=aliases)) == said  # one character a message
+    assert words(spoken(["New", " Yo", "rk City", " is"], aliases=aliases)) == "N Y C is"
+    assert words(spoken("~~New York~~ Boston", aliases=aliases)) == "Boston"  # struck: left out
+
+
+def test_the_longest_pronunciation_wins_and_what_follows_a_shorter_one_is_read() -> None:
+    aliases = [Alias("a b", "one"), Alias("a b c d", "two"), Alias("c", "three")]
+    assert words(spoken("a b c e", aliases=aliases)) == "one three e"
+    assert words(spoken("a b c d e", aliases=aliases)) == "two e"
+    assert words(spoken("a a b", aliases=aliases)) == "a one"
+
+
+def test_a_first_word_waits_only_while_a_pronunciation_may_match() -> None:
+    norm = Normalizer("on", aliases=[Alias("New York", "the big apple")])
+    assert norm.feed("I love New ") == "I love "
+    assert norm.pending == "New "
+    assert norm.feed("Jersey ") == "New Jersey "
+    assert norm.feed("New") == ""
+    assert norm.commit() == "New"  # nothing comes after it: read as written
+    assert norm.feed(" New ") == " "
+    assert norm.commit() == "New "
+
+
+def test_a_pronunciation_kept_as_written_is_out_of_every_other_rule() -> None:
+    """An ``ipa`` entry's words (alias None) reach the engine as written: no number, URL or other rule."""
+    keep = [Alias("2024", None), Alias("web site", None, case_sensitive=False)]
+    assert words(spoken("In 2024 and 2025, the Web Site", aliases=keep)) == (
+        "In 2024 and twenty twenty-five, the Web Site"
+    )
+
+
+def test_a_pronunciation_of_several_words_names_the_client_characters() -> None:
+    text = "go to **New  York** now"
+    norm = Normalizer("on", aliases=[Alias("New York", "the big apple")])
+    out = norm.feed(text) + norm.flush()
+    assert out == "go to the big apple now"
+    named, origins = norm.source(out)
+    namer = WordNamer(out, named, origins)
+    assert [namer.name(w) for w in out.split()] == ["go", "to", "New  York", "", "", "now"]
 
 
 # --- numbers --------------------------------------------------------------------------------------
@@ -316,7 +367,8 @@ _MODES = st.sampled_from(["on", "auto", "off"])
 
 
 def _run(text: str, cuts: list[int], mode: str) -> tuple[str, list[int]]:
-    norm = Normalizer(mode, aliases=[Alias("SQL", "sequel")])  # type: ignore[arg-type]
+    aliases = [Alias("SQL", "sequel"), Alias("Hello world", "hi"), Alias("x world x", None)]
+    norm = Normalizer(mode, aliases=aliases)  # type: ignore[arg-type]
     bounds = sorted({c % (len(text) + 1) for c in cuts} | {0, len(text)})
     out = "".join(norm.feed(text[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)) + norm.flush()
     return out, list(norm.origins)
