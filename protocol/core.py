@@ -33,6 +33,10 @@ The rules it owns:
   (``sending``) played in real time from its first frame (a gap restarts the clock), then the audio its
   open utterance's segments still owe: what the engine made and is not written yet, and, for segments
   not finished, at least ``Pace.audio_s`` of their text, from their estimated first audio on.
+- Sentence pauses (``protocol.pauses``). After a segment that ends a sentence, while the utterance's next
+  audio is not made, silence is written as audio, just in time (the listener clock down to
+  ``pauses.LEAD_S``), up to ``pauses.MAX_S``: the listener hears a speaker's pause, not a dropout. It ends
+  the segment before it (whose ``audio.done`` waits for the next segment's start) or begins the next one.
 - What the listener heard (docs/protocol.md §8). Each ``audio.cancelled`` says how much of its
   utterance's audio the listener has heard on the listener clock (its audio written, played in real time
   after the context's audio written before it) and cuts the utterance's text, as the client sent it
@@ -54,7 +58,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgspec
+import numpy as np
 
+from . import pauses
 from .alignment import WordNamer
 from .audio import Samples
 from .errors import ProtocolError
@@ -158,6 +164,8 @@ class _Segment:
     rate: int = 0  # the engine's sample rate, from its first audio
     timed: list[tuple[int, float]] = field(default_factory=list)  # each word timed: its end in text, in ms
     timed_at: int = 0  # where in ``text`` the next timed word is looked for
+    paused_s: float = 0.0  # sentence pause in its audio (``protocol.pauses``), after or before its speech
+    lead_s: float = 0.0  # of a pause before its speech, what is not written yet (not its first audio)
 
 
 @dataclass(slots=True)
@@ -178,6 +186,10 @@ class _Utterance:
     text: list[str] = field(default_factory=list)  # the client's text, as sent (``Session.received``)
     sent_s: float = 0.0  # its audio written
     play_end: float | None = None  # when its audio written ends, played in real time after what went before
+    pauses: bool = False  # a sentence end may be followed by a pause (streamed, timed cuts on)
+    held: int | None = None  # a segment ended on a sentence, its audio.done held while a pause may follow
+    pause_at: int | None = None  # the segment a pause goes into, until the next speech (``_pause_due``)
+    paused_s: float = 0.0  # pause written at this sentence end
 
 
 @dataclass(slots=True)
@@ -229,6 +241,7 @@ class Core:
         """
         due = [t for c in self._contexts.values() if (t := self._cut_at(c)) is not None]
         due += [t for c in self._contexts.values() if (t := self._idle_at(c)) is not None]
+        due += [t for c in self._contexts.values() if (t := self._pause_due(c)[0]) is not None]
         return min(due, default=None)
 
     def tick(self, now: float) -> None:
@@ -248,6 +261,8 @@ class Core:
                 for event in events:
                     self.receive(event, now)
                 ctx.parked = not events
+            while (pause := self._pause_due(ctx))[0] is not None and now >= pause[0]:
+                self._pause(ctx, pause[1], now)
         # Idle contexts close in the order their time ran out, however late the tick comes.
         idle = [(t, c) for c in self._contexts.values() if (t := self._idle_at(c)) is not None and now >= t]
         for _, ctx in sorted(idle, key=lambda pair: pair[0]):
@@ -313,7 +328,11 @@ class Core:
                 self.session.backlog += len(text)
                 self._out.append(Speak(u, s, text))
             case UtteranceEnded(utterance_index=u, total_sentences=n, context_number=c):
-                self._utterance(u, c).total = n
+                ended = self._utterance(u, c)
+                ended.total = n
+                if ended.pause_at is not None and ended.pause_at >= n - 1:  # nothing follows: no pause
+                    ended.pause_at = None
+                    self._release(ended)
                 self._settle()
             case UtteranceCancelled(utterance_index=u):
                 self.cancel(u, now)
@@ -370,6 +389,9 @@ class Core:
         seg = u.segments[sentence]
         seg.started = True
         self.session.backlog -= len(seg.text)
+        if u.held is not None:  # the sentence before it ends here; a pause may go on before its speech
+            self._release(u)
+            u.pause_at = sentence if u.pause_at is not None else None
         start = seg.counted = u.packer.start_segment(sentence)
         seg.start_ms = start * 1000.0 / u.packer.sample_rate
         msg = AudioStart(
@@ -402,6 +424,8 @@ class Core:
         if u is None:
             return
         seg = u.segments[sentence]
+        if u.pause_at == sentence:  # its speech: the pause before it is over
+            u.pause_at = None
         if words:
             self._words(u, sentence, seg, len(samples), sample_rate, words)
         seg.engine_s += len(samples) / sample_rate
@@ -428,15 +452,64 @@ class Core:
             self._frames(u, sentence, packer.push(seg.fader.end(), seg.rate))
         self._frames(u, sentence, packer.end_segment())
         seg.synthesis_s, seg.error = synthesis_s, error is not None
-        seg.total_bytes, seg.samples = packer.segment_bytes, packer.segment_samples
         seg.finished = True
-        self.pace.spoken(len(seg.text), seg.samples / packer.sample_rate)
+        self.pace.spoken(len(seg.text), packer.segment_samples / packer.sample_rate)
         u.synthesis_s += synthesis_s
-        self._out.append(Report(utterance, sentence))
+        if (
+            error is None
+            and u.pauses
+            and seg.made_s > 0
+            and (u.total is None or sentence < u.total - 1)
+            and pauses.ends_sentence(seg.text)
+        ):  # a pause may follow: its audio.done waits for the next segment (``protocol.pauses``)
+            u.held = u.pause_at = sentence
+            u.paused_s = 0.0
+            return
+        self._end(u, sentence, error)
+
+    def _end(self, u: _Utterance, sentence: int, error: ProtocolError | None = None) -> None:
+        """A segment's audio is all out (a pause's last frame with it): its ``audio.done``."""
+        seg, packer = u.segments[sentence], u.packer
+        self._frames(u, sentence, packer.end_segment())
+        seg.total_bytes, seg.samples = packer.segment_bytes, packer.segment_samples
+        self._out.append(Report(u.index, sentence))
         if error is not None:
-            self._out.append(Message(Error.of(error, utterance, u.context_id), utterance, failure=error))
+            self._out.append(Message(Error.of(error, u.index, u.context_id), u.index, failure=error))
         u.done += 1
         self._settle()
+
+    def _release(self, u: _Utterance) -> None:
+        """End the segment held for a pause, if any."""
+        if u.held is not None:
+            held, u.held = u.held, None
+            self._end(u, held)
+
+    def _pause_due(self, ctx: _Context) -> tuple[float | None, _Utterance | None]:
+        """When a pause is next written in the context, and into which utterance (``protocol.pauses``)."""
+        if ctx.play_end is not None:
+            for u in self._by_context.get(ctx.number, {}).values():
+                if u.pause_at is not None:
+                    if any(seg.sent_s < seg.made_s - 1e-9 for seg in u.segments.values()):
+                        break  # audio is ready to go out: no pause before it
+                    return ctx.play_end - pauses.LEAD_S, u
+        return None, None
+
+    def _pause(self, ctx: _Context, u: _Utterance | None, now: float) -> None:
+        """Write a chunk of pause into ``u`` (``protocol.pauses``); none once the listener ran dry."""
+        assert u is not None and u.pause_at is not None and ctx.play_end is not None
+        sentence, packer = u.pause_at, u.packer
+        seg, rate = u.segments[sentence], packer.sample_rate
+        n = pauses.chunk_samples(rate, packer.frame_samples, u.paused_s)
+        if n and now < ctx.play_end + pauses.LATE_S:
+            seg.paused_s += n / rate
+            u.paused_s += n / rate
+            if sentence != u.held:  # before its speech: its words start after it
+                seg.start_ms += n * 1000.0 / rate
+                seg.lead_s += n / rate
+            self._frames(u, sentence, packer.push(np.zeros(n, dtype=np.float32), rate))
+        if not n or u.paused_s >= pauses.MAX_S - 1e-9 or now >= ctx.play_end + pauses.LATE_S:
+            u.pause_at = None
+            self._release(u)
 
     def report(self, utterance: int, error: ProtocolError) -> None:
         """A non-fatal error about an utterance in flight (``audio_truncated``): an ``error`` message now.
@@ -465,7 +538,9 @@ class Core:
                 u = self._utterances.get(index)
                 if u is not None:
                     seg = u.segments[sentence]
-                    if seg.first_sent_t is None:
+                    if seg.lead_s > 1e-9:  # a pause before its speech
+                        seg.lead_s -= audio_s
+                    elif seg.first_sent_t is None:
                         seg.first_sent_t = now
                         if seg.started_t is not None:
                             self.pace.first_audio(len(seg.text), now - seg.started_t)
@@ -534,7 +609,7 @@ class Core:
         for seg in u.segments.values():
             if seg.finished and seg.sent_s >= seg.made_s:
                 continue  # all of it written: in play_end
-            owed = seg.made_s if seg.finished else max(seg.made_s, pace.audio_s(len(seg.text)))
+            owed = seg.made_s if seg.finished else max(seg.made_s, seg.paused_s + pace.audio_s(len(seg.text)))
             if seg.first_sent_t is None:  # it begins once the engine gives its first audio
                 begin = seg.ready_t if seg.started_t is None else seg.started_t
                 begin += pace.first_audio_s(len(seg.text))
@@ -628,14 +703,15 @@ class Core:
             if at < 0 or not seg.started or heard_ms <= 0:
                 break
             cursor = at + len(seg.source)
-            if seg.finished and heard_ms >= seg.made_s * 1000.0 - _SLACK_MS:
+            speech_s = seg.made_s - seg.paused_s
+            if seg.finished and heard_ms >= speech_s * 1000.0 - _SLACK_MS:
                 cut = cursor
                 continue
             n = len(seg.text)
             if u.words:
                 k = max((end for end, end_ms in seg.timed if end_ms <= played_ms), default=0)
             else:
-                length_s = seg.made_s if seg.finished else max(seg.made_s, self.pace.audio_s(n) / AUDIO_SHARE)
+                length_s = speech_s if seg.finished else max(speech_s, self.pace.audio_s(n) / AUDIO_SHARE)
                 k = min(n, int(n * (heard_ms + _SLACK_MS) / (length_s * 1000.0)))
                 if k < n and not seg.text[k].isspace():  # that word is not over: back to the one before
                     k = max(0, seg.text.rfind(" ", 0, k))
@@ -671,6 +747,8 @@ class Core:
         u = self._utterances[index] = _Utterance(
             index, packer, fmt.streamed, now, context, cid, fmt.word_timestamps
         )
+        config = self.session.config
+        u.pauses = fmt.streamed and (config is None or config.segmentation()[1])
         self.session.in_flight = len(self._utterances)
         self._by_context.setdefault(context, {})[index] = u
         self._unreported.setdefault(context, collections.deque()).append(u)
