@@ -3,7 +3,7 @@
 Routes and the catalog hold a ``VoiceBackend`` and never learn where voices live: a local folder
 (``gateway.voices.local.VoiceStore``, the default, shared by processes of one machine) or S3-compatible object
 storage (``gateway.voices.s3.S3VoiceStore``, shared by a fleet, ``VOXGATE_VOICE_STORE=s3://BUCKET/PREFIX``).
-Both store the same safetensors bytes (``gateway.voices.local.encode``) under the same keys, owner by owner.
+Both store the same safetensors bytes (``gateway.voices.format.encode``) under the same keys, owner by owner.
 
 Every method blocks (file or network I/O): call them from a worker thread, never on the event loop.
 """

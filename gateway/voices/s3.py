@@ -1,7 +1,7 @@
 """Uploaded voices in S3-compatible object storage, shared by every gateway replica pointed at the bucket.
 
 Layout: the local store's, as object keys: ``<PREFIX>/<owner, or "_public">/<sha256(name)[:32]>.safetensors``,
-each object holding exactly the bytes ``gateway.voices.local.encode`` makes. The client is obstore (Rust's
+each object holding exactly the bytes ``gateway.voices.format.encode`` makes. The client is obstore (Rust's
 object_store; no dependencies, 20 ms to import): it reads the standard AWS variables itself
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, and the rest of the
 AWS credential chain). Its calls block, and the store is used from worker threads like the local one.
@@ -20,7 +20,7 @@ waiter can have found the lock stale; and if the lock was lost during the PUT (a
 renewals lag), it counts again under the lock and removes its new voice when the owner is then over a
 limit, answering as if the count had refused it.
 
-Every object is checked when read as an upload is (``gateway.voices.local``: header, text fields, the clip's
+Every object is checked when read as an upload is (``gateway.voices.format``: header, text fields, the clip's
 rate and length, finite values), and read at most ``MAX_FILE_BYTES`` far whatever its HEAD or GET said.
 
 Caching: every read asks the store first (HEAD, or the LIST itself), and a cached header or clip is used
@@ -51,24 +51,24 @@ from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 from obstore.store import S3Store
 from safetensors import SafetensorError
 
-from .local import (
+from .format import (
     MAX_FILE_BYTES,
     PUBLIC_DIR,
     SUFFIX,
+    Tensor,
+    Unreadable,
     VoiceData,
     VoiceInfo,
     VoiceLimitReached,
     VoiceQuotaExceeded,
     VoiceStoreUnavailable,
-    _file_name,
-    _float32,
-    _folder_name,
-    _info,
-    _Tensor,
-    _Unreadable,
     check_name,
     check_payload,
     encode,
+    file_name_of,
+    folder_name_of,
+    header_info,
+    to_float32,
 )
 
 logger = logging.getLogger(__name__)
@@ -105,14 +105,14 @@ class _Entry(msgspec.Struct, frozen=True):
 def header_length(head: bytes) -> int:
     """Bytes from the object's start to the end of its safetensors header (8 + the JSON's length)."""
     if len(head) < 8:
-        raise _Unreadable("shorter than a safetensors header")
+        raise Unreadable("shorter than a safetensors header")
     (length,) = struct.unpack("<Q", head[:8])
     if length > MAX_FILE_BYTES:
-        raise _Unreadable(f"a header of {length} bytes")
+        raise Unreadable(f"a header of {length} bytes")
     return 8 + int(length)
 
 
-def parse_header(head: bytes, size: int) -> tuple[dict[str, str], dict[str, _Tensor]]:
+def parse_header(head: bytes, size: int) -> tuple[dict[str, str], dict[str, Tensor]]:
     """Metadata and tensor specs from the first ``header_length`` bytes of a ``size``-byte object.
 
     The tensors must fill the object exactly, as safetensors checks when it opens a file, so a torn or
@@ -124,15 +124,15 @@ def parse_header(head: bytes, size: int) -> tuple[dict[str, str], dict[str, _Ten
         meta = msgspec.convert(doc.pop("__metadata__", {}), dict[str, str])
         entries = {key: msgspec.convert(value, _Entry) for key, value in doc.items()}
     except msgspec.DecodeError as exc:  # ValidationError included
-        raise _Unreadable(f"bad header: {exc}") from exc
+        raise Unreadable(f"bad header: {exc}") from exc
     data_end = max((e.data_offsets[1] for e in entries.values()), default=0)
     if end + data_end != size:
-        raise _Unreadable(f"header describes {end + data_end} bytes, the object has {size}")
-    return meta, {key: _Tensor(dtype=e.dtype, shape=e.shape) for key, e in entries.items()}
+        raise Unreadable(f"header describes {end + data_end} bytes, the object has {size}")
+    return meta, {key: Tensor(dtype=e.dtype, shape=e.shape) for key, e in entries.items()}
 
 
 @contextlib.contextmanager
-def _reaching(location: str) -> Iterator[None]:
+def reaching(location: str) -> Iterator[None]:
     """Turn the client's failures to reach the store (network, credentials, a 5xx) into one exception."""
     try:
         yield
@@ -162,7 +162,7 @@ class S3VoiceStore:
 
     def get(self, owner: str, name: str) -> VoiceData | None:
         """The voice with its payload (its name matched in any case), or None when absent or unreadable."""
-        with _reaching(self.location):
+        with reaching(self.location):
             found = self._existing(owner, name)
             if found is None:
                 return None
@@ -174,15 +174,17 @@ class S3VoiceStore:
                     return hit.data
             try:
                 if meta["size"] > MAX_FILE_BYTES:
-                    raise _Unreadable(f"{meta['size']} bytes is larger than any voice")
+                    raise Unreadable(f"{meta['size']} bytes is larger than any voice")
                 e_tag, data = self._read(key)
                 header, tensors = parse_header(data, len(data))
-                info = _info(header, tensors, size=len(data), owner=owner, file_name=key.rsplit("/", 1)[1])
-                payload = _float32(safetensors.numpy.load(data)[info.kind])
+                info = header_info(
+                    header, tensors, size=len(data), owner=owner, file_name=key.rsplit("/", 1)[1]
+                )
+                payload = to_float32(safetensors.numpy.load(data)[info.kind])
                 check_payload(info.kind, payload)
             except FileNotFoundError:  # deleted since the HEAD
                 return None
-            except (_Unreadable, SafetensorError) as exc:
+            except (Unreadable, SafetensorError) as exc:
                 logger.warning("skipping unreadable voice object %s: %s", key, exc)
                 return None
             payload.setflags(write=False)  # shared by every session that speaks it
@@ -200,17 +202,17 @@ class S3VoiceStore:
         result = obstore.get(self._s3, key)
         size = int(result.meta["size"])
         if size > MAX_FILE_BYTES:
-            raise _Unreadable(f"{size} bytes is larger than any voice")
+            raise Unreadable(f"{size} bytes is larger than any voice")
         data = bytearray()
         for chunk in result.stream(min_chunk_size=READ_CHUNK_BYTES):
             data += chunk
             if len(data) > MAX_FILE_BYTES:
-                raise _Unreadable(f"over {MAX_FILE_BYTES} bytes, larger than any voice")
+                raise Unreadable(f"over {MAX_FILE_BYTES} bytes, larger than any voice")
         return str(result.meta["e_tag"]), bytes(data)
 
     def info(self, owner: str, name: str) -> VoiceInfo | None:
         """The voice's metadata (its name matched in any case), or None when absent or unreadable."""
-        with _reaching(self.location):
+        with reaching(self.location):
             found = self._existing(owner, name)
             if found is None:
                 return None
@@ -219,8 +221,8 @@ class S3VoiceStore:
 
     def list(self, owner: str) -> list[VoiceInfo]:
         """The owner's readable voices, sorted by name."""
-        with _reaching(self.location):
-            folder = _folder_name(owner)
+        with reaching(self.location):
+            folder = folder_name_of(owner)
             infos: list[VoiceInfo] = []
             seen: set[str] = set()
             for meta in self._objects(folder):
@@ -249,7 +251,7 @@ class S3VoiceStore:
         max_bytes: int | None = None,
     ) -> VoiceInfo:
         """Store a voice as one PUT, replacing one of the same name in any case (see ``VoiceStore.save``)."""
-        with _reaching(self.location):
+        with reaching(self.location):
             name = check_name(name)
             payload, info = encode(
                 owner,
@@ -264,8 +266,8 @@ class S3VoiceStore:
             )
             key, legacy = self._key(owner, name), self._key(owner, name, exact=True)
             quota = self.max_bytes if max_bytes is None else max_bytes
-            with self._locked(_folder_name(owner)) as lock:
-                sizes = {str(m["path"]): int(m["size"]) for m in self._objects(_folder_name(owner))}
+            with self._locked(folder_name_of(owner)) as lock:
+                sizes = {str(m["path"]): int(m["size"]) for m in self._objects(folder_name_of(owner))}
                 # The voice's own objects (its name, or as named before names ignored case) are replaced.
                 others = [size for k, size in sizes.items() if k not in (key, legacy)]
                 replacing = key in sizes
@@ -289,7 +291,7 @@ class S3VoiceStore:
 
     def delete(self, owner: str, name: str) -> bool:
         """Remove a voice, its name matched in any case; False when there was none."""
-        with _reaching(self.location):
+        with reaching(self.location):
             found = self._existing(owner, name)
             if found is None:
                 return False
@@ -301,7 +303,7 @@ class S3VoiceStore:
     def _count_again(self, owner: str, key: str, legacy: str, quota: int) -> None:
         """The lock was lost while ``key`` (a new voice) was written, so another replica may have counted
         without it: count again under the lock, and remove it if the owner is over a limit with it."""
-        folder = _folder_name(owner)
+        folder = folder_name_of(owner)
         logger.warning(
             "the voice store's lock %s/%s was lost during an upload: counting again", folder, LOCK_NAME
         )
@@ -317,7 +319,7 @@ class S3VoiceStore:
                 raise VoiceQuotaExceeded(quota, sum(others), own)
 
     def _key(self, owner: str, name: str, *, exact: bool = False) -> str:
-        return f"{_folder_name(owner)}/{_file_name(name, exact=exact)}"
+        return f"{folder_name_of(owner)}/{file_name_of(name, exact=exact)}"
 
     def _existing(self, owner: str, name: str) -> tuple[str, Any] | None:
         """The voice's key and ``ObjectMeta``: by its case-folded name, else as written before names ignored
@@ -346,20 +348,20 @@ class S3VoiceStore:
         info: VoiceInfo | None = None
         try:
             if size > MAX_FILE_BYTES:
-                raise _Unreadable(f"{size} bytes is larger than any voice")
+                raise Unreadable(f"{size} bytes is larger than any voice")
             head = bytes(obstore.get_range(self._s3, key, start=0, end=min(size, HEADER_PROBE_BYTES)))
             end = header_length(head)
             if end > len(head):
                 head = bytes(obstore.get_range(self._s3, key, start=0, end=min(end, size)))
             meta, tensors = parse_header(head, size)
-            read = _info(meta, tensors, size=size, owner=owner, file_name=key.rsplit("/", 1)[1])
+            read = header_info(meta, tensors, size=size, owner=owner, file_name=key.rsplit("/", 1)[1])
             if tensors[read.kind].dtype == "F32":  # an embedding, or a clip of an earlier version
                 data = head if len(head) == size else self._read(key)[1]
-                check_payload(read.kind, _float32(safetensors.numpy.load(data)[read.kind]))
+                check_payload(read.kind, to_float32(safetensors.numpy.load(data)[read.kind]))
             info = read
         except FileNotFoundError:  # deleted since the listing
             return None
-        except (_Unreadable, SafetensorError) as exc:
+        except (Unreadable, SafetensorError) as exc:
             logger.warning("skipping unreadable voice object %s: %s", key, exc)
         with self._lock:
             self._headers[key] = (e_tag, info)
