@@ -15,6 +15,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from ..protocol.pronounce import Phonemes
+
 
 class EngineError(Exception):
     """Synthesis failed inside an engine (model error, upstream down, bad audio)."""
@@ -160,6 +162,9 @@ class SynthesisRequest(msgspec.Struct, frozen=True, kw_only=True):
     #: seconds; None when unknown. An engine that must hold an answer whole (remote, for word timings)
     #: bounds what it reads by it.
     max_audio_s: float | None = None
+    #: Words of ``text`` to say from phonemes (a client's ``pronunciations`` with ``ipa``): whole words, where
+    #: they occur in the text (``Phonemes``). Only an engine with phoneme input (``ipa_symbols``) gets any.
+    phonemes: tuple[Phonemes, ...] = ()
 
 
 class WordTiming(NamedTuple):
@@ -198,6 +203,9 @@ class TTSEngine(Protocol):
         reads_numbers: whether its front end reads numbers, dates, money and times as a person would; if
             not (Piper's espeak reads "12/05/2026" as "12-0-5-2,26"), ``text_normalization: auto`` writes
             them out first (``protocol.normalize``).
+        ipa_symbols: the phoneme symbols its voices take as input (``SynthesisRequest.phonemes``), each one
+            code point; empty for an engine without phoneme input, which says a ``pronunciations`` entry with
+            ``ipa`` by its alias or as written (``protocol.pronounce``).
     """
 
     name: str
@@ -205,6 +213,7 @@ class TTSEngine(Protocol):
     default_voice: str
     clones: bool
     reads_numbers: bool
+    ipa_symbols: frozenset[str]
 
     async def start(self) -> None:
         """Load the model; called once from the app lifespan before serving."""

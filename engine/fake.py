@@ -69,6 +69,7 @@ class FakeEngine:
     default_voice = "tone"
 
     reads_numbers = True  # it reads nothing: normalization is tested on the text it is sent
+    ipa_symbols: frozenset[str] = frozenset()  # no phoneme input: an ipa entry is said by its alias
 
     def __init__(
         self,

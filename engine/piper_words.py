@@ -139,19 +139,23 @@ def _align(expected: list[str], counts: list[int], spoken: list[str]) -> list[tu
 
 
 def plan(
-    text: str, sentences: Sequence[Sequence[str]], phonemize_word: Callable[[str], str]
+    text: str | Sequence[tuple[str, str]],
+    sentences: Sequence[Sequence[str]],
+    phonemize_word: Callable[[str], str],
 ) -> list[list[Group]]:
     """Which input words each of Piper's phoneme sentences speaks, and from which phoneme.
 
     Args:
-        text: the input text, as the client sent it.
+        text: the input text, as the client sent it; or its words, each as Piper reads it and as the client
+            wrote it (``piper_text.with_phonemes``: ``("[[ŋwiən]],", "Nguyen,")``).
         sentences: what espeak made of it (``PiperVoice.phonemize(text)``): phoneme symbols per sentence.
         phonemize_word: espeak on one input word alone, as one phoneme string.
 
     Returns:
         For each sentence, its groups in order (see ``Group``); empty for a sentence of no input word.
     """
-    alone = [(t, phonemize_word(t)) for t in text.split()]
+    read = [(t, t) for t in text.split()] if isinstance(text, str) else text
+    alone = [(name, phonemize_word(form)) for form, name in read]
     tokens = [(t, letters(p)) for t, p in alone if letters(p)]
     counts = [max(1, len(p.split())) for _, p in alone if letters(p)]
     spoken = _spoken_words(sentences)

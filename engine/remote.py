@@ -128,6 +128,7 @@ class RemoteEngine:
     name = "remote"
     clones = True
     reads_numbers = True  # a speech model's own text front end
+    ipa_symbols: frozenset[str] = frozenset()  # text in, no phoneme input
 
     def __init__(
         self,

@@ -235,6 +235,7 @@ class VllmOmniEngine:
 
     name = "vllm-omni"
     reads_numbers = True  # a speech model's own text front end
+    ipa_symbols: frozenset[str] = frozenset()  # text in, no phoneme input
 
     def __init__(
         self,
