@@ -460,6 +460,7 @@ class Core:
             and u.pauses
             and seg.made_s > 0
             and (u.total is None or sentence < u.total - 1)
+            and (sentence + 1 in u.segments or self.session.pending_in(u.context)[1] != "")
             and pauses.ends_sentence(seg.text)
         ):  # a pause may follow: its audio.done waits for the next segment (``protocol.pauses``)
             u.held = u.pause_at = sentence

@@ -12,7 +12,9 @@ after a segment that ends a sentence, while the utterance's next audio is not ma
   while the next audio is made (it goes out instead);
 - at most ``MAX_S`` per sentence end: a longer wait is a gap, as before;
 - only after a segment that ends a sentence (never inside one: a pause there breaks the phrase), of an
-  utterance with more to come, streamed, with timed cuts on (the listener clock, docs/protocol.md §5).
+  utterance whose text goes on (its next segment is cut, or text of it has come), streamed, with timed
+  cuts on (the listener clock, docs/protocol.md §5). A client that sent a sentence and waits gets its
+  ``audio.done`` at once, and no pause.
 
 The pause is the end of the segment before it while the next one has not started (its ``audio.done`` waits
 for it), else the start of the next one, before its first audio (its words' times count from after it).

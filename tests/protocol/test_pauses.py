@@ -157,8 +157,8 @@ def _names(out: list[Output]) -> list[str]:
 
 
 def test_a_sentence_held_for_a_pause_ends_before_the_next_one_starts() -> None:
-    core = _held("Sure! ")
-    core.receive_text('{"type": "input.text", "text": "Go on."}', 0.3)
+    core = _held("Sure! Go")
+    core.receive_text('{"type": "input.text", "text": " on."}', 0.3)
     core.receive_message(InputDone(), 0.3)
     assert [o.text for o in core.data_to_send() if isinstance(o, Speak)] == ["Go on."]
     core.segment_started(0, 1)
@@ -166,14 +166,33 @@ def test_a_sentence_held_for_a_pause_ends_before_the_next_one_starts() -> None:
 
 
 def test_a_sentence_held_for_a_pause_that_ends_the_utterance_ends_at_once() -> None:
-    core = _held("Sure! ")
-    core.receive_message(InputDone(), 0.3)  # nothing follows "Sure!": no pause
+    core = _held("Sure! ...")
+    core.receive_message(InputDone(), 0.3)  # nothing speakable follows "Sure!": no pause
     assert _names(core.data_to_send()) == ["AudioDone"]
     assert core.next_deadline() is None
 
 
+def test_a_sentence_with_no_text_after_it_is_not_held() -> None:
+    # A client that sends a sentence and waits (a turn, a commit) gets its audio.done at once.
+    core = Written(6).core
+    core.receive_text('{"type": "input.text", "text": "Sure! "}', 0.0)
+    core.data_to_send()
+    core.segment_started(0, 0)
+    core.audio(0, 0, np.full(RATE // 2, 0.25, dtype=np.float32), RATE)
+    core.segment_done(0, 0, synthesis_s=0.1)
+    out = core.data_to_send()
+    assert _names(out) == ["AudioStart", "AudioDone"]
+    for output in out:
+        core.sending(output, 0.2)
+    assert core.next_deadline() is None  # and no pause to come
+
+
 def test_a_pause_is_not_written_once_the_listener_ran_dry() -> None:
-    core = _held("Sure! ")
+    core = _held("Sure! ...")
+    cut = core.next_deadline()
+    assert cut is not None
+    core.tick(cut)  # "..." allows no timed cut: it waits for more text, and the pause's deadline is next
+    assert core.data_to_send() == []
     assert core.next_deadline() == pytest.approx(0.2 + 0.5 - pauses.LEAD_S)  # just in time
     core.tick(0.2 + 0.5 + pauses.LATE_S + 0.01)  # the shell woke far too late: silence now only delays
     out = core.data_to_send()
@@ -184,7 +203,7 @@ def test_a_pause_is_not_written_once_the_listener_ran_dry() -> None:
 
 def test_a_pause_waits_for_audio_not_yet_written_and_the_words_after_it_start_later() -> None:
     core = Written(6).core
-    core.receive_text('{"type": "input.text", "text": "Sure! "}', 0.0)
+    core.receive_text('{"type": "input.text", "text": "Sure! ..."}', 0.0)
     core.data_to_send()
     core.segment_started(0, 0)
     core.audio(0, 0, np.full(RATE // 2, 0.25, dtype=np.float32), RATE)
@@ -199,8 +218,8 @@ def test_a_pause_waits_for_audio_not_yet_written_and_the_words_after_it_start_la
     (pause,) = core.data_to_send()
     assert isinstance(pause, Audio) and pause.sentence == 0 and not any(pause.data)
     core.sending(pause, 0.66)
-    core.receive_text('{"type": "input.text", "text": "I can go now and"}', 0.66)
-    assert [o.text for o in core.data_to_send() if isinstance(o, Speak)] == ["I can go"]
+    core.receive_text('{"type": "input.text", "text": " I can go now and"}', 0.66)
+    assert [o.text for o in core.data_to_send() if isinstance(o, Speak)] == ["... I can go"]
     core.segment_started(0, 1)
     for output in core.data_to_send():  # the held audio.done, then the next audio.start
         core.sending(output, 0.67)
