@@ -21,6 +21,7 @@ import uvicorn
 from starlette.applications import Starlette
 from voxgate.engine.base import TTSEngine
 from voxgate.gateway.app import create_app
+from voxgate.gateway.server.config import server_config
 from voxgate.gateway.session.receipts import ReceiptProtocol
 from voxgate.gateway.settings import Settings
 from voxgate.protocol.codecs.stream import EXTENSIONS_SUBPROTOCOL
@@ -62,19 +63,20 @@ def serve(
 ) -> Iterator[str]:
     """Run ``app`` on uvicorn in a thread on ``sock`` or a free loopback port; yields ``host:port``.
 
-    The WebSocket protocol is the one ``voxgate serve`` runs (uvicorn's sans-I/O one, with read receipts);
+    The configuration is the one ``voxgate serve`` runs (``gateway.server.config``: uvicorn's sans-I/O
+    WebSocket protocol with read receipts, the header timeout and size limit) at the default settings;
     permessage-deflate is accepted, as ``ws_compression`` would, so the tests meet the harder case.
-    ``options`` go to ``uvicorn.Config`` as they are (``ssl_certfile``, ...).
+    ``options`` replace any of it as they are (``ssl_certfile``, ...).
     """
     sock = sock or bound_socket()
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
+    config = server_config(
         app,
+        Settings.from_env({}),
         log_level="warning",
         ws_max_size=ws_max_size,
         ws=ws,
         ws_per_message_deflate=ws_per_message_deflate,
-        lifespan="on",
         **options,
     )
     server = uvicorn.Server(config)

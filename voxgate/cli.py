@@ -13,7 +13,7 @@ import os
 import sys
 import typing
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .engine import ENGINES
 from .gateway.settings import Settings, options
@@ -286,21 +286,12 @@ def serve(settings: Settings, engine: TTSEngine | None = None) -> None:
     """Run the gateway until it is stopped (SIGINT, SIGTERM: drained first); ``engine`` replaces the engines
     the settings name (tests/vllm_omni/inprocess_gateway.py passes the in-process engine over its CPU engine
     client)."""
-    import uvicorn
-
     from .gateway.app import create_app
-    from .gateway.server.serve import DRAIN_GRACE_S, DrainingServer
+    from .gateway.server.config import server_config
+    from .gateway.server.serve import DrainingServer
 
     app = create_app(settings, engine)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=int(DRAIN_GRACE_S) + 1,  # then what is left is cancelled
-        **uvicorn_http_options(settings),
-        **uvicorn_ws_options(settings),
-    )
+    config = server_config(app, settings)
     DrainingServer(config, app.state.sessions).run()
 
 
@@ -349,48 +340,6 @@ def configure_logging(settings: Settings) -> None:
     )
     install_redaction(settings.all_api_keys())
     install_escaping()  # after the redaction: it escapes what the redaction left
-
-
-def uvicorn_http_options(settings: Settings, impl: str = "auto") -> dict[str, Any]:
-    """uvicorn's HTTP protocol (``impl``: ``auto``, ``h11`` or ``httptools``) with the header timeout and
-    size limit (``gateway.server.serve.http_protocol``), and whose ``X-Forwarded-*`` headers it believes.
-
-    uvicorn believes them from 127.0.0.1 unless told otherwise (its ``forwarded_allow_ips``): here only
-    from ``trusted_proxies``, and with none, from nobody.
-    """
-    from .gateway.server.serve import http_protocol
-
-    return {
-        "http": http_protocol(settings.header_timeout_s, impl, settings.max_header_bytes),
-        "proxy_headers": bool(settings.trusted_proxies),
-        "forwarded_allow_ips": list(settings.trusted_proxies),
-    }
-
-
-def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
-    """uvicorn's WebSocket implementation, message limit, compression and keepalive.
-
-    The limit sits above ours, so an oversized message gets our error, and far larger ones a 1009 from
-    uvicorn as soon as their frame header (or the fragment past the limit) arrives. The sans-I/O
-    implementation is chosen by name: uvicorn's legacy ``websockets`` one, "auto" in older releases,
-    closes an uncompressed 50 MB message only after the config timeout (10 s). permessage-deflate is
-    accepted only with ``ws_compression`` (uvicorn accepts it whenever a client offers it). The keepalive
-    is ``ws_ping_interval_s`` / ``ws_ping_timeout_s`` (0: none); with read receipts it pings only a
-    connection with nothing in flight (``gateway.session.receipts``), so a client far behind is not cut.
-    """
-    from uvicorn.config import WS_PROTOCOLS
-
-    options: dict[str, Any] = {
-        "ws_max_size": settings.max_config_bytes + 1024 * 1024,
-        "ws_per_message_deflate": settings.ws_compression,
-        "ws_ping_interval": settings.ws_ping_interval_s or None,
-        "ws_ping_timeout": settings.ws_ping_timeout_s or None,
-    }
-    if "websockets-sansio" in WS_PROTOCOLS:
-        from .gateway.session.receipts import ReceiptProtocol
-
-        options["ws"] = ReceiptProtocol  # the sans-I/O one, with read receipts (gateway.session.receipts)
-    return options
 
 
 def _run_client(args: argparse.Namespace, settings: ClientSettings) -> None:

@@ -267,7 +267,7 @@ class AuthMiddleware:
     def _failed(self, scope: Scope) -> int:
         """Count a failed key check from the scope's client address; the seconds to wait (``Retry-After``)
         once the address is past its allowance, else 0. The address is the ASGI ``client``: the TCP peer's,
-        or the ``X-Forwarded-For`` one only behind a trusted proxy (``voxgate.cli.uvicorn_http_options``)."""
+        or the ``X-Forwarded-For`` one only behind a trusted proxy (``gateway.server.config``)."""
         from .ratelimit import retry_after
 
         client = scope.get("client")

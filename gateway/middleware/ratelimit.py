@@ -163,7 +163,7 @@ class RateLimitMiddleware:
     Sits inside ``AuthMiddleware``, which records the caller's ``owner`` (a hash of the key); without
     keys (owner ``""``) the client's address is the bucket's key: the ASGI ``client``, the TCP peer's
     unless the peer is one of ``trusted_proxies`` (then uvicorn put the ``X-Forwarded-For`` address
-    there, ``voxgate.cli.uvicorn_http_options``), so a client cannot pick its bucket with the header.
+    there, ``gateway.server.config``), so a client cannot pick its bucket with the header.
     The limiter is left in the request's state (``rate_limiter``) for the routes that admit work in parts.
     """
 

@@ -8,12 +8,12 @@ import tempfile
 import pytest
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.app import create_app
+from voxgate.gateway.server.config import uvicorn_ws_options
 from voxgate.gateway.server.serve import quiet_client_faults
 from voxgate.gateway.settings import Settings
 from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import LogRecords, recv, serve, voxgate_connect
-from voxgate.cli import uvicorn_ws_options
 
 
 @pytest.mark.parametrize("configured", [False, True])

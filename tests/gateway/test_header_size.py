@@ -19,11 +19,11 @@ import pytest
 import uvicorn
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.app import create_app
+from voxgate.gateway.server.config import server_config
 from voxgate.gateway.server.serve import HTTP_IMPLS
 from voxgate.gateway.settings import Settings
 
 from tests.conftest import TIMEOUT_S, bound_socket
-from voxgate.cli import uvicorn_http_options, uvicorn_ws_options
 
 IMPLS = list(HTTP_IMPLS)
 MAX_HEADER_BYTES = 16 * 1024
@@ -41,13 +41,7 @@ def limited_server(impl: str, **settings: object) -> Iterator[tuple[str, int]]:
         )
         app = create_app(config_settings, engine=FakeEngine())
         sock = bound_socket()
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan="on",
-            **uvicorn_http_options(config_settings, impl),
-            **uvicorn_ws_options(config_settings),
-        )
+        config = server_config(app, config_settings, impl=impl, log_level="warning")
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()

@@ -15,11 +15,11 @@ import pytest
 import uvicorn
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.app import create_app
+from voxgate.gateway.server.config import uvicorn_ws_options
 from voxgate.gateway.server.serve import HTTP_IMPLS, http_protocol
 from voxgate.gateway.settings import Settings
 
 from tests.conftest import TIMEOUT_S, bound_socket, recv_until, send, session
-from voxgate.cli import uvicorn_ws_options
 
 #: Small, so the test does not wait long; the assertions are about closure, never about speed.
 HEADER_TIMEOUT_S = 0.5

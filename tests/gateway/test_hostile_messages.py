@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import pytest
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.app import create_app
+from voxgate.gateway.server.config import uvicorn_ws_options
 from voxgate.gateway.settings import Settings
 from websockets.exceptions import ConnectionClosed
 
@@ -25,7 +26,6 @@ from tests.conftest import (
     session,
     voxgate_connect,
 )
-from voxgate.cli import uvicorn_ws_options
 
 URL = "/v1/audio/speech/stream"
 

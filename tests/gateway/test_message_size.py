@@ -14,11 +14,11 @@ import tempfile
 import pytest
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.app import create_app
+from voxgate.gateway.server.config import uvicorn_ws_options
 from voxgate.gateway.settings import Settings
 from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import TIMEOUT_S, recv, recv_message, recv_until, send, serve, session, voxgate_connect
-from voxgate.cli import uvicorn_ws_options
 
 
 @pytest.mark.parametrize("compression", ["deflate", None])

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 import pytest
 from voxgate.engine.fake import SECONDS_PER_CHAR, FakeEngine
 from voxgate.gateway.app import create_app
+from voxgate.gateway.server.config import uvicorn_ws_options
 from voxgate.gateway.session.deadline import Deadline
 from voxgate.gateway.settings import Settings
 from voxgate.protocol.codecs.stream import EXTENSIONS_SUBPROTOCOL
@@ -35,8 +36,6 @@ from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
 from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
-
-from voxgate.cli import uvicorn_ws_options
 
 from ..conftest import TIMEOUT_S, bound_socket, serve
 

@@ -3,7 +3,7 @@
 uvicorn believes the header from 127.0.0.1 unless told otherwise, so a local client (or one behind a
 proxy that passes the header through) picked a new address, and a fresh rate-limit bucket, with each
 request (issue 18 #17: 300/300 requests passed a limit that let 53/120 through). The server here runs
-with the uvicorn options of ``voxgate serve`` (``voxgate.cli.uvicorn_http_options``).
+with the uvicorn options of ``voxgate serve`` (``voxgate.gateway.server.config.uvicorn_http_options``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from contextlib import contextmanager
 import httpx
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.app import create_app
+from voxgate.gateway.server.config import uvicorn_http_options
 from voxgate.gateway.settings import Settings
 
 from tests.conftest import TIMEOUT_S, serve
-from voxgate.cli import uvicorn_http_options
 
 #: Low enough that no token comes back during the test, however slow the machine.
 LIMITS: dict[str, object] = {"rate_limit_per_s": 0.001, "rate_limit_burst": 2}
