@@ -93,8 +93,13 @@ def aliases(entries: Sequence[Entry] | None, *, phonemes: bool) -> list[Alias]:
     return out
 
 
-def phonemes(entries: Sequence[Entry] | None) -> tuple[Phonemes, ...]:
-    """The ``ipa`` entries, as an engine with phoneme input gets them with each segment."""
+def phonemes(
+    entries: Sequence[Entry] | None, symbols: frozenset[str], normalization: str = "auto"
+) -> tuple[Phonemes, ...]:
+    """The ``ipa`` entries as the engine gets them with each segment: none for an engine without phoneme
+    input (no ``symbols``), nor under ``text_normalization: off`` (the text is read as sent)."""
+    if not symbols or normalization == "off":
+        return ()
     return tuple(
         Phonemes(" ".join(e.text.split()), ipa_form(e.ipa), e.case_sensitive)
         for e in entries or ()

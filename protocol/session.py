@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from . import pronounce
 from .codecs.openai import speakable
 from .codecs.stream import render
 from .errors import MALFORMED_JSON, CloseCode, ErrorCode, ProtocolError, field_path
@@ -58,7 +59,6 @@ from .messages import (
     ServerMessage,
     SessionClose,
     SessionConfig,
-    aliases,
 )
 from .normalize import Normalizer
 from .segmenter import Granularity, Segmenter
@@ -265,6 +265,9 @@ class Session:
         #: Whether ``text_normalization`` ``auto`` writes numbers out, for an engine whose front end
         #: misreads them (Piper's espeak): the host sets it from the engine; ``on`` always does.
         self.expand_numbers = False
+        #: Whether the engine says a pronunciation's ``ipa`` from its phonemes (``TTSEngine.ipa_symbols``):
+        #: the normalizer then keeps those words as written; the host sets it from the engine.
+        self.takes_ipa = False
         #: The client's text of each ``input.text`` taken, as sent, with its utterance: the ``Core`` takes
         #: it after each message (the listener's ``text_spoken`` names the client's own characters).
         self.received: list[tuple[int, str]] = []
@@ -485,7 +488,7 @@ class Session:
         return Normalizer(
             config.text_normalization,
             expand_numbers=self.expand_numbers,
-            aliases=aliases(config.pronunciations),
+            aliases=pronounce.aliases(config.pronunciations, phonemes=self.takes_ipa),
         )
 
     def _stream(self, context_id: str | None, events: list[Event]) -> _Stream:

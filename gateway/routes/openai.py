@@ -19,6 +19,7 @@ does; a streamed request for them is refused) and ``stream: false`` (vllm-omni's
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import NamedTuple
@@ -27,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ...protocol import pronounce
 from ...protocol.codecs.bodies import Body, HeldAudio, SseBody
 from ...protocol.codecs.openai import (
     SpeechRequest,
@@ -90,6 +92,9 @@ async def prepare(request: Request, req: SpeechRequest) -> Prepared:
         fmt = OutputFormat(req.response_format, rate, frame_ms=100).check()
     except REFUSALS as exc:
         raise error_for(exc, voice_field=req.voice_field, ref_audio=req.ref_audio is not None) from exc
+    # ipa the voice cannot say is refused; an engine without phoneme input says the alias (a warning header)
+    unheard = pronounce.check(req.pronunciations, resolved.engine.ipa_symbols)
+    resolved = dataclasses.replace(resolved, ignored=resolved.ignored + unheard)
     for name in resolved.ignored:
         logger.warning("engine %r cannot follow %r; it is ignored", resolved.engine.name, name)
     # Cut as the WebSocket cuts by default.

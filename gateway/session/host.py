@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
+from ...protocol import pronounce
 from ...protocol.core import Core
 from ...protocol.encoders import effective_bitrate
 from ...protocol.errors import ErrorCode, ProtocolError
@@ -159,9 +160,11 @@ class SessionHost:
         Raises:
             ProtocolError: the text is refused (``text_backlog_full``, ...); nothing was started.
         """
+        pronounce.check(config.pronunciations, resolved.engine.ipa_symbols)  # ipa the voice cannot say
         core, now = self.core, time.perf_counter()
         core.receive_message(config, now)
         self.session.expand_numbers = not resolved.engine.reads_numbers  # text_normalization: auto
+        self.session.takes_ipa = bool(resolved.engine.ipa_symbols)  # pronunciations' ipa
         core.accept_config(config, fmt)
         core.data_to_send()  # the config's Configure: accepted above
         self.resolved = resolved

@@ -34,6 +34,7 @@ import msgspec
 from ...engine.base import AudioChunk, SynthesisRequest, TTSEngine, VoiceReference
 from ...protocol.errors import ErrorCode, ProtocolError
 from ...protocol.messages import SessionConfig
+from ...protocol.pronounce import phonemes
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +172,7 @@ class Segment:
             reference=u.reference,
             deadline=u.playback.deadline(time.monotonic()),
             max_audio_s=u.cap.seconds(self.text, u.config.speed),
+            phonemes=phonemes(u.config.pronunciations, u.engine.ipa_symbols, u.config.text_normalization),
         )
 
     def open(self) -> CappedStream:

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 from starlette.websockets import WebSocketDisconnect
 
+from ...protocol import pronounce
 from ...protocol.codecs.base import Codec, Inbound, Payload
 from ...protocol.codecs.openai import check_limits
 from ...protocol.codecs.stream import SessionCodec, sends
@@ -367,6 +368,9 @@ class Connection:
         rate = config.output_rate(engine.sample_rate)
         try:
             self.session.expand_numbers = not engine.reads_numbers  # text_normalization: auto
+            # pronunciations' ipa: refused if the voice cannot say it; no phoneme input: its alias is used
+            unheard = pronounce.check(config.pronunciations, engine.ipa_symbols)
+            self.session.takes_ipa = bool(engine.ipa_symbols)
             self.core.accept_config(config, OutputFormat.of(config, rate).check())
         except ProtocolError as err:
             raise self.core.reject_config(err) from None
@@ -378,7 +382,7 @@ class Connection:
             ignored_fields=list(ignored_fields),
         )
         self._send(ready)
-        for name in resolved.ignored:
+        for name in (*resolved.ignored, *unheard):
             message = f"engine {engine.name!r} cannot follow {name!r}; it is ignored"
             self.log.warning("%s", message)
             self._send(ServerWarning(code="option_ignored", message=message, field=f"$.{name}"))

@@ -23,17 +23,19 @@ def _said(text: str, *, phonemes: bool) -> str:
 
 def test_an_engine_with_phoneme_input_gets_the_ipa_words_as_written() -> None:
     assert _said("SQL by Nguyen in new york", phonemes=True) == "sequel by Nguyen in new york"
-    assert phonemes(ENTRIES) == (
+    assert phonemes(ENTRIES, SYMBOLS) == (
         Phonemes("Nguyen", "ŋwˈiən"),
         Phonemes("New York", "nˈuː jˈɔːɹk", case_sensitive=False),
     )
     assert check(ENTRIES, SYMBOLS) == ()
+    assert phonemes(ENTRIES, SYMBOLS, "off") == ()  # the text is read as sent
 
 
 def test_an_engine_without_says_the_alias_else_the_words_as_written_and_names_each_ipa() -> None:
     assert _said("SQL by Nguyen in new york", phonemes=False) == "sequel by Nguyen in the big apple"
     assert check(ENTRIES, frozenset()) == ("pronunciations[1].ipa", "pronunciations[2].ipa")
     assert check(None, frozenset()) == ()
+    assert phonemes(ENTRIES, frozenset()) == ()
 
 
 @pytest.mark.parametrize(
