@@ -44,10 +44,10 @@ import msgspec
 from . import pronounce
 from .codecs.openai import speakable
 from .codecs.stream import render
+from .config import DEFAULT_MAX_BUFFER_DELAY_MS
 from .errors import MALFORMED_JSON, CloseCode, ErrorCode, ProtocolError, field_path
 from .messages import (
     CLIENT_TYPES,
-    DEFAULT_MAX_BUFFER_DELAY_MS,
     ClientMessage,
     CloseReason,
     ContextClose,
