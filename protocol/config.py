@@ -44,9 +44,9 @@ _Word = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
 
 
 class Pronunciation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How to say one word (``pronunciations``): ``alias`` is said instead of ``text``; ``ipa`` is kept for
-    engines that take phonemes (not applied yet). ``text`` matches whole words, in its own case unless
-    ``case_sensitive`` is false."""
+    """How to say one word or several (``pronunciations``): ``alias`` is said instead of ``text``; ``ipa`` is
+    said from its phonemes by an engine with phoneme input (``protocol.pronounce``). ``text`` matches whole
+    words, in its own case unless ``case_sensitive`` is false."""
 
     text: _Word
     alias: Annotated[str, msgspec.Meta(max_length=200)] | None = None
@@ -96,6 +96,8 @@ class SpeechOptions(msgspec.Struct, frozen=True, kw_only=True):
     #: How the text is read (``protocol.normalize``): ``auto`` and ``on`` read markdown, URLs and emoji
     #: as a person would, ``off`` reads the text as sent.
     text_normalization: TextNormalization = "auto"
+    #: Emoji read by the engine as it would (by name, for Piper) instead of left out (voxgate's own).
+    keep_emoji: bool = False
     #: Words said otherwise (voxgate's own; ElevenLabs' pronunciation dictionaries hold the same).
     pronunciations: Annotated[list[Pronunciation], msgspec.Meta(max_length=MAX_PRONUNCIATIONS)] | None = None
 

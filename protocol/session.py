@@ -489,6 +489,7 @@ class Session:
             config.text_normalization,
             expand_numbers=self.expand_numbers,
             aliases=pronounce.aliases(config.pronunciations, phonemes=self.takes_ipa),
+            keep_emoji=config.keep_emoji,
         )
 
     def _stream(self, context_id: str | None, events: list[Event]) -> _Stream:

@@ -105,6 +105,7 @@ async def prepare(request: Request, req: SpeechRequest) -> Prepared:
         seed=req.seed,
         word_timestamps=req.word_timestamps,
         text_normalization=req.text_normalization,
+        keep_emoji=req.keep_emoji,
         pronunciations=req.pronunciations,
     )
     return Prepared(resolved, fmt, config)

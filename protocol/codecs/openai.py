@@ -115,6 +115,7 @@ class _BatchFields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     extra_params: dict[str, object] | None = None
     #: voxgate's own (``SpeechOptions``): how the text is read, and words said otherwise.
     text_normalization: TextNormalization | None = None
+    keep_emoji: bool | None = None
     pronunciations: Annotated[list[Pronunciation], msgspec.Meta(max_length=MAX_PRONUNCIATIONS)] | None = None
 
     @property
