@@ -23,7 +23,7 @@ from .middleware.headers import SecurityHeadersMiddleware
 from .middleware.http import RequestIdMiddleware, WebFiles, http_error
 from .middleware.ratelimit import RateLimitMiddleware, rate_limiter
 from .middleware.shared_limits import SharedLimits
-from .routes import batch, cartesia, deepgram, elevenlabs_rest, voices, wyoming
+from .routes import batch, cartesia, deepgram, elevenlabs_dictionaries, elevenlabs_rest, voices, wyoming
 from .routes import elevenlabs_ws as elevenlabs
 from .routes import openai as speech
 from .routes.stream import speech_stream
@@ -32,6 +32,7 @@ from .settings import Settings
 from .voices.backend import VoiceBackend, open_store, parse_location
 from .voices.catalog import Catalog
 from .voices.clips import MAX_CLIP_RATE, MIN_SAMPLE_RATE
+from .voices.dictionaries import DictionaryBackend, open_dictionaries
 
 logger = logging.getLogger(__name__)
 # The demo page is package data of voxgate (voxgate/web), in a checkout and in any install.
@@ -42,6 +43,7 @@ class State(TypedDict):
     """What the lifespan hands to every request."""
 
     catalog: Catalog
+    dictionaries: DictionaryBackend
     metrics: Metrics
     sessions: Sessions
     settings: Settings
@@ -129,6 +131,7 @@ def create_app(
         try:
             yield {
                 "catalog": catalog,
+                "dictionaries": open_dictionaries(settings, store),
                 "metrics": metrics,
                 "sessions": sessions,
                 "settings": settings,
@@ -152,6 +155,7 @@ def create_app(
         *batch.routes,
         *elevenlabs.routes,
         *elevenlabs_rest.routes,
+        *elevenlabs_dictionaries.routes,
         *cartesia.routes,
         *deepgram.routes,
     ]

@@ -304,6 +304,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             shown="268435456 (256 MiB)",
         ),
     ] = 256 << 20
+    # ElevenLabs' pronunciation dictionaries, kept beside the voices: a PLS file of 256 words is stored as
+    # a record of 10-40 KiB.
+    max_pronunciation_dictionaries: Annotated[
+        int,
+        option(
+            "pronunciation dictionaries allowed per API key (409 `pronunciation_dictionary_limit_reached`)"
+        ),
+    ] = 100
+    max_pronunciation_dictionary_bytes: Annotated[
+        int,
+        option(
+            "bytes of stored pronunciation dictionaries allowed per API key, 0 for no cap "
+            "(409 `pronunciation_dictionary_quota_exceeded`)",
+            shown="16777216 (16 MiB)",
+        ),
+    ] = 16 << 20
     api_keys: Annotated[
         tuple[str, ...],
         option(

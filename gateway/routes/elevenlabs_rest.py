@@ -23,6 +23,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -38,7 +39,8 @@ from ..session.failures import REFUSALS, error_for
 from ..session.host import SessionHost, ignored_headers
 from ..transport.body import respond
 from ..voices.catalog import Catalog
-from .elevenlabs_ws import DIALECT, check_voice
+from .elevenlabs_dictionaries import located
+from .elevenlabs_ws import DIALECT, times_words
 
 logger = logging.getLogger(__name__)
 
@@ -66,13 +68,21 @@ async def _speak(request: Request, shape: _Shape) -> Response:
         if not speakable(body.text):
             raise ProtocolError(ErrorCode.EMPTY_INPUT, "text has nothing to speak", field="text")
         params = dataclasses.replace(params, model_id=body.model_id or params.model_id, seed=body.seed)
-        words = await check_voice(state, voice_id, params)
+        owner = getattr(state, "owner", "")
+        said = await located(state, owner, body.pronunciation_dictionary_locators)
         normalization = body.apply_text_normalization
         settings = body.voice_settings
-        config = session_config(voice_id, params, settings, words=words, text_normalization=normalization)
-        resolved = await state.catalog.prepare(
-            getattr(state, "owner", ""), config.voice_name, config.model, config.engine_options()
+        config = session_config(
+            voice_id, params, settings, text_normalization=normalization, pronunciations=said
         )
+        # The voice is resolved once; whether its engine times words is asked of the engine after.
+        resolved = await state.catalog.prepare(
+            owner, config.voice_name, config.model, config.engine_options()
+        )
+        words = times_words(resolved)
+        if words:
+            config = msgspec.structs.replace(config, word_timestamps=True)
+            resolved = dataclasses.replace(resolved, options={**resolved.options, "word_timestamps": True})
         rate = config.output_rate(resolved.engine.sample_rate)
         fmt = OutputFormat.of(config, rate).check()
         meter = state.metrics.session(DIALECT)

@@ -27,7 +27,8 @@ from ...protocol.errors import ProtocolError
 from ..session.failures import REFUSALS, error_for
 from ..session.receipts import read_receipts
 from ..transport.socket import CLOSE_TIMEOUT_S, Connection
-from ..voices.catalog import Catalog
+from ..voices.catalog import Catalog, Resolved
+from .elevenlabs_dictionaries import owned
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,18 @@ async def check_voice(state: object, voice_id: str, params: Params) -> bool:
     return False
 
 
+def times_words(resolved: Resolved) -> bool:
+    """Whether the engine of a prepared request times words for its voice (the alignment then follows them,
+    else it is spread over each sentence), asked of the engine without resolving the voice again."""
+    engine = resolved.engine
+    voice = resolved.voice if resolved.reference is None else engine.default_voice
+    try:
+        engine.check(voice, {**resolved.options, "word_timestamps": True})
+    except UnsupportedOption:
+        return False
+    return True
+
+
 async def _refuse(websocket: WebSocket, err: ProtocolError) -> None:
     """Refuse a socket before its session starts (its query, its voice): the error, then the close."""
     err.fatal = True  # its close code goes in the error (ElevenLabs' shape of an error that closes)
@@ -101,7 +114,9 @@ async def _serve(websocket: WebSocket, *, multi: bool) -> None:
     except ProtocolError as err:
         await _refuse(websocket, err)
         return
-    connection = connection_for(websocket, Stream(voice_id, params, multi=multi, words=words), params)
+    dictionaries = await owned(websocket.state, getattr(websocket.state, "owner", ""))
+    stream = Stream(voice_id, params, multi=multi, words=words, dictionaries=dictionaries)
+    connection = connection_for(websocket, stream, params)
     try:
         with connection.meter.active():
             await asyncio.create_task(connection.run())  # its own task, as when it ran behind a pipe

@@ -45,6 +45,7 @@ import msgspec
 
 from ..alignment import Alignment, known_alignment, spread_alignment, word_alignment
 from ..audio import BYTES_PER_SAMPLE, AudioFormat
+from ..dictionaries import Dictionary, Locator, Locators, pronunciations
 from ..errors import FAILURES, CloseCode, ErrorCode, ProtocolError, decoded, field_path
 from ..messages import (
     AudioDone,
@@ -56,6 +57,7 @@ from ..messages import (
     InputDone,
     InputText,
     Keepalive,
+    Pronunciation,
     ServerMessage,
     SessionClose,
     SessionConfig,
@@ -127,6 +129,8 @@ class Inbound(msgspec.Struct, frozen=True, kw_only=True):
     close_context: bool = False
     close_socket: bool = False
     voice_settings: VoiceSettings | None = None
+    #: The dictionaries whose words the socket says their way (its first message; ``Stream.receive``).
+    pronunciation_dictionary_locators: Locators | None = None
 
 
 class RequestBody(msgspec.Struct, frozen=True, kw_only=True):
@@ -138,6 +142,8 @@ class RequestBody(msgspec.Struct, frozen=True, kw_only=True):
     voice_settings: VoiceSettings | None = None
     #: ElevenLabs' ``auto`` / ``on`` / ``off``: voxgate's ``text_normalization`` (None: the query's).
     apply_text_normalization: TextNormalization | None = None
+    #: Up to three of the caller's pronunciation dictionaries (``protocol.dictionaries``).
+    pronunciation_dictionary_locators: Locators | None = None
 
 
 _decode_inbound = msgspec.json.Decoder(Inbound).decode
@@ -239,6 +245,7 @@ def session_config(
     words: bool = False,
     whole_segments: bool = True,
     text_normalization: TextNormalization | None = None,
+    pronunciations: list[Pronunciation] | None = None,
 ) -> SessionConfig:
     """The ``session.config`` of a socket (or REST request): our voice named ``voice_id``, the query's format.
 
@@ -250,6 +257,7 @@ def session_config(
         whole_segments: one audio message per segment (REST, which sends each with its alignment); the
             sockets stream (False).
         text_normalization: a REST body's ``apply_text_normalization``, which wins over the query's.
+        pronunciations: the entries of the request's pronunciation dictionaries.
 
     Raises:
         ProtocolError: a ``speed`` out of range (``invalid_message``).
@@ -266,6 +274,7 @@ def session_config(
         "seed": params.seed,
         "word_timestamps": words,
         "text_normalization": text_normalization or params.text_normalization,
+        "pronunciations": pronunciations,
     }
     if settings is not None and settings.speed is not None:
         fields["speed"] = settings.speed
@@ -295,10 +304,25 @@ class Stream:
         multi: ``multi-stream-input``: messages name contexts, an empty text is a keep-alive, and every
             message sent back carries ``contextId``.
         words: the engine times words: ask for them, and align characters with them.
+        dictionaries: the caller's pronunciation dictionaries by id, for the locators of its messages
+            (None: the store could not be read).
     """
 
-    def __init__(self, voice_id: str, params: Params, *, multi: bool, words: bool = False) -> None:
+    def __init__(
+        self,
+        voice_id: str,
+        params: Params,
+        *,
+        multi: bool,
+        words: bool = False,
+        dictionaries: Mapping[str, Dictionary] | None = None,
+    ) -> None:
         self.voice_id, self.params, self.multi, self.words = voice_id, params, multi, words
+        self.dictionaries = dictionaries
+        self._locators: list[Locator] | None = None  # the socket's pronunciation dictionaries
+        self._said: list[Pronunciation] | None = None  # their entries
+        self._settings: VoiceSettings | None = None  # the first message's voice settings
+        self._spoken = False  # text went to the session
         self.configured = False  # a session.config went out
         self.settled = False  # a first message was taken: later ``voice_settings`` are ignored
         self.ended = False  # the client's input ended: what follows is ignored
@@ -334,14 +358,14 @@ class Stream:
         if self.ended:
             return []
         out: list[ClientMessage] = []
+        located = self._locate(msg)
         if not self.settled:
-            settings = msg.voice_settings
-            if not self.configured or (settings is not None and settings.speed is not None):
-                config = session_config(
-                    self.voice_id, self.params, settings, words=self.words, whole_segments=False
-                )
-                out.append(config)
+            settings = self._settings = msg.voice_settings
+            if not self.configured or (settings is not None and settings.speed is not None) or located:
+                out.append(self._config())
             self.configured = self.settled = True
+        elif located:
+            out.append(self._config())
         if msg.close_socket or (msg.text == "" and not self.multi):
             self.ended = True
             return [*out, SessionClose()]
@@ -353,6 +377,7 @@ class Stream:
         elif msg.text is not None and (msg.text.strip() or context in self._open):
             out.append(InputText(text=msg.text, context_id=context))
             self._open.add(context)
+            self._spoken = True
         elif msg.text is not None:  # the init message's " ": opens the context
             out.append(Keepalive(context_id=context))
             self._open.add(context)
@@ -363,6 +388,44 @@ class Stream:
             out.append(ContextClose(context_id=context))
             self._open.discard(context)
         return out
+
+    def _config(self) -> SessionConfig:
+        return session_config(
+            self.voice_id,
+            self.params,
+            self._settings,
+            words=self.words,
+            whole_segments=False,
+            pronunciations=self._said,
+        )
+
+    def _locate(self, msg: Inbound) -> bool:
+        """Take a message's ``pronunciation_dictionary_locators``: True if they set the socket's (a new
+        ``session.config`` follows). They apply to every context of the socket, so they may be set until
+        its first text; later the same ones are welcome (pipecat sends them with each context), others not.
+
+        Raises:
+            ProtocolError: fatal for a locator that names no dictionary of the caller's
+                (``pronunciation_dictionary_not_found``); not fatal for other locators after text
+                (``unsupported_option``).
+        """
+        locators = msg.pronunciation_dictionary_locators
+        if locators is None or locators == self._locators:
+            return False
+        field = "$.pronunciation_dictionary_locators"
+        if self._spoken:
+            message = (
+                "this socket's pronunciation dictionaries are those of its messages before its first text; "
+                "they apply to every context: open another socket for others"
+            )
+            raise ProtocolError(ErrorCode.UNSUPPORTED_OPTION, message, field=field)
+        try:
+            self._said = pronunciations(locators, self.dictionaries)
+        except ProtocolError as err:
+            err.fatal = True
+            raise
+        self._locators = locators
+        return True
 
     def render(self, msg: ServerMessage) -> list[bytes]:
         """The client messages for one server message of the session: ``isFinal`` for a context's end, an

@@ -94,7 +94,7 @@ def test_deeply_nested_websocket_message_is_a_coded_error_without_a_traceback(
 def test_deeply_nested_rest_body_is_a_400_without_a_traceback(address: str, route: str) -> None:
     url = f"http://{address}/v1/text-to-speech/tone{route}?output_format=pcm_16000"
     with problems() as found:
-        answer = httpx.post(url, content=_deep("pronunciation_dictionary_locators"), timeout=TIMEOUT_S)
+        answer = httpx.post(url, content=_deep("previous_request_ids"), timeout=TIMEOUT_S)
     assert answer.status_code == 400 and answer.json()["detail"]["status"] == "invalid_json"
     assert not found, [r.getMessage() for r in found]
 
