@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from .normalize import Alias, TextNormalization
+from .normalize import TextNormalization
 
 SampleRate = Annotated[int, msgspec.Meta(ge=8000, le=48000)]
 Speed = Annotated[float, msgspec.Meta(ge=0.25, le=4.0)]
@@ -56,15 +56,6 @@ class Pronunciation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     def __post_init__(self) -> None:
         if self.alias is None and self.ipa is None:
             raise ValueError("a pronunciation needs an alias or an ipa")
-
-
-def aliases(pronunciations: list[Pronunciation] | None) -> list[Alias]:
-    """The ``alias`` entries of ``pronunciations``, as the normalizer applies them."""
-    return [
-        Alias(p.text, p.alias, case_sensitive=p.case_sensitive)
-        for p in pronunciations or ()
-        if p.alias is not None
-    ]
 
 
 class SpeechOptions(msgspec.Struct, frozen=True, kw_only=True):

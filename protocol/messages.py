@@ -62,7 +62,6 @@ from .config import Seed as Seed
 from .config import SpeechOptions as SpeechOptions
 from .config import Speed as Speed
 from .config import TaskType as TaskType
-from .config import aliases as aliases
 from .config import engine_options as engine_options
 from .errors import ProtocolError
 from .segmenter import Granularity
