@@ -5,8 +5,9 @@ SDK) speak through voxgate unchanged: this module turns their messages into voxg
 (``protocol.messages``) of one session per socket, each ElevenLabs context a context of that session
 (``context_id``, docs/protocol.md §11 and §11.1), and the session's server messages back into theirs.
 ``protocol.codecs.elevenlabs_socket`` makes ``Stream`` the codec of a socket
-(``gateway/routes/elevenlabs_ws.py`` runs it),
-and the REST routes use it for each segment's alignment; docs/agents.md has the wire rules.
+(``gateway/routes/elevenlabs_ws.py`` runs it), and the REST routes use it for each segment's alignment;
+docs/agents.md has the wire rules. What a request asks for (its query, a REST body, ``voice_settings``, the
+``session.config`` they make, the REST error body) is ``protocol.codecs.elevenlabs_request``'s.
 
 Client -> server, one JSON text message each (every field optional)::
 
@@ -39,14 +40,13 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import msgspec
 
 from ..alignment import Alignment, known_alignment, spread_alignment, word_alignment
-from ..audio import BYTES_PER_SAMPLE, AudioFormat
+from ..audio import BYTES_PER_SAMPLE
 from ..dictionaries import Dictionary, Locator, Locators, pronunciations
-from ..errors import FAILURES, CloseCode, ErrorCode, ProtocolError, decoded, field_path
+from ..errors import FAILURES, CloseCode, ErrorCode, ProtocolError, decoded
 from ..messages import (
     AudioDone,
     AudioStart,
@@ -64,41 +64,33 @@ from ..messages import (
     WordTimestamp,
     WordTimestamps,
 )
-from ..normalize import TextNormalization
+from .elevenlabs_request import (
+    DEFAULT_INACTIVITY_TIMEOUT_S,
+    ERROR_CODES,
+    Params,
+    VoiceSettings,
+    decode_body,
+    http_error,
+    parse_params,
+    session_config,
+)
 
-#: ElevenLabs' ``output_format`` values voxgate produces: our format, rate and bit rate (None: not compressed)
-#: for each. Every one works on every route; the compressed ones come as one encoder stream per utterance
-#: on the WebSockets, as one complete file per segment on REST.
-OUTPUT_FORMATS: dict[str, tuple[AudioFormat, int, int | None]] = {
-    **{f"pcm_{rate}": ("pcm", rate, None) for rate in (8000, 16000, 22050, 24000, 32000, 44100, 48000)},
-    "ulaw_8000": ("mulaw", 8000, None),
-    **{
-        f"mp3_{rate}_{kbps}": ("mp3", rate, kbps * 1000)
-        for rate, kbps in (
-            (22050, 32),
-            (24000, 48),
-            (44100, 32),
-            (44100, 64),
-            (44100, 96),
-            (44100, 128),
-            (44100, 192),
-        )
-    },
-    **{f"opus_48000_{kbps}": ("opus", 48000, kbps * 1000) for kbps in (32, 64, 96, 128, 192)},
-}
-#: ElevenLabs' default when ``output_format`` is left out.
-DEFAULT_OUTPUT_FORMAT = "mp3_44100_128"
-#: ElevenLabs closes a socket that sent no text for this long (its documented default and maximum).
-DEFAULT_INACTIVITY_TIMEOUT_S = 20
-MAX_INACTIVITY_TIMEOUT_S = 180
-#: ElevenLabs' own word for an unknown voice, and for an idle socket.
-_CODES: dict[str, str] = {
-    ErrorCode.VOICE_NOT_FOUND: "voice_not_found",
-    ErrorCode.IDLE_TIMEOUT: "input_timeout_exceeded",
-    ErrorCode.UNSUPPORTED_FORMAT: "invalid_output_format",
-    ErrorCode.TOO_MANY_CONTEXTS: "max_active_conversations",
-}
-
+#: This module's own names, and those of ``elevenlabs_request`` its callers have always taken from here.
+__all__ = [
+    "DEFAULT_INACTIVITY_TIMEOUT_S",
+    "FIXED_CONTEXT",
+    "Inbound",
+    "Params",
+    "Stream",
+    "VoiceSettings",
+    "close_code",
+    "decode_body",
+    "decode_inbound",
+    "http_error",
+    "parse_params",
+    "session_config",
+    "ws_error",
+]
 
 #: The close code of each error code (``protocol.errors.FAILURES``), by the code's string.
 _CLOSE_CODES: dict[str, CloseCode] = {str(code): failure.close_code for code, failure in FAILURES.items()}
@@ -107,16 +99,6 @@ _CLOSE_CODES: dict[str, CloseCode] = {str(code): failure.close_code for code, fa
 def close_code(code: int) -> int:
     """The close code an ElevenLabs client gets: ours, but 1008 for a timeout (ElevenLabs' own choice)."""
     return int(CloseCode.POLICY_VIOLATION) if code == CloseCode.TIMEOUT else code
-
-
-class VoiceSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """``voice_settings``: only ``speed`` changes what we make; the others are the voice's own (ignored)."""
-
-    stability: float | None = None
-    similarity_boost: float | None = None
-    style: float | None = None
-    use_speaker_boost: bool | None = None
-    speed: float | None = None
 
 
 class Inbound(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,21 +115,7 @@ class Inbound(msgspec.Struct, frozen=True, kw_only=True):
     pronunciation_dictionary_locators: Locators | None = None
 
 
-class RequestBody(msgspec.Struct, frozen=True, kw_only=True):
-    """The body of ``POST /v1/text-to-speech/{voice_id}`` (every route); the fields not named are ignored."""
-
-    text: str
-    model_id: str | None = None
-    seed: int | None = None
-    voice_settings: VoiceSettings | None = None
-    #: ElevenLabs' ``auto`` / ``on`` / ``off``: voxgate's ``text_normalization`` (None: the query's).
-    apply_text_normalization: TextNormalization | None = None
-    #: Up to three of the caller's pronunciation dictionaries (``protocol.dictionaries``).
-    pronunciation_dictionary_locators: Locators | None = None
-
-
 _decode_inbound = msgspec.json.Decoder(Inbound).decode
-_decode_body = msgspec.json.Decoder(RequestBody).decode
 _encode = msgspec.json.Encoder().encode
 
 
@@ -159,131 +127,6 @@ def decode_inbound(data: str | bytes) -> Inbound:
             wrong type (``invalid_message``, with its path).
     """
     return decoded(_decode_inbound, data)
-
-
-def decode_body(data: bytes) -> RequestBody:
-    """Decode the body of a REST request.
-
-    Raises:
-        ProtocolError: as ``decode_inbound`` does.
-    """
-    return decoded(_decode_body, data, " body")
-
-
-@dataclass(frozen=True, slots=True)
-class Params:
-    """The query parameters that change what a stream makes; the others are accepted and ignored.
-
-    Ignored the way ElevenLabs ignores what a model cannot do: ``language_code``, ``enable_logging``,
-    ``enable_ssml_parsing``, ``auto_mode``, ``sync_alignment``, ``optimize_streaming_latency``,
-    ``chunk_length_schedule`` (voxgate cuts at sentences itself). ``apply_text_normalization`` is
-    voxgate's ``text_normalization``.
-    """
-
-    output_format: str = "pcm_24000"
-    model_id: str | None = None
-    seed: int | None = None
-    inactivity_timeout_s: int = DEFAULT_INACTIVITY_TIMEOUT_S
-    text_normalization: TextNormalization = "auto"
-
-    @property
-    def audio(self) -> tuple[AudioFormat, int]:
-        """Our format and rate."""
-        fmt, rate, _ = OUTPUT_FORMATS[self.output_format]
-        return fmt, rate
-
-    @property
-    def bitrate(self) -> int | None:
-        """A compressed format's bit rate in bit/s."""
-        return OUTPUT_FORMATS[self.output_format][2]
-
-
-def parse_params(query: Mapping[str, str]) -> Params:
-    """Read a request's query parameters.
-
-    Raises:
-        ProtocolError: an ``output_format`` we cannot make (``unsupported_format``), or a
-            malformed ``inactivity_timeout`` / ``seed`` / ``apply_text_normalization`` (``invalid_message``).
-    """
-    fmt = query.get("output_format", DEFAULT_OUTPUT_FORMAT)
-    formats = sorted(OUTPUT_FORMATS)
-    if fmt not in formats:
-        message = f"output_format {fmt!r} is not available here; use one of {formats}"
-        raise ProtocolError(ErrorCode.UNSUPPORTED_FORMAT, message, field="output_format")
-    timeout = _int(query, "inactivity_timeout", DEFAULT_INACTIVITY_TIMEOUT_S)
-    if timeout is None or not 1 <= timeout <= MAX_INACTIVITY_TIMEOUT_S:
-        message = f"inactivity_timeout must be a whole number of seconds from 1 to {MAX_INACTIVITY_TIMEOUT_S}"
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, message, field="inactivity_timeout")
-    seed = _int(query, "seed", None)
-    if seed is None and query.get("seed") is not None:
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "seed must be an integer", field="seed")
-    normalization = query.get("apply_text_normalization", "auto")
-    if normalization not in _NORMALIZATIONS:
-        message = f"apply_text_normalization must be one of {list(_NORMALIZATIONS)}, not {normalization!r}"
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, message, field="apply_text_normalization")
-    return Params(fmt, query.get("model_id"), seed, timeout, _NORMALIZATIONS[normalization])
-
-
-_NORMALIZATIONS: dict[str, TextNormalization] = {"auto": "auto", "on": "on", "off": "off"}
-
-
-def _int(query: Mapping[str, str], name: str, default: int | None) -> int | None:
-    value = query.get(name)
-    if value is None:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        return None
-
-
-def session_config(
-    voice_id: str,
-    params: Params,
-    settings: VoiceSettings | None = None,
-    *,
-    words: bool = False,
-    whole_segments: bool = True,
-    text_normalization: TextNormalization | None = None,
-    pronunciations: list[Pronunciation] | None = None,
-) -> SessionConfig:
-    """The ``session.config`` of a socket (or REST request): our voice named ``voice_id``, the query's format.
-
-    Args:
-        voice_id: the path's voice id: a voxgate voice name.
-        params: the query parameters.
-        settings: the first message's ``voice_settings`` (its ``speed`` is honoured, for the whole session).
-        words: ask the engine for word timings (``word_timestamps``), which the alignment follows.
-        whole_segments: one audio message per segment (REST, which sends each with its alignment); the
-            sockets stream (False).
-        text_normalization: a REST body's ``apply_text_normalization``, which wins over the query's.
-        pronunciations: the entries of the request's pronunciation dictionaries.
-
-    Raises:
-        ProtocolError: a ``speed`` out of range (``invalid_message``).
-    """
-    fmt, rate = params.audio
-    fields: dict[str, object] = {
-        "type": "session.config",
-        "voice": voice_id,
-        "response_format": fmt,
-        "sample_rate": rate,
-        "stream_audio": not whole_segments,
-        "bitrate": params.bitrate,
-        "model": params.model_id,
-        "seed": params.seed,
-        "word_timestamps": words,
-        "text_normalization": text_normalization or params.text_normalization,
-        "pronunciations": pronunciations,
-    }
-    if settings is not None and settings.speed is not None:
-        fields["speed"] = settings.speed
-    try:
-        return msgspec.convert(fields, SessionConfig)
-    except msgspec.ValidationError as exc:
-        path = field_path(exc)
-        field = "$.voice_settings.speed" if path == "$.speed" else path
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, str(exc), field=field) from None
 
 
 #: The session's context for ``stream-input``'s messages, and for ``multi-stream-input``'s that name none
@@ -558,12 +401,7 @@ def ws_error(code: str, message: str, close: int | None) -> dict[str, object]:
         close: voxgate's close code of a fatal error (ElevenLabs' is sent: ``close_code``); None when the
             error is not fatal.
     """
-    payload: dict[str, object] = {"message": message, "error": _CODES.get(code, code)}
+    payload: dict[str, object] = {"message": message, "error": ERROR_CODES.get(code, code)}
     if close is not None:
         payload["code"] = close_code(close)
     return payload
-
-
-def http_error(err: ProtocolError) -> bytes:
-    """A REST error body in ElevenLabs' shape: ``{"detail": {"status": code, "message": ...}}``."""
-    return _encode({"detail": {"status": _CODES.get(err.code, err.code), "message": err.message}})
