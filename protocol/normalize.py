@@ -164,12 +164,20 @@ class Normalizer:
         single = [a for a in aliases if len(a.text.split()) == 1]
         self._alias_re = _alias_pattern(single)
         self._aliases = {a.key: a.alias for a in single}
-        self._alias_texts = [(a.key, a.case_sensitive) for a in aliases]
         # Entries of several words, longest first: (their words one space apart, as looked up), ...
         self._phrases = sorted(
             ((a.key, a.alias, a.case_sensitive) for a in aliases if len(a.text.split()) > 1),
             key=lambda p: -len(p[0]),
         )
+        # What a token may still become the start of (every start of an entry's first word), and what words
+        # may be the first ones of an entry of several words: each in the entry's own case, else folded.
+        self._starts: tuple[set[str], set[str]] = (set(), set())
+        self._firsts: tuple[set[str], set[str]] = (set(), set())
+        for a in aliases:
+            key = a.key
+            first = key.split(" ", 1)[0]
+            self._starts[not a.case_sensitive].update(first[:n] for n in range(1, len(first) + 1))
+            self._firsts[not a.case_sensitive].update(key[:n] for n, c in enumerate(key) if c == " ")
         self.reset()
 
     def reset(self) -> None:
@@ -265,9 +273,7 @@ class Normalizer:
         lowered = tok.lower()
         if any(start.startswith(lowered) for start in _URL_STARTS):
             return False
-        return not any(
-            text.startswith(tok if sensitive else lowered) for text, sensitive in self._alias_texts
-        )
+        return tok not in self._starts[0] and lowered not in self._starts[1]
 
     def commit(self) -> str:
         """The client declared its text so far final (``input.commit``): speak the token held, if any."""
@@ -393,10 +399,7 @@ class Normalizer:
 
     def _may_go_on(self, words: str) -> bool:
         """Whether ``words`` and a space begin a pronunciation of several words."""
-        lowered = words.lower()
-        return any(
-            key.startswith(f"{words if sensitive else lowered} ") for key, _, sensitive in self._phrases
-        )
+        return words in self._firsts[0] or words.lower() in self._firsts[1]
 
     def _settle(self, items: list[_Held], out_text: list[str], out_at: list[int]) -> None:
         """The words ``items`` can go on no pronunciation: say the longest one they start with, if any (else
