@@ -4,7 +4,8 @@ A corpus of LLM-style markdown replies (``CORPUS``), each streamed in 2-5 charac
 (``_text.tokenize``) through the session's normalizer and segmenter as the gateway runs them:
 
 * CPU: the normalizer's CPU time (``time.process_time``) per segment cut, over ``--rounds`` passes of the
-  corpus, for ``on`` and ``auto``; the target is under 1 ms.
+  corpus, for ``on`` and ``auto``, and ``on`` with ``--pronunciations`` entries (256, the most a request
+  may carry; one or two words each); the target is under 1 ms.
 * ``--wer``: each reply over the WebSocket of ``voxgate serve --engine piper`` (``_serve.gateway``), with
   ``text_normalization`` ``on`` and ``off``, transcribed by Whisper tiny.en (the test extras' wheel, as in
   ``tests/speech_check.py``): the word error rate against the spoken form (the normalizer's output), and the
@@ -26,7 +27,7 @@ from typing import Any
 from _serve import gateway
 from _stats import write_json
 from _text import tokenize
-from voxgate.protocol.normalize import Normalizer, TextNormalization
+from voxgate.protocol.normalize import Alias, Normalizer, TextNormalization
 from voxgate.protocol.numbers import spell
 from voxgate.protocol.segmenter import Segmenter
 
@@ -79,14 +80,28 @@ def segments(norm: Normalizer, tokens: list[str]) -> tuple[int, float]:
     return cut, cpu
 
 
-def cpu_per_segment(mode: TextNormalization, rounds: int) -> dict[str, float]:
-    """The normalizer's CPU per segment (µs) over the corpus, each reply in several token splits."""
+def pronunciations(count: int) -> list[Alias]:
+    """``count`` pronunciations as a voice agent's product list gives them: half one word, half two (the
+    words of the corpus among them, so that some match), half case-sensitive."""
+    words = ["Pizza", "Pro", "Basic", "Dune", "Emma", "Budget", "Launch", "Team", "voxgate", "Tolkien"]
+    out = [Alias("Frank Herbert", "frank herbert"), Alias("login page", "sign-in page", case_sensitive=False)]
+    for n in range(count - len(out)):
+        text = f"{words[n % len(words)]}{n}" + (f" {words[(n * 7) % len(words)]}" if n % 2 else "")
+        out.append(Alias(text, "said otherwise", case_sensitive=n % 4 < 2))
+    return out[:count]
+
+
+def cpu_per_segment(mode: TextNormalization, rounds: int, aliases: int = 0) -> dict[str, float]:
+    """The normalizer's CPU per segment (µs) over the corpus, each reply in several token splits, with
+    ``aliases`` pronunciations."""
+    said = pronunciations(aliases)
     per_reply: list[float] = []
     for text in CORPUS:
         total_cut, total_cpu = 0, 0.0
         for _ in range(rounds):
             for seed in TOKEN_SEEDS:
-                cut, cpu = segments(Normalizer(mode, expand_numbers=True), tokenize(text, seed))
+                norm = Normalizer(mode, expand_numbers=True, aliases=said)
+                cut, cpu = segments(norm, tokenize(text, seed))
                 total_cut += cut
                 total_cpu += cpu
         per_reply.append(total_cpu / total_cut * 1e6)
@@ -171,12 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--wer", action="store_true", help="also speak the corpus with Piper and transcribe it"
     )
+    parser.add_argument(
+        "--pronunciations", type=int, default=256, help="pronunciations of the on+pronunciations figure"
+    )
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
     figures: dict[str, Any] = {
         "replies": len(CORPUS),
         "cpu_per_segment": {mode: cpu_per_segment(mode, args.rounds) for mode in ("on", "auto")},
     }
+    figures["cpu_per_segment"]["on+pronunciations"] = cpu_per_segment("on", args.rounds, args.pronunciations)
     print(f"normalizer CPU per segment over {len(CORPUS)} replies: {figures['cpu_per_segment']}")
     if args.wer:
         figures["wer"] = result = wer()
