@@ -11,8 +11,9 @@ A lexicon is XML::
 
 Each ``<grapheme>`` of a lexeme becomes one ``Pronunciation`` (``protocol.messages``), the shape
 ``session.config``'s ``pronunciations`` take: ``{"text", "alias"}`` from the lexeme's first ``<alias>``,
-``{"text", "ipa"}`` from its first ``<phoneme>`` (in IPA: the lexeme's ``alphabet``, or the lexicon's), or
-both when it has both. So a dictionary and a request's own pronunciations are one mechanism.
+``{"text", "ipa"}`` from its first ``<phoneme>`` (in the phoneme's ``alphabet``, else the lexicon's: ``ipa``,
+or ElevenLabs' other one, ``cmu-arpabet``, written as IPA the way espeak-ng writes it), or both when it has
+both. So a dictionary and a request's own pronunciations are one mechanism.
 
 The file comes from a client, so it is parsed defensively with expat directly: a document type declaration
 (where entity definitions and external references live) is refused outright, so no entity expands and
@@ -40,6 +41,19 @@ MAX_ELEMENTS = 16 * MAX_PRONUNCIATIONS
 MAX_DEPTH = 8
 #: The phonetic alphabet whose strings ``ipa`` takes (PLS names it so).
 IPA = "ipa"
+#: The other alphabet ElevenLabs takes: CMU's ARPAbet for American English (``AE1 P AH0 L``), written as IPA.
+ARPABET = "cmu-arpabet"
+#: Each ARPAbet symbol in IPA as espeak-ng writes American English (so Piper's voices have every symbol);
+#: ``ER`` is ``ɜː`` stressed, ``ɚ`` not, and ``AH`` is ``ʌ`` stressed, ``ə`` not.
+_ARPABET: dict[str, str] = {
+    "AA": "ɑː", "AE": "æ", "AH": "ʌ", "AO": "ɔː", "AW": "aʊ", "AY": "aɪ", "EH": "ɛ", "ER": "ɜː", "EY": "eɪ",
+    "IH": "ɪ", "IY": "iː", "OW": "oʊ", "OY": "ɔɪ", "UH": "ʊ", "UW": "uː",
+    "B": "b", "CH": "tʃ", "D": "d", "DH": "ð", "F": "f", "G": "ɡ", "HH": "h", "JH": "dʒ", "K": "k", "L": "l",
+    "M": "m", "N": "n", "NG": "ŋ", "P": "p", "R": "ɹ", "S": "s", "SH": "ʃ", "T": "t", "TH": "θ", "V": "v",
+    "W": "w", "Y": "j", "Z": "z", "ZH": "ʒ",
+}  # fmt: skip
+_UNSTRESSED = {"AH": "ə", "ER": "ɚ"}
+_STRESS = {"0": "", "1": "ˈ", "2": "ˌ"}
 
 
 class _Lexeme:
@@ -103,12 +117,26 @@ class _Reader:
             lexeme.alias = text
         elif name == "phoneme" and lexeme.phoneme is None:
             alphabet = self.text_alphabet or self.alphabet
-            if alphabet != IPA:
+            if alphabet not in (IPA, ARPABET):
                 said = f"alphabet {alphabet!r}" if alphabet else "no alphabet"
-                raise self.refuse(f'a <phoneme> in {said}: voxgate takes alphabet="ipa" (or an <alias>)')
+                raise self.refuse(
+                    f'a <phoneme> in {said}: voxgate takes "ipa" or "cmu-arpabet" (or an <alias>)'
+                )
             if not text:
                 raise self.refuse("an empty <phoneme>")
-            lexeme.phoneme = text
+            lexeme.phoneme = text if alphabet == IPA else self.arpabet(text)
+
+    def arpabet(self, text: str) -> str:
+        """ARPAbet symbols (a vowel's stress as its digit) as IPA, a stress mark before its vowel as espeak
+        writes it."""
+        out = []
+        for symbol in text.upper().split():
+            base, stress = (symbol[:-1], symbol[-1]) if symbol[-1:] in _STRESS else (symbol, None)
+            if base not in _ARPABET:
+                raise self.refuse(f"{symbol!r} is not an ARPAbet symbol")
+            ipa = _UNSTRESSED.get(base, _ARPABET[base]) if stress == "0" else _ARPABET[base]
+            out.append(_STRESS[stress or "0"] + ipa)
+        return "".join(out)
 
     def chars(self, data: str) -> None:
         if self.text is not None:

@@ -141,3 +141,50 @@ def test_pipecat_multi_stream_input_says_the_dictionary_word(
     error, heard = word_error_rate(whisper, decode(audio, "pcm").astype(np.float32), 24000, BY_HAND)
     # pipecat sends no seed, so Piper's speech varies a little from run to run: most of the alias will do.
     assert sum(word in heard.split() for word in ALIAS.split()) >= 2 and error <= 0.4, heard
+
+
+ARPABET = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n'
+    b'<lexicon version="1.0" xmlns="http://www.w3.org/2005/01/pronunciation-lexicon"'
+    b' alphabet="cmu-arpabet">\n'
+    b"  <lexeme><grapheme>Nguyen</grapheme><phoneme>N W IY1 AH0 N</phoneme></lexeme>\n"
+    b"</lexicon>\n"
+)
+
+
+def test_a_phoneme_entry_is_said_as_the_same_ipa_in_session_pronunciations(
+    gateway: str, client: ElevenLabs
+) -> None:
+    """A PLS phoneme (ElevenLabs' cmu-arpabet, written as IPA) is Piper's phoneme input, exactly as the same
+    ``ipa`` in voxgate's own ``pronunciations``: one mechanism."""
+    made = client.pronunciation_dictionaries.create_from_file(name="Names", file=("names.pls", ARPABET))
+    [rule] = client.pronunciation_dictionaries.get(made.id).rules
+    assert (rule.type, rule.phoneme) == ("phoneme", "nwˈiːən")
+    text = "Please call Nguyen, today."
+    said = b"".join(
+        client.text_to_speech.convert(
+            VOICE,
+            text=text,
+            seed=7,
+            output_format="pcm_16000",
+            pronunciation_dictionary_locators=[
+                PronunciationDictionaryVersionLocator(pronunciation_dictionary_id=made.id)
+            ],
+        )
+    )
+    own = httpx.post(
+        f"http://{gateway}/v1/audio/speech",
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={
+            "input": text,
+            "voice": VOICE,
+            "response_format": "pcm",
+            "sample_rate": 16000,
+            "seed": 7,
+            "pronunciations": [{"text": "Nguyen", "ipa": "nwˈiːən"}],
+        },
+        timeout=TIMEOUT_S,
+    )
+    assert own.status_code == 200 and said == own.content
+    plain = b"".join(client.text_to_speech.convert(VOICE, text=text, seed=7, output_format="pcm_16000"))
+    assert plain != said

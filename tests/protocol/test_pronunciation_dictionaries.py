@@ -72,6 +72,21 @@ def test_namespaces_alphabets_and_encodings() -> None:
     ]
 
 
+def test_cmu_arpabet_is_written_as_ipa_the_way_espeak_writes_it() -> None:
+    data = lexicon(
+        "<grapheme>apple</grapheme><phoneme>AE1 P AH0 L</phoneme>",
+        "<grapheme>butter</grapheme><phoneme>b ah1 t er0</phoneme>",
+        '<grapheme>bird</grapheme><phoneme alphabet="ipa">bˈɜːd</phoneme>',
+        "<grapheme>thousand</grapheme><phoneme>TH AW1 Z AH0 N D</phoneme>",
+        "<grapheme>cheese</grapheme><phoneme>CH IY2 Z</phoneme>",
+        alphabet=' alphabet="cmu-arpabet"',
+    )
+    assert [entry.ipa for entry in pls.parse(data)] == ["ˈæpəl", "bˈʌtɚ", "bˈɜːd", "θˈaʊzənd", "tʃˌiːz"]
+    assert "'QX1' is not an ARPAbet symbol" in refused(
+        lexicon("<grapheme>x</grapheme><phoneme>QX1</phoneme>", alphabet=' alphabet="cmu-arpabet"')
+    )
+
+
 BOMB = (
     b'<?xml version="1.0"?><!DOCTYPE lexicon [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;">'
     b'<!ENTITY c "&b;&b;&b;&b;&b;&b;">]><lexicon><lexeme><grapheme>&c;</grapheme><alias>x</alias></lexeme>'
