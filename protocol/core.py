@@ -64,6 +64,20 @@ from . import pauses
 from .alignment import WordNamer
 from .audio import Samples
 from .errors import ProtocolError
+from .events import (
+    CloseRequested,
+    Committed,
+    ConfigAccepted,
+    ContextActive,
+    ContextCancelled,
+    ContextEnded,
+    ContextStarted,
+    Event,
+    SegmentReady,
+    UtteranceCancelled,
+    UtteranceEnded,
+    UtteranceStarted,
+)
 from .joins import Fader
 from .messages import (
     AudioCancelled,
@@ -94,21 +108,7 @@ from .output import (
 )
 from .pace import AUDIO_SHARE, Pace
 from .packer import AudioPacker
-from .session import (
-    CloseRequested,
-    Committed,
-    ConfigAccepted,
-    ContextActive,
-    ContextCancelled,
-    ContextEnded,
-    ContextStarted,
-    Event,
-    SegmentReady,
-    Session,
-    UtteranceCancelled,
-    UtteranceEnded,
-    UtteranceStarted,
-)
+from .session import Session
 
 #: Slack the listener keeps when a segment is cut to be in time: frames in flight, the client's jitter
 #: buffer, the error of the engine estimate (``protocol.pace``): a cut this early costs nothing audible.

@@ -39,17 +39,28 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-import msgspec
-
 from . import pronounce
 from .codecs.openai import speakable
 from .codecs.stream import render
 from .config import DEFAULT_MAX_BUFFER_DELAY_MS
-from .errors import MALFORMED_JSON, CloseCode, ErrorCode, ProtocolError, field_path
+from .decoding import decode, unknown_fields
+from .errors import CloseCode, ErrorCode, ProtocolError
+from .events import (
+    CloseRequested,
+    Committed,
+    ConfigAccepted,
+    ContextActive,
+    ContextCancelled,
+    ContextEnded,
+    ContextStarted,
+    Event,
+    SegmentReady,
+    UtteranceCancelled,
+    UtteranceEnded,
+    UtteranceStarted,
+)
 from .messages import (
-    CLIENT_TYPES,
     ClientMessage,
-    CloseReason,
     ContextClose,
     InputCancel,
     InputCommit,
@@ -71,11 +82,6 @@ MAX_MESSAGE_BYTES = 128 * 1024
 MAX_CONTEXTS = 8
 #: Utterances a session may have queued at once (far more than any turn-taking client sends ahead).
 MAX_IN_FLIGHT = 256
-
-_decode_client = msgspec.json.Decoder(ClientMessage).decode
-_decode_any = msgspec.json.Decoder().decode
-_CONFIG_FIELDS: frozenset[str] = frozenset(SessionConfig.__struct_fields__) | {"type"}
-# msgspec names an unknown or missing top-level field without a path; client messages are flat.
 
 
 class State(enum.Enum):
@@ -107,97 +113,6 @@ _TRANSITIONS: dict[tuple[State, type[ClientMessage]], State] = {
 }
 # Refused as unknown types in vllm-omni's dialect, which has none of them.
 _EXTENSIONS = (InputCancel, Keepalive, ContextClose)
-
-
-class Event(msgspec.Struct, frozen=True):
-    """Base of what the session tells the gateway to do."""
-
-
-class ConfigAccepted(Event, frozen=True):
-    """A config passed validation; the gateway checks it against the engine, then answers session.ready."""
-
-    config: SessionConfig
-    ignored_fields: tuple[str, ...] = ()
-
-
-class SegmentReady(Event, frozen=True):
-    """A segment of text is complete and can be synthesized."""
-
-    utterance_index: int
-    sentence_index: int
-    text: str
-    #: The client's text the segment stands for (``Normalizer.source``), where it differs from ``text``,
-    #: and for each character of ``text`` the index in ``source`` of the one it stands for.
-    source: str = ""
-    origins: tuple[int, ...] = ()
-
-
-class UtteranceStarted(Event, frozen=True):
-    """The first text of an utterance arrived; ``context_number`` is its context (0: the default)."""
-
-    utterance_index: int
-    context_number: int = 0
-
-
-class UtteranceEnded(Event, frozen=True):
-    """All text of the utterance is segmented (after ``input.done`` or ``session.close``)."""
-
-    utterance_index: int
-    total_sentences: int
-    context_number: int = 0
-
-
-class UtteranceCancelled(Event, frozen=True):
-    """Barge-in on every context: stop everything in flight, and close the named contexts.
-
-    ``utterance_index`` is an open utterance, if any.
-    """
-
-    utterance_index: int | None
-
-
-class Committed(Event, frozen=True):
-    """``input.commit`` cut the buffered text; ``sentence_index`` is its segment, None if no text."""
-
-    commit_id: str | None
-    utterance_index: int
-    sentence_index: int | None
-    context_number: int = 0
-
-
-class ContextStarted(Event, frozen=True):
-    """A message opened the named context ``context_id``; ``context_number`` numbers it in the session."""
-
-    context_id: str
-    context_number: int
-
-
-class ContextActive(Event, frozen=True):
-    """A message named an open context (or, None, a ``keepalive`` named none): restart its idle timer."""
-
-    context_number: int | None
-
-
-class ContextCancelled(Event, frozen=True):
-    """Barge-in on one context: stop its utterances and close it (``context_number`` None: not open)."""
-
-    context_id: str
-    context_number: int | None
-
-
-class ContextEnded(Event, frozen=True):
-    """The text side closed a context: gracefully (``closed``: once its audio is out), or when idle.
-
-    ``context_number`` is None when the id named no open context.
-    """
-
-    context_id: str
-    context_number: int | None
-    reason: CloseReason = "closed"
-
-
-class CloseRequested(Event, frozen=True):
-    """The client asked to close once the last utterance has played out."""
 
 
 @dataclass(slots=True)
@@ -330,8 +245,13 @@ class Session:
         Raises:
             ProtocolError: the message is refused; ``fatal`` says whether the session must close.
         """
-        msg = self._decode(data)
-        ignored = _unknown_fields(data) if isinstance(msg, SessionConfig) else ()
+        msg = decode(
+            data,
+            max_config_bytes=self.max_config_bytes,
+            max_message_bytes=self.max_message_bytes,
+            fatal=not self.configured,
+        )
+        ignored = unknown_fields(data) if isinstance(msg, SessionConfig) else ()
         return self.receive(msg, ignored_fields=ignored)
 
     def receive(self, msg: ClientMessage, *, ignored_fields: tuple[str, ...] = ()) -> list[Event]:
@@ -557,40 +477,6 @@ class Session:
             speaking = any(stream.utterance is not None for stream in self._streams())
             self.state = State.SPEAKING if speaking else State.READY
 
-    def _decode(self, data: str) -> ClientMessage:
-        size = len(data) if data.isascii() else len(data.encode())
-        if size > self.max_config_bytes:
-            raise self._error(
-                ErrorCode.MESSAGE_TOO_LARGE, f"message of {size} bytes exceeds {self.max_config_bytes}"
-            )
-        try:
-            msg = _decode_client(data)
-        except msgspec.ValidationError as exc:
-            raise self._classify(data, exc) from None
-        except MALFORMED_JSON as exc:
-            raise self._error(ErrorCode.INVALID_JSON, f"invalid JSON: {exc}") from None
-        if not isinstance(msg, SessionConfig) and size > self.max_message_bytes:
-            raise self._error(
-                ErrorCode.MESSAGE_TOO_LARGE,
-                f"{msg.__struct_config__.tag} message of {size} bytes exceeds {self.max_message_bytes}",
-            )
-        return msg
-
-    def _classify(self, data: str, exc: msgspec.ValidationError) -> ProtocolError:
-        try:
-            raw = _decode_any(data)
-        except MALFORMED_JSON as err:
-            # The typed decoder stops at the first schema error, before it reaches malformed JSON after it.
-            return self._error(ErrorCode.INVALID_JSON, f"invalid JSON: {err}")
-        if not isinstance(raw, dict):
-            return self._error(ErrorCode.NOT_AN_OBJECT, "messages must be JSON objects")
-        kind = raw.get("type")
-        if not isinstance(kind, str) or kind not in CLIENT_TYPES:
-            return self._error(ErrorCode.UNKNOWN_TYPE, f"unknown message type: {kind!r}", field="$.type")
-        field = field_path(exc)
-        code = ErrorCode.INVALID_MESSAGE
-        return self._error(code, f"invalid {kind}: {exc}", field=field)
-
     def _illegal(self, msg: ClientMessage) -> ProtocolError:
         kind = msg.__struct_config__.tag
         if self.state is State.AWAITING_CONFIG:
@@ -612,9 +498,3 @@ class Session:
 
 def _open_index(stream: _Stream) -> int:
     return -1 if stream.utterance is None else stream.utterance
-
-
-def _unknown_fields(data: str) -> tuple[str, ...]:
-    """The top-level fields of a ``session.config`` that the schema does not know (they are ignored)."""
-    raw = _decode_any(data)
-    return tuple(sorted(k for k in raw if k not in _CONFIG_FIELDS)) if isinstance(raw, dict) else ()

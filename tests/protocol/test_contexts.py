@@ -10,6 +10,20 @@ from voxgate.protocol.audio import Samples
 from voxgate.protocol.codecs.stream import render, sends
 from voxgate.protocol.core import Core
 from voxgate.protocol.errors import ErrorCode, ProtocolError
+from voxgate.protocol.events import (
+    CloseRequested,
+    Committed,
+    ConfigAccepted,
+    ContextActive,
+    ContextCancelled,
+    ContextEnded,
+    ContextStarted,
+    Event,
+    SegmentReady,
+    UtteranceCancelled,
+    UtteranceEnded,
+    UtteranceStarted,
+)
 from voxgate.protocol.frames import CONTEXT_HEADER_BYTES, HEADER_BYTES, FrameHeader, split_frame
 from voxgate.protocol.messages import (
     AudioCancelled,
@@ -32,22 +46,7 @@ from voxgate.protocol.output import (
     Report,
     Speak,
 )
-from voxgate.protocol.session import (
-    CloseRequested,
-    Committed,
-    ConfigAccepted,
-    ContextActive,
-    ContextCancelled,
-    ContextEnded,
-    ContextStarted,
-    Event,
-    SegmentReady,
-    Session,
-    State,
-    UtteranceCancelled,
-    UtteranceEnded,
-    UtteranceStarted,
-)
+from voxgate.protocol.session import Session, State
 
 from tests.protocol.test_core import unheard
 

@@ -11,6 +11,15 @@ import pytest
 from voxgate.protocol.audio import Samples
 from voxgate.protocol.core import Core
 from voxgate.protocol.errors import ErrorCode, ProtocolError
+from voxgate.protocol.events import (
+    CloseRequested,
+    Committed,
+    ConfigAccepted,
+    SegmentReady,
+    UtteranceCancelled,
+    UtteranceEnded,
+    UtteranceStarted,
+)
 from voxgate.protocol.messages import (
     AudioCancelled,
     AudioDone,
@@ -35,17 +44,7 @@ from voxgate.protocol.output import (
     Report,
     Speak,
 )
-from voxgate.protocol.session import (
-    CloseRequested,
-    Committed,
-    ConfigAccepted,
-    SegmentReady,
-    Session,
-    State,
-    UtteranceCancelled,
-    UtteranceEnded,
-    UtteranceStarted,
-)
+from voxgate.protocol.session import Session, State
 
 
 def unheard(

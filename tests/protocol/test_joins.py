@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from voxgate.protocol.core import Core
+from voxgate.protocol.events import SegmentReady, UtteranceEnded, UtteranceStarted
 from voxgate.protocol.joins import FADE_S, Fader, fade
 from voxgate.protocol.output import Audio, OutputFormat
-from voxgate.protocol.session import SegmentReady, UtteranceEnded, UtteranceStarted
 
 RATE = 16000
 N = round(FADE_S * RATE)

@@ -7,7 +7,8 @@ import json
 import pytest
 from voxgate.protocol.codecs.openai import decode_batch_request, decode_speech_request, merge
 from voxgate.protocol.errors import ErrorCode, ProtocolError
-from voxgate.protocol.session import SegmentReady, Session
+from voxgate.protocol.events import SegmentReady
+from voxgate.protocol.session import Session
 
 TEXT = "Great job! 🎉 See you 👋"
 

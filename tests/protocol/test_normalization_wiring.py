@@ -13,6 +13,7 @@ from voxgate.protocol.codecs.elevenlabs import Params, decode_body, parse_params
 from voxgate.protocol.codecs.openai import decode_batch_request, decode_speech_request, merge
 from voxgate.protocol.core import Core
 from voxgate.protocol.errors import ErrorCode, ProtocolError
+from voxgate.protocol.events import SegmentReady, UtteranceEnded, UtteranceStarted
 from voxgate.protocol.messages import (
     AudioStart,
     InputDone,
@@ -24,7 +25,7 @@ from voxgate.protocol.messages import (
 from voxgate.protocol.normalize import Alias, Normalizer
 from voxgate.protocol.output import Message, OutputFormat, Speak
 from voxgate.protocol.pronounce import aliases
-from voxgate.protocol.session import SegmentReady, Session, UtteranceEnded, UtteranceStarted
+from voxgate.protocol.session import Session
 
 STEPS = "Here are the steps:\n1. Open the app\n2. Tap settings\n3. Choose voice\nThat is all"
 

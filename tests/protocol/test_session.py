@@ -9,6 +9,16 @@ import pytest
 from voxgate.protocol.codecs.openai import speakable
 from voxgate.protocol.codecs.stream import sends
 from voxgate.protocol.errors import CloseCode, ErrorCode, ProtocolError
+from voxgate.protocol.events import (
+    CloseRequested,
+    Committed,
+    ConfigAccepted,
+    Event,
+    SegmentReady,
+    UtteranceCancelled,
+    UtteranceEnded,
+    UtteranceStarted,
+)
 from voxgate.protocol.messages import (
     ENGINE_OPTION_FIELDS,
     AudioCancelled,
@@ -24,20 +34,7 @@ from voxgate.protocol.messages import (
     WordTimestamp,
     WordTimestamps,
 )
-from voxgate.protocol.session import (
-    MAX_CONFIG_BYTES,
-    MAX_MESSAGE_BYTES,
-    CloseRequested,
-    Committed,
-    ConfigAccepted,
-    Event,
-    SegmentReady,
-    Session,
-    State,
-    UtteranceCancelled,
-    UtteranceEnded,
-    UtteranceStarted,
-)
+from voxgate.protocol.session import MAX_CONFIG_BYTES, MAX_MESSAGE_BYTES, Session, State
 
 CONFIG = '{"type": "session.config"}'
 DONE = '{"type": "input.done"}'

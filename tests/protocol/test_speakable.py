@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from voxgate.protocol.codecs.openai import speakable
-from voxgate.protocol.session import SegmentReady, Session, UtteranceEnded, UtteranceStarted
+from voxgate.protocol.events import SegmentReady, UtteranceEnded, UtteranceStarted
+from voxgate.protocol.session import Session
 
 
 def _feed(session: Session, *messages: dict[str, object]) -> list[object]:
