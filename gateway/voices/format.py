@@ -8,6 +8,7 @@ is 1.4 MB) or ``embedding`` (float32), and the voice's metadata as strings in th
 by earlier versions still load; every clip is handed out as float32 (``to_float32``), at the rate it was
 stored at.
 
+``BaseVoiceStore.save`` is every backend's ``save`` up to the write (the owner's room: ``check_room``);
 ``encode`` makes the bytes every backend stores; ``header_info`` checks a header as every backend reads it,
 as an upload is checked (``gateway.voices.clips``: text fields, the clip's rate and length, the embedding's
 size), and ``check_payload`` the values of a float32 tensor, so a file that no upload could have left (copied
@@ -17,10 +18,12 @@ in by hand, from an older version, tampered with) is ``Unreadable``: never liste
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import time
 import unicodedata
-from typing import Any, Literal
+from collections.abc import Collection, Mapping
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import numpy as np
@@ -49,6 +52,9 @@ RESAMPLED_SLACK_S = 0.01
 _OWNER_RE = re.compile(r"[0-9a-f]{1,64}")
 
 Kind = Literal["audio", "embedding"]
+K = TypeVar("K")
+
+logger = logging.getLogger(__name__)
 
 
 class VoiceError(ValueError):
@@ -263,7 +269,7 @@ def encode(
 ) -> tuple[bytes, VoiceInfo]:
     """The safetensors bytes of a voice and what they describe; every backend stores exactly these bytes.
 
-    ``name`` has passed ``check_name``. Raises ``ValueError`` as ``VoiceStore.save`` documents.
+    ``name`` has passed ``check_name``. Raises ``ValueError`` as ``BaseVoiceStore.save`` documents.
     """
     if (audio is None) == (embedding is None):
         raise ValueError("give exactly one of audio and embedding")
@@ -296,3 +302,94 @@ def encode(
         )
     except Unreadable as exc:
         raise ValueError(str(exc)) from None
+
+
+def voice_data(info: VoiceInfo, payload: npt.NDArray[np.float32]) -> VoiceData:
+    """A stored voice with its payload: ``audio`` or ``embedding``, as ``info.kind`` says."""
+    if info.kind == "audio":
+        return VoiceData(info=info, audio=payload)
+    return VoiceData(info=info, embedding=payload)
+
+
+def check_room(
+    sizes: Mapping[K, int], own: Collection[K], needed: int, *, replacing: bool, max_voices: int, quota: int
+) -> None:
+    """Refuse a voice of ``needed`` bytes that its owner has no room for.
+
+    Args:
+        sizes: the owner's voice files (or objects) and their sizes, by key.
+        own: the keys of this voice's own files (under its name, or as written before names ignored case),
+            which it replaces and which do not count.
+        needed: the voice's size in bytes.
+        replacing: it replaces a voice of the owner's, so it takes no new place.
+        max_voices: the owner's number of voices.
+        quota: the owner's bytes of voice files; 0 for no cap.
+
+    Raises:
+        VoiceLimitReached: a new voice beside ``max_voices`` others.
+        VoiceQuotaExceeded: the other voices and this one would pass ``quota``.
+    """
+    others = [size for key, size in sizes.items() if key not in own]
+    if not replacing and len(others) >= max_voices:
+        raise VoiceLimitReached(max_voices)
+    if quota and sum(others) + needed > quota:
+        raise VoiceQuotaExceeded(quota, sum(others), needed)
+
+
+class BaseVoiceStore:
+    """What every backend's ``save`` does before it writes: check the name, make the file's bytes
+    (``encode``), choose the quota; a backend writes them with ``_write`` (``check_room`` under its lock)."""
+
+    max_voices: int
+    #: Bytes of voice files per owner; 0 for no cap. ``save`` may be given another.
+    max_bytes: int
+
+    def save(
+        self,
+        owner: str,
+        name: str,
+        *,
+        audio: npt.NDArray[np.float32] | None = None,
+        sample_rate: int = 0,
+        embedding: npt.NDArray[np.float32] | None = None,
+        consent: str,
+        ref_text: str | None = None,
+        speaker_description: str | None = None,
+        mime_type: str | None = None,
+        max_bytes: int | None = None,
+    ) -> VoiceInfo:
+        """Store a voice atomically, replacing one of the same name in any case.
+
+        ``audio`` (float32 in [-1, 1], clipped beyond) is stored as 16-bit PCM. ``max_bytes`` replaces
+        the store's own ``max_bytes`` for this call (0: no cap).
+
+        Raises:
+            InvalidVoiceName: see ``check_name``.
+            VoiceLimitReached: the owner has ``max_voices`` voices and ``name`` is not one of them.
+            VoiceQuotaExceeded: the owner's other voice files and this one would pass ``max_bytes``.
+            VoiceStoreUnavailable: a shared store did not answer, or could not keep its lock.
+            ValueError: not exactly one of ``audio`` and ``embedding``, an empty one, one with NaN or
+                infinite values, no sample rate, or what an upload refuses (``gateway.voices.clips``: a clip
+                outside 1 to 30 s or 8 to 192 kHz, an embedding of over 8192 values, a text field of
+                over 16 KiB).
+        """
+        name = check_name(name)
+        payload, info = encode(
+            owner,
+            name,
+            audio=audio,
+            sample_rate=sample_rate,
+            embedding=embedding,
+            consent=consent,
+            ref_text=ref_text,
+            speaker_description=speaker_description,
+            mime_type=mime_type,
+        )
+        if self._write(owner, name, payload, self.max_bytes if max_bytes is None else max_bytes):
+            logger.info("voice %r of owner %r replaced", name, owner or PUBLIC_DIR)
+        return info
+
+    def _write(self, owner: str, name: str, payload: bytes, quota: int) -> bool:
+        """Store ``payload`` as the voice ``name`` of ``owner`` if ``check_room`` lets it, in place of the
+        voice's files under any case of its name; True when it replaced one."""
+        raise NotImplementedError

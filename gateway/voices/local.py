@@ -30,8 +30,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-import numpy.typing as npt
 from safetensors import SafetensorError, safe_open
 
 from .format import (
@@ -39,6 +37,7 @@ from .format import (
     MAX_FILE_BYTES,
     PUBLIC_DIR,
     SUFFIX,
+    BaseVoiceStore,
     InvalidVoiceName,
     Unreadable,
     VoiceData,
@@ -48,12 +47,14 @@ from .format import (
     VoiceStoreUnavailable,
     check_name,
     check_payload,
+    check_room,
     encode,
     file_header,
     file_name_of,
     folder_name_of,
     header_info,
     to_float32,
+    voice_data,
 )
 
 # The format's names callers have always taken from the default backend.
@@ -121,7 +122,7 @@ def _read_info(path: Path, *, size: int, owner: str) -> VoiceInfo:
         raise Unreadable(f"bad header: {exc}") from exc
 
 
-class VoiceStore:
+class VoiceStore(BaseVoiceStore):
     """One safetensors file per voice under ``directory``, partitioned by owner.
 
     All methods do blocking file I/O: call them from a worker thread (``run_in_threadpool``).
@@ -131,7 +132,6 @@ class VoiceStore:
     def __init__(self, directory: Path, *, max_voices: int = 1000, max_bytes: int = 0) -> None:
         self.directory = directory
         self.max_voices = max_voices
-        #: Bytes of voice files per owner; 0 for no cap. ``save`` may be given another.
         self.max_bytes = max_bytes
         self._cache: dict[Path, tuple[tuple[int, int, int, int], VoiceInfo | None]] = {}
         self._cache_lock = threading.Lock()
@@ -155,9 +155,7 @@ class VoiceStore:
         except (Unreadable, SafetensorError, OSError) as exc:
             logger.warning("skipping unreadable voice file %s: %s", path, exc)
             return None
-        if info.kind == "audio":
-            return VoiceData(info=info, audio=payload)
-        return VoiceData(info=info, embedding=payload)
+        return voice_data(info, payload)
 
     def info(self, owner: str, name: str) -> VoiceInfo | None:
         """The voice's metadata (its name matched in any case), or None when absent or unreadable."""
@@ -194,65 +192,26 @@ class VoiceStore:
                 del self._cache[path]
         return sorted(infos, key=lambda info: info.name)
 
-    def save(
-        self,
-        owner: str,
-        name: str,
-        *,
-        audio: npt.NDArray[np.float32] | None = None,
-        sample_rate: int = 0,
-        embedding: npt.NDArray[np.float32] | None = None,
-        consent: str,
-        ref_text: str | None = None,
-        speaker_description: str | None = None,
-        mime_type: str | None = None,
-        max_bytes: int | None = None,
-    ) -> VoiceInfo:
-        """Store a voice atomically, replacing one of the same name in any case.
-
-        ``audio`` (float32 in [-1, 1], clipped beyond) is stored as 16-bit PCM. ``max_bytes`` replaces
-        the store's own ``max_bytes`` for this call (0: no cap).
-
-        Raises:
-            InvalidVoiceName: see ``check_name``.
-            VoiceLimitReached: the owner has ``max_voices`` voices and ``name`` is not one of them.
-            VoiceQuotaExceeded: the owner's other voice files and this one would pass ``max_bytes``.
-            ValueError: not exactly one of ``audio`` and ``embedding``, an empty one, one with NaN or
-                infinite values, no sample rate, or what an upload refuses (``gateway.voices.clips``: a clip
-                outside 1 to 30 s or 8 to 192 kHz, an embedding of over 8192 values, a text field of
-                over 16 KiB).
-        """
-        name = check_name(name)
-        payload, info = encode(
-            owner,
-            name,
-            audio=audio,
-            sample_rate=sample_rate,
-            embedding=embedding,
-            consent=consent,
-            ref_text=ref_text,
-            speaker_description=speaker_description,
-            mime_type=mime_type,
-        )
+    def _write(self, owner: str, name: str, payload: bytes, quota: int) -> bool:
+        """A temp file renamed over the voice's, under the owner's folder lock (``BaseVoiceStore.save``)."""
         folder = self._folder(owner, create=True)
-        path = folder / file_name_of(name)
-        quota = self.max_bytes if max_bytes is None else max_bytes
+        path, legacy = folder / file_name_of(name), folder / file_name_of(name, exact=True)
         with self._locked(folder):
-            legacy = folder / file_name_of(name, exact=True)
             sizes = self._sizes(folder)
             # The voice's own files (under its name, or as written before names ignored case) are replaced.
-            others = [size for p, size in sizes.items() if p not in (path, legacy)]
             replacing = path in sizes
-            if not replacing and len(others) >= self.max_voices:
-                raise VoiceLimitReached(self.max_voices)
-            if quota and sum(others) + len(payload) > quota:
-                raise VoiceQuotaExceeded(quota, sum(others), len(payload))
+            check_room(
+                sizes,
+                (path, legacy),
+                len(payload),
+                replacing=replacing,
+                max_voices=self.max_voices,
+                quota=quota,
+            )
             if legacy != path and legacy in sizes:
                 legacy.unlink()  # the same voice, stored before names were case-insensitive
             write_atomic(path, payload)
-        if replacing:
-            logger.info("voice %r of owner %r replaced", name, owner or PUBLIC_DIR)
-        return info
+        return replacing
 
     def delete(self, owner: str, name: str) -> bool:
         """Remove a voice, its name matched in any case; False when there was none."""

@@ -43,8 +43,6 @@ from datetime import timedelta
 from typing import Any
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
 import obstore
 import safetensors.numpy
 from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
@@ -53,22 +51,21 @@ from safetensors import SafetensorError
 
 from .format import (
     MAX_FILE_BYTES,
-    PUBLIC_DIR,
     SUFFIX,
+    BaseVoiceStore,
     Tensor,
     Unreadable,
     VoiceData,
+    VoiceError,
     VoiceInfo,
-    VoiceLimitReached,
-    VoiceQuotaExceeded,
     VoiceStoreUnavailable,
-    check_name,
     check_payload,
-    encode,
+    check_room,
     file_name_of,
     folder_name_of,
     header_info,
     to_float32,
+    voice_data,
 )
 
 logger = logging.getLogger(__name__)
@@ -146,13 +143,12 @@ class _Clip(msgspec.Struct, frozen=True):
     nbytes: int
 
 
-class S3VoiceStore:
+class S3VoiceStore(BaseVoiceStore):
     """One object per voice under ``s3://bucket/prefix``, partitioned by owner, shared across replicas."""
 
     def __init__(self, bucket: str, prefix: str, *, max_voices: int = 1000, max_bytes: int = 0) -> None:
         self.location = f"s3://{bucket}/{prefix}"
         self.max_voices = max_voices
-        #: Bytes of voice objects per owner; 0 for no cap. ``save`` may be given another.
         self.max_bytes = max_bytes
         self._s3 = S3Store(bucket, prefix=prefix or None, client_options=_CLIENT, retry_config=_RETRY)  # type: ignore[arg-type]
         self._headers: dict[str, tuple[str, VoiceInfo | None]] = {}
@@ -188,11 +184,7 @@ class S3VoiceStore:
                 logger.warning("skipping unreadable voice object %s: %s", key, exc)
                 return None
             payload.setflags(write=False)  # shared by every session that speaks it
-            voice = (
-                VoiceData(info=info, audio=payload)
-                if info.kind == "audio"
-                else VoiceData(info=info, embedding=payload)
-            )
+            voice = voice_data(info, payload)
             self._remember(key, _Clip(e_tag=e_tag, data=voice, nbytes=payload.nbytes))
             return voice
 
@@ -236,45 +228,22 @@ class S3VoiceStore:
                     del self._headers[key]
             return sorted(infos, key=lambda info: info.name)
 
-    def save(
-        self,
-        owner: str,
-        name: str,
-        *,
-        audio: npt.NDArray[np.float32] | None = None,
-        sample_rate: int = 0,
-        embedding: npt.NDArray[np.float32] | None = None,
-        consent: str,
-        ref_text: str | None = None,
-        speaker_description: str | None = None,
-        mime_type: str | None = None,
-        max_bytes: int | None = None,
-    ) -> VoiceInfo:
-        """Store a voice as one PUT, replacing one of the same name in any case (see ``VoiceStore.save``)."""
+    def _write(self, owner: str, name: str, payload: bytes, quota: int) -> bool:
+        """One PUT under the owner's lock object (``BaseVoiceStore.save``)."""
         with reaching(self.location):
-            name = check_name(name)
-            payload, info = encode(
-                owner,
-                name,
-                audio=audio,
-                sample_rate=sample_rate,
-                embedding=embedding,
-                consent=consent,
-                ref_text=ref_text,
-                speaker_description=speaker_description,
-                mime_type=mime_type,
-            )
             key, legacy = self._key(owner, name), self._key(owner, name, exact=True)
-            quota = self.max_bytes if max_bytes is None else max_bytes
             with self._locked(folder_name_of(owner)) as lock:
                 sizes = {str(m["path"]): int(m["size"]) for m in self._objects(folder_name_of(owner))}
                 # The voice's own objects (its name, or as named before names ignored case) are replaced.
-                others = [size for k, size in sizes.items() if k not in (key, legacy)]
                 replacing = key in sizes
-                if not replacing and len(others) >= self.max_voices:
-                    raise VoiceLimitReached(self.max_voices)
-                if quota and sum(others) + len(payload) > quota:
-                    raise VoiceQuotaExceeded(quota, sum(others), len(payload))
+                check_room(
+                    sizes,
+                    (key, legacy),
+                    len(payload),
+                    replacing=replacing,
+                    max_voices=self.max_voices,
+                    quota=quota,
+                )
                 if not lock.held():  # renewals lag: another replica may be counting without this voice
                     raise VoiceStoreUnavailable(f"the voice store's lock {lock.key} could not be kept")
                 obstore.put(self._s3, key, payload, use_multipart=False)
@@ -285,9 +254,7 @@ class S3VoiceStore:
             self._forget(legacy)
             if not kept and not replacing:
                 self._count_again(owner, key, legacy, quota)
-            if replacing:
-                logger.info("voice %r of owner %r replaced", name, owner or PUBLIC_DIR)
-            return info
+            return replacing
 
     def delete(self, owner: str, name: str) -> bool:
         """Remove a voice, its name matched in any case; False when there was none."""
@@ -309,14 +276,12 @@ class S3VoiceStore:
         )
         with self._locked(folder):
             sizes = {str(m["path"]): int(m["size"]) for m in self._objects(folder)}
-            others = [size for k, size in sizes.items() if k not in (key, legacy)]
-            own = sizes.get(key, 0)
-            if len(others) >= self.max_voices:
+            own, limit = sizes.get(key, 0), self.max_voices
+            try:
+                check_room(sizes, (key, legacy), own, replacing=False, max_voices=limit, quota=quota)
+            except VoiceError:
                 obstore.delete(self._s3, key)
-                raise VoiceLimitReached(self.max_voices)
-            if quota and sum(others) + own > quota:
-                obstore.delete(self._s3, key)
-                raise VoiceQuotaExceeded(quota, sum(others), own)
+                raise
 
     def _key(self, owner: str, name: str, *, exact: bool = False) -> str:
         return f"{folder_name_of(owner)}/{file_name_of(name, exact=exact)}"
