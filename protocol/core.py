@@ -135,6 +135,11 @@ def _named(namer: WordNamer | None, words: list[tuple[str, float, float]]) -> li
     return out
 
 
+def _letters(text: str) -> int:
+    """The characters of ``text`` that are not whitespace."""
+    return len(text) - sum(ch.isspace() for ch in text)
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 2)
 
@@ -190,6 +195,7 @@ class _Utterance:
     held: int | None = None  # a segment ended on a sentence, its audio.done held while a pause may follow
     pause_at: int | None = None  # the segment a pause goes into, until the next speech (``_pause_due``)
     paused_s: float = 0.0  # pause written at this sentence end
+    unsegmented: int = 0  # characters (not spaces) of its text received and not yet in a segment
 
 
 @dataclass(slots=True)
@@ -324,7 +330,9 @@ class Core:
                 self._open(u, now, c)
             case SegmentReady(utterance_index=u, sentence_index=s, text=text, source=source, origins=origins):
                 namer = WordNamer(text, source, origins) if source else None
-                self._utterance(u).segments[s] = _Segment(text, now, source=source or text, namer=namer)
+                utterance = self._utterance(u)
+                utterance.segments[s] = _Segment(text, now, source=source or text, namer=namer)
+                utterance.unsegmented -= _letters(source or text)
                 self.session.backlog += len(text)
                 self._out.append(Speak(u, s, text))
             case UtteranceEnded(utterance_index=u, total_sentences=n, context_number=c):
@@ -460,7 +468,6 @@ class Core:
             and u.pauses
             and seg.made_s > 0
             and (u.total is None or sentence < u.total - 1)
-            and (sentence + 1 in u.segments or self.session.pending_in(u.context)[1] != "")
             and pauses.ends_sentence(seg.text)
         ):  # a pause may follow: its audio.done waits for the next segment (``protocol.pauses``)
             u.held = u.pause_at = sentence
@@ -500,7 +507,10 @@ class Core:
         assert u is not None and u.pause_at is not None and ctx.play_end is not None
         sentence, packer = u.pause_at, u.packer
         seg, rate = u.segments[sentence], packer.sample_rate
-        n = pauses.chunk_samples(rate, packer.frame_samples, u.paused_s)
+        # Only while the text goes on (the next segment is cut, or text of it came): a client that sent a
+        # sentence and waits hears no pause, and gets its audio.done once the sentence has nearly played.
+        goes_on = sentence != u.held or sentence + 1 in u.segments or u.unsegmented > 0
+        n = pauses.chunk_samples(rate, packer.frame_samples, u.paused_s) if goes_on else 0
         if n and now < ctx.play_end + pauses.LATE_S:
             seg.paused_s += n / rate
             u.paused_s += n / rate
@@ -582,6 +592,7 @@ class Core:
         session = self.session
         for index, text in session.received:  # text of an utterance just started or still open
             self._utterances[index].text.append(text)
+            self._utterances[index].unsegmented += _letters(text)
         session.received.clear()
         for ctx in self._contexts.values():
             if not (session.eager_pending_in(ctx.number) and session.first_pending_in(ctx.number)):

@@ -12,12 +12,14 @@ after a segment that ends a sentence, while the utterance's next audio is not ma
   while the next audio is made (it goes out instead);
 - at most ``MAX_S`` per sentence end: a longer wait is a gap, as before;
 - only after a segment that ends a sentence (never inside one: a pause there breaks the phrase), of an
-  utterance whose text goes on (its next segment is cut, or text of it has come), streamed, with timed
-  cuts on (the listener clock, docs/protocol.md §5). A client that sent a sentence and waits gets its
-  ``audio.done`` at once, and no pause.
+  utterance not ended, streamed, with timed cuts on (the listener clock, docs/protocol.md §5), and only
+  once its text goes on (its next segment is cut, or text of it has come): a client that sent a sentence
+  and waits hears no pause.
 
-The pause is the end of the segment before it while the next one has not started (its ``audio.done`` waits
-for it), else the start of the next one, before its first audio (its words' times count from after it).
+The pause is the end of the segment before it while the next one has not started, else the start of the
+next one, before its first audio (its words' times count from after it). So the ``audio.done`` of a segment
+that ends a sentence, in an utterance not ended, waits until the next segment starts, or until the
+listener has nearly heard it (``LEAD_S`` left) when no pause is written, or until its pause is over.
 Text that arrives in time never meets a pause: its audio is made before the listener runs low.
 
 Pure: the core passes the time in.

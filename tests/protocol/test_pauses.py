@@ -172,8 +172,9 @@ def test_a_sentence_held_for_a_pause_that_ends_the_utterance_ends_at_once() -> N
     assert core.next_deadline() is None
 
 
-def test_a_sentence_with_no_text_after_it_is_not_held() -> None:
-    # A client that sends a sentence and waits (a turn, a commit) gets its audio.done at once.
+def test_a_sentence_with_no_text_after_it_gets_no_pause() -> None:
+    # A client that sends a sentence and waits (a turn, a commit) hears no pause: its audio.done comes when
+    # the sentence has nearly played, for a pause could have followed it until then.
     core = Written(6).core
     core.receive_text('{"type": "input.text", "text": "Sure! "}', 0.0)
     core.data_to_send()
@@ -181,10 +182,13 @@ def test_a_sentence_with_no_text_after_it_is_not_held() -> None:
     core.audio(0, 0, np.full(RATE // 2, 0.25, dtype=np.float32), RATE)
     core.segment_done(0, 0, synthesis_s=0.1)
     out = core.data_to_send()
-    assert _names(out) == ["AudioStart", "AudioDone"]
+    assert _names(out) == ["AudioStart"]
     for output in out:
         core.sending(output, 0.2)
-    assert core.next_deadline() is None  # and no pause to come
+    assert core.next_deadline() == pytest.approx(0.2 + 0.5 - pauses.LEAD_S)
+    core.tick(0.2 + 0.5 - pauses.LEAD_S)
+    assert _names(core.data_to_send()) == ["AudioDone"]  # and no audio: no pause
+    assert core.next_deadline() is None
 
 
 def test_a_pause_is_not_written_once_the_listener_ran_dry() -> None:
