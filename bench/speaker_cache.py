@@ -4,8 +4,8 @@ Starts vllm-omni 0.30.0's own serving layer on CPU (tests/vllm_omni/server.py: o
 stand-in, speaking with Piper) for a family (default Fish Speech), then sends the same request in turn in
 the two shapes ``--engine remote`` sends a clone in (engine/upstream_voices.py):
 
-- inline: ``ref_audio`` (the clip as a 16-bit WAV data URL, as remote.py ``_data_url`` makes it) and
-  ``ref_text`` on every request;
+- inline: ``ref_audio`` (the clip as a 16-bit WAV data URL, as engine/remote_requests.py ``data_url`` makes
+  it) and ``ref_text`` on every request;
 - named: the clip uploaded once through vllm-omni's ``POST /v1/audio/voices``, then ``voice`` only.
 
 For each: the request body's bytes, the time to the answer's first byte and to its end (client side; the
