@@ -16,8 +16,9 @@ from typing import Annotated
 
 import msgspec
 
-from .errors import ErrorCode, ProtocolError
+from .errors import ErrorCode, ProtocolError, decoded
 from .messages import MAX_PRONUNCIATIONS, Pronunciation
+from .pls import ARPABET, IPA, arpabet_ipa
 
 #: ElevenLabs takes at most three locators in one request.
 MAX_LOCATORS = 3
@@ -58,8 +59,82 @@ class Dictionary(msgspec.Struct, frozen=True, kw_only=True):
     rules: Annotated[list[Pronunciation], msgspec.Meta(min_length=1, max_length=MAX_PRONUNCIATIONS)]
 
 
+class AliasRule(msgspec.Struct, tag_field="type", tag="alias", frozen=True, kw_only=True):
+    """ElevenLabs' alias rule: ``string_to_replace`` said as ``alias``."""
+
+    string_to_replace: str
+    alias: str
+    case_sensitive: bool | None = None
+    word_boundaries: bool | None = None
+
+
+class PhonemeRule(msgspec.Struct, tag_field="type", tag="phoneme", frozen=True, kw_only=True):
+    """ElevenLabs' phoneme rule: ``string_to_replace`` said as ``phoneme`` (``ipa`` or ``cmu-arpabet``)."""
+
+    string_to_replace: str
+    phoneme: str
+    alphabet: str
+    case_sensitive: bool | None = None
+    word_boundaries: bool | None = None
+
+
+class RulesBody(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /v1/pronunciation-dictionaries/add-from-rules``' body (``workspace_access`` is ignored)."""
+
+    name: str
+    rules: Annotated[list[AliasRule | PhonemeRule], msgspec.Meta(max_length=MAX_PRONUNCIATIONS)]
+    description: str | None = None
+
+
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(Dictionary).decode
+_decode_rules = msgspec.json.Decoder(RulesBody).decode
+
+
+def decode_rules(data: bytes) -> RulesBody:
+    """Decode an ``add-from-rules`` body.
+
+    Raises:
+        ProtocolError: not JSON (``invalid_json``), a field of the wrong type, an unknown rule ``type`` or
+            over ``MAX_PRONUNCIATIONS`` rules (``invalid_message``, with its path).
+    """
+    return decoded(_decode_rules, data, " body")
+
+
+def entries(rules: Sequence[AliasRule | PhonemeRule]) -> list[Pronunciation]:
+    """ElevenLabs' rules as ``pronunciations`` entries (case-sensitive unless a rule says not; a phoneme in
+    ARPAbet written as IPA, as a PLS lexicon's is).
+
+    Raises:
+        ProtocolError: ``invalid_message`` naming the rule: ``word_boundaries: false`` (voxgate matches
+            whole words only), another alphabet, an unknown ARPAbet symbol, an entry past
+            ``Pronunciation``'s limits; or no rules.
+    """
+    out: list[Pronunciation] = []
+    for n, rule in enumerate(rules):
+        field = f"$.rules[{n}]"
+        if rule.word_boundaries is False:
+            message = "word_boundaries false is not supported: voxgate matches whole words"
+            raise ProtocolError(ErrorCode.INVALID_MESSAGE, message, field=f"{field}.word_boundaries")
+        fields: dict[str, object] = {
+            "text": rule.string_to_replace,
+            "case_sensitive": rule.case_sensitive is not False,
+        }
+        try:
+            if isinstance(rule, AliasRule):
+                fields["alias"] = rule.alias
+            elif rule.alphabet in (IPA, ARPABET):
+                fields["ipa"] = rule.phoneme if rule.alphabet == IPA else arpabet_ipa(rule.phoneme)
+            else:
+                raise ValueError(f'alphabet {rule.alphabet!r}: voxgate takes "ipa" or "cmu-arpabet"')
+            out.append(msgspec.convert(fields, Pronunciation))
+        except ValueError as exc:  # msgspec.ValidationError included
+            raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"rule {n}: {exc}", field=field) from None
+    if not out:
+        raise ProtocolError(
+            ErrorCode.INVALID_MESSAGE, "a dictionary needs at least one rule", field="$.rules"
+        )
+    return out
 
 
 def new_id() -> str:

@@ -26,6 +26,8 @@ says what to fix and, where it has one, on which line.
 from __future__ import annotations
 
 import xml.parsers.expat
+from collections.abc import Sequence
+from xml.sax.saxutils import escape
 
 import msgspec
 
@@ -124,19 +126,10 @@ class _Reader:
                 )
             if not text:
                 raise self.refuse("an empty <phoneme>")
-            lexeme.phoneme = text if alphabet == IPA else self.arpabet(text)
-
-    def arpabet(self, text: str) -> str:
-        """ARPAbet symbols (a vowel's stress as its digit) as IPA, a stress mark before its vowel as espeak
-        writes it."""
-        out = []
-        for symbol in text.upper().split():
-            base, stress = (symbol[:-1], symbol[-1]) if symbol[-1:] in _STRESS else (symbol, None)
-            if base not in _ARPABET:
-                raise self.refuse(f"{symbol!r} is not an ARPAbet symbol")
-            ipa = _UNSTRESSED.get(base, _ARPABET[base]) if stress == "0" else _ARPABET[base]
-            out.append(_STRESS[stress or "0"] + ipa)
-        return "".join(out)
+            try:
+                lexeme.phoneme = text if alphabet == IPA else arpabet_ipa(text)
+            except ValueError as exc:
+                raise self.refuse(str(exc)) from None
 
     def chars(self, data: str) -> None:
         if self.text is not None:
@@ -144,6 +137,40 @@ class _Reader:
 
     def doctype(self, *_: object) -> None:
         raise self.refuse("a lexicon may not have a <!DOCTYPE> (entities and external references)")
+
+
+def arpabet_ipa(text: str) -> str:
+    """ARPAbet symbols (a vowel's stress as its digit) as IPA, each stress mark before its vowel as espeak-ng
+    writes it (``AE1 P AH0 L``: ``ˈæpəl``).
+
+    Raises:
+        ValueError: a symbol that is not ARPAbet's.
+    """
+    out = []
+    for symbol in text.upper().split():
+        base, stress = (symbol[:-1], symbol[-1]) if symbol[-1:] in _STRESS else (symbol, "0")
+        if base not in _ARPABET:
+            raise ValueError(f"{symbol!r} is not an ARPAbet symbol")
+        ipa = _UNSTRESSED.get(base, _ARPABET[base]) if stress == "0" else _ARPABET[base]
+        out.append(_STRESS[stress] + ipa)
+    return "".join(out)
+
+
+def write(entries: Sequence[Pronunciation]) -> bytes:
+    """A PLS lexicon of ``entries`` (``parse`` reads it back; ``case_sensitive: false`` has no PLS form)."""
+    lines = [
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        f'<lexicon version="1.0" xmlns="{NAMESPACE}" alphabet="{IPA}">',
+    ]
+    for entry in entries:
+        said = [f"<grapheme>{escape(entry.text)}</grapheme>"]
+        if entry.alias is not None:
+            said.append(f"<alias>{escape(entry.alias)}</alias>")
+        if entry.ipa is not None:
+            said.append(f"<phoneme>{escape(entry.ipa)}</phoneme>")
+        lines.append(f"  <lexeme>{''.join(said)}</lexeme>")
+    lines.append("</lexicon>\n")
+    return "\n".join(lines).encode()
 
 
 def invalid(message: str) -> ProtocolError:

@@ -4,6 +4,9 @@
 - ``POST /v1/pronunciation-dictionaries/add-from-file``: multipart ``name``, ``file`` (a PLS lexicon,
   ``protocol.pls``), optional ``description`` (``workspace_access`` is accepted and ignored): a new
   dictionary, answered as ElevenLabs' ``AddPronunciationDictionaryResponseModel``.
+- ``POST /v1/pronunciation-dictionaries/add-from-rules``: ``{"name", "rules", "description"?}``, ElevenLabs'
+  alias and phoneme rules (``word_boundaries: false`` is refused: voxgate matches whole words).
+- ``GET /v1/pronunciation-dictionaries/{id}/{version_id}/download``: the dictionary as a PLS lexicon.
 - ``GET /v1/pronunciation-dictionaries``: the key's dictionaries (``page_size``, ``cursor``, ``sort``,
   ``sort_direction``, ``include_archived``), as ElevenLabs pages them.
 - ``GET /v1/pronunciation-dictionaries/{id}``: one, with its rules.
@@ -37,6 +40,8 @@ from ...protocol.dictionaries import (
     Dictionary,
     Locator,
     added,
+    decode_rules,
+    entries,
     listing,
     metadata,
     new_id,
@@ -66,6 +71,8 @@ LIMITS = FormLimits(
 )
 #: A PATCH body: a name and a flag.
 MAX_PATCH_BYTES = 16 * 1024
+#: An ``add-from-rules`` body: 256 rules of a few hundred bytes each, a name and a description.
+MAX_RULES_BYTES = 256 * 1024
 
 
 class _Patch(msgspec.Struct, frozen=True, kw_only=True):
@@ -152,30 +159,36 @@ def _name(value: str | None, field: str) -> str | None:
     return value
 
 
+def _new(
+    request: Request, name: str | None, description: str | None, rules: list[Pronunciation]
+) -> Dictionary:
+    """A new dictionary of the caller's, its name and description checked."""
+    name = _name(name, "name")
+    if name is None:
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "name is required", field="name")
+    if description is not None and len(description) > MAX_DESCRIPTION_CHARS:
+        message = f"description is at most {MAX_DESCRIPTION_CHARS} characters"
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, message, field="description")
+    return Dictionary(
+        id=new_id(),
+        owner=_owner(request),
+        version_id=new_id(),
+        name=name,
+        description=description,
+        created_at=int(time.time()),
+        rules=rules,
+    )
+
+
 async def add_from_file(request: Request) -> Response:
     """``POST /v1/pronunciation-dictionaries/add-from-file``: a new dictionary from a PLS lexicon."""
     try:
         parts = await read_form(request.headers.get("content-type", ""), request.stream(), LIMITS)
-        name = _name(text_field(parts, "name"), "name")
-        if name is None:
-            raise ProtocolError(ErrorCode.INVALID_MESSAGE, "name is required", field="name")
-        description = text_field(parts, "description")
-        if description is not None and len(description) > MAX_DESCRIPTION_CHARS:
-            message = f"description is at most {MAX_DESCRIPTION_CHARS} characters"
-            raise ProtocolError(ErrorCode.INVALID_MESSAGE, message, field="description")
+        name, description = text_field(parts, "name"), text_field(parts, "description")
         upload = parts.get("file")
         if upload is None:
             raise pls.invalid("no file: send the lexicon as the multipart part 'file'")
-        rules = pls.parse(bytes(upload.data))
-        dictionary = Dictionary(
-            id=new_id(),
-            owner=_owner(request),
-            version_id=new_id(),
-            name=name,
-            description=description,
-            created_at=int(time.time()),
-            rules=rules,
-        )
+        dictionary = _new(request, name, description, pls.parse(bytes(upload.data)))
         await run_in_threadpool(_store(request).add, dictionary)
     except Rejected as exc:
         return _refused(ProtocolError(exc.code, exc.message, field=exc.param))
@@ -186,6 +199,37 @@ async def add_from_file(request: Request) -> Response:
     except (DictionaryLimitReached, DictionaryQuotaExceeded, VoiceStoreUnavailable) as exc:
         return _store_error(exc)
     return JSONResponse(added(dictionary))
+
+
+async def add_from_rules(request: Request) -> Response:
+    """``POST /v1/pronunciation-dictionaries/add-from-rules``: a new dictionary from JSON rules."""
+    try:
+        body = decode_rules(await read_body(request, MAX_RULES_BYTES))
+        dictionary = _new(request, body.name, body.description, entries(body.rules))
+        await run_in_threadpool(_store(request).add, dictionary)
+    except BodyTooLarge as exc:
+        return _refused(ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc)))
+    except ProtocolError as err:
+        return _refused(err)
+    except (DictionaryLimitReached, DictionaryQuotaExceeded, VoiceStoreUnavailable) as exc:
+        return _store_error(exc)
+    return JSONResponse(added(dictionary))
+
+
+async def download(request: Request) -> Response:
+    """``GET /v1/pronunciation-dictionaries/{id}/{version_id}/download``: the version as a PLS lexicon."""
+    try:
+        dictionary = await _found(request)
+        if request.path_params["version_id"] != dictionary.version_id:
+            version = request.path_params["version_id"]
+            raise not_found(
+                f"pronunciation dictionary {dictionary.id!r} has no version {version!r}", "version_id"
+            )
+    except ProtocolError as err:
+        return _refused(err, 404)
+    except VoiceStoreUnavailable as exc:
+        return _store_error(exc)
+    return Response(pls.write(dictionary.rules), media_type="application/pls+xml")
 
 
 async def list_dictionaries(request: Request) -> Response:
@@ -256,6 +300,8 @@ async def delete_dictionary(request: Request) -> Response:
 
 routes = [
     Route("/v1/pronunciation-dictionaries/add-from-file", add_from_file, methods=["POST"]),
+    Route("/v1/pronunciation-dictionaries/add-from-rules", add_from_rules, methods=["POST"]),
+    Route("/v1/pronunciation-dictionaries/{dictionary_id}/{version_id}/download", download, methods=["GET"]),
     Route("/v1/pronunciation-dictionaries", list_dictionaries, methods=["GET"]),
     Route("/v1/pronunciation-dictionaries/{dictionary_id}", get_dictionary, methods=["GET"]),
     Route("/v1/pronunciation-dictionaries/{dictionary_id}", update_dictionary, methods=["PATCH"]),

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from elevenlabs import pronunciation_dictionaries as sdk_dictionaries
 from elevenlabs.client import ElevenLabs
 from elevenlabs.core.api_error import ApiError
 from voxgate.engine.fake import FakeEngine
@@ -52,6 +53,12 @@ def address(engine: FakeEngine) -> Iterator[str]:
 def http() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=TIMEOUT_S) as client:
         yield client
+
+
+AliasRule = (
+    sdk_dictionaries.BodyAddAPronunciationDictionaryV1PronunciationDictionariesAddFromRulesPostRulesItem_Alias
+)
+PhonemeRule = sdk_dictionaries.BodyAddAPronunciationDictionaryV1PronunciationDictionariesAddFromRulesPostRulesItem_Phoneme  # noqa: E501
 
 
 def sdk(address: str, http: httpx.Client, key: str = KEY) -> ElevenLabs:
@@ -265,3 +272,39 @@ def test_a_socket_naming_an_unknown_dictionary_gets_an_error_and_a_close(
             ws.recv(timeout=TIMEOUT_S)
         assert ws.close_code == 1008
     assert got[-1]["error"] == "pronunciation_dictionary_not_found" and got[-1]["code"] == 1008
+
+
+def test_the_sdk_adds_from_rules_and_downloads_a_lexicon(
+    address: str, http: httpx.Client, engine: FakeEngine
+) -> None:
+    client = sdk(address, http)
+    made = client.pronunciation_dictionaries.create_from_rules(
+        name="Rules",
+        rules=[
+            AliasRule(string_to_replace="SQL", alias="sequel", case_sensitive=False),
+            PhonemeRule(string_to_replace="Nguyen", phoneme="N W IY1 AH0 N", alphabet="cmu-arpabet"),
+        ],
+    )
+    assert made.version_rules_num == 2
+    lexicon = b"".join(client.pronunciation_dictionaries.download(made.id, made.version_id))
+    assert b"<grapheme>Nguyen</grapheme><phoneme>nw\xcb\x88i\xcb\x90\xc9\x99n</phoneme>" in lexicon
+    again = add(address, http, lexicon).json()  # the download is a lexicon add-from-file takes
+    assert again["version_rules_num"] == 2
+    answer = speak(
+        address,
+        http,
+        text="We use sql daily.",
+        pronunciation_dictionary_locators=[{"pronunciation_dictionary_id": made.id}],
+    )
+    assert answer.status_code == 200 and spoken(engine) == "We use sequel daily."  # case_sensitive: false
+    stale = http.get(f"http://{address}{URL}/{made.id}/{'0' * 20}/download", headers={"xi-api-key": KEY})
+    assert stale.status_code == 404
+    refused = http.post(
+        f"http://{address}{URL}/add-from-rules",
+        headers={"xi-api-key": KEY},
+        json={
+            "name": "Rules",
+            "rules": [{"type": "alias", "string_to_replace": "x", "alias": "y", "word_boundaries": False}],
+        },
+    )
+    assert refused.status_code == 400 and refused.json()["detail"]["status"] == "invalid_message"

@@ -16,7 +16,9 @@ from voxgate.protocol.dictionaries import (
     Locator,
     added,
     decode,
+    decode_rules,
     encode,
+    entries,
     is_id,
     listing,
     new_id,
@@ -348,3 +350,81 @@ def test_a_socket_naming_an_unknown_dictionary_is_closed() -> None:
         stream, text=" ", voice_settings={"speed": 1.5}, pronunciation_dictionary_locators=locators
     )[0]
     assert isinstance(config, SessionConfig) and config.speed == 1.5 and config.pronunciations == [SQL]
+
+
+def test_elevenlabs_rules_become_the_same_entries() -> None:
+    body = decode_rules(
+        msgspec.json.encode(
+            {
+                "name": "Rules",
+                "workspace_access": "admin",
+                "rules": [
+                    {"type": "alias", "string_to_replace": "SQL", "alias": "sequel", "word_boundaries": True},
+                    {
+                        "type": "alias",
+                        "string_to_replace": "Thailand",
+                        "alias": "tie-land",
+                        "case_sensitive": False,
+                    },
+                    {"type": "phoneme", "string_to_replace": "Nguyen", "phoneme": "ŋwiən", "alphabet": "ipa"},
+                    {
+                        "type": "phoneme",
+                        "string_to_replace": "apple",
+                        "phoneme": "AE1 P AH0 L",
+                        "alphabet": "cmu-arpabet",
+                    },
+                ],
+            }
+        )
+    )
+    assert entries(body.rules) == [
+        SQL,
+        Pronunciation(text="Thailand", alias="tie-land", case_sensitive=False),
+        NGUYEN,
+        Pronunciation(text="apple", ipa="ˈæpəl"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("rule", "field", "says"),
+    [
+        (
+            {"type": "alias", "string_to_replace": "x", "alias": "y", "word_boundaries": False},
+            "$.rules[0].word_boundaries",
+            "whole words",
+        ),
+        (
+            {"type": "phoneme", "string_to_replace": "x", "phoneme": "ɛks", "alphabet": "x-sampa"},
+            "$.rules[0]",
+            "x-sampa",
+        ),
+        (
+            {"type": "phoneme", "string_to_replace": "x", "phoneme": "QX", "alphabet": "cmu-arpabet"},
+            "$.rules[0]",
+            "ARPAbet",
+        ),
+        ({"type": "alias", "string_to_replace": "", "alias": "y"}, "$.rules[0]", "rule 0"),
+    ],
+)
+def test_a_bad_rule_is_refused_by_name(rule: dict[str, object], field: str, says: str) -> None:
+    body = decode_rules(msgspec.json.encode({"name": "Rules", "rules": [rule]}))
+    with pytest.raises(ProtocolError) as caught:
+        entries(body.rules)
+    assert caught.value.code == ErrorCode.INVALID_MESSAGE and caught.value.field == field
+    assert says in caught.value.message
+
+
+def test_no_rules_or_an_unknown_rule_type_is_refused() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        entries(decode_rules(b'{"name": "Rules", "rules": []}').rules)
+    assert caught.value.field == "$.rules"
+    with pytest.raises(ProtocolError) as caught:
+        decode_rules(b'{"name": "Rules", "rules": [{"type": "regex", "string_to_replace": "x"}]}')
+    assert caught.value.code == ErrorCode.INVALID_MESSAGE
+
+
+def test_a_written_lexicon_reads_back_as_its_entries() -> None:
+    said = [SQL, NGUYEN, Pronunciation(text="AT&T <x>", alias="a t and t", ipa="eɪ tˈiː")]
+    written = pls.write(said)
+    assert written.startswith(b'<?xml version="1.0" encoding="UTF-8"?>') and b"AT&amp;T &lt;x&gt;" in written
+    assert pls.parse(written) == said
