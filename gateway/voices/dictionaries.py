@@ -136,7 +136,10 @@ class LocalDictionaries:
         folder = self._folder(dictionary.owner)
         folder.mkdir(parents=True, exist_ok=True)
         with self._locked(folder):
-            sizes = {path.name: path.stat().st_size for path in self._paths(folder)}
+            sizes: dict[str, int] = {}
+            for path in self._paths(folder):
+                with contextlib.suppress(FileNotFoundError):  # deleted meanwhile (deletes take no lock)
+                    sizes[path.name] = path.stat().st_size
             name = f"{dictionary.id}{SUFFIX}"
             _check_caps(sizes, name, len(payload), self.max_dictionaries, self.max_bytes)
             write_atomic(folder / name, payload)
