@@ -236,6 +236,9 @@ class Core:
         self._playing: dict[int, collections.deque[_Utterance]] = {}
         #: This session's engine, as seen so far: time to first audio, audio per character.
         self.pace = Pace()
+        # Audio written, all told, and where the last run of one utterance's audio began in it (``read``).
+        self._written_s = 0.0
+        self._run: tuple[float, _Utterance | None] = (0.0, None)
 
     def next_deadline(self) -> float | None:
         """When the shell must call ``tick`` (on the clock of ``now``), or None when nothing is due.
@@ -492,6 +495,28 @@ class Core:
             held, u.held = u.held, None
             self._end(u, held)
 
+    def read(self, read_s: float, now: float) -> None:
+        """A read receipt came at ``now``: the client had read the first ``read_s`` seconds of the audio
+        written (all told, in the order written: ``gateway.session.receipts``) when it answered.
+
+        Its listener cannot play audio before reading it, so the audio written after ``read_s`` ends no
+        sooner than ``now`` plus its length. Where all of it is one utterance's, that utterance's
+        listener clock (and its context's) ends no sooner than that: a client that reads late (a slow
+        network, a proxy's buffer) gets its timed cuts and pauses later, and ``played_ms`` does not count
+        audio it had not even read.
+        """
+        start, u = self._run
+        if u is None or read_s < start - 1e-9:
+            return  # the audio unread is not one utterance's
+        if self._utterances.get(u.index) is not u and u not in self._playing.get(u.context, ()):
+            return  # cancelled: its listener stopped
+        end = now + max(0.0, self._written_s - read_s)
+        if u.play_end is not None and end > u.play_end:
+            u.play_end = end
+            ctx = self._contexts.get(u.context)
+            if ctx is not None:  # pragma: no branch - a context outlives its utterances (``_close``)
+                ctx.play_end = max(ctx.play_end or end, end)
+
     def _pause_due(self, ctx: _Context) -> tuple[float | None, _Utterance | None]:
         """When a pause is next written in the context, and into which utterance (``protocol.pauses``)."""
         if ctx.play_end is not None:
@@ -547,6 +572,9 @@ class Core:
         match output:
             case Audio(utterance=index, sentence=sentence, audio_s=audio_s):
                 u = self._utterances.get(index)
+                if u is None or self._run[1] is not u:
+                    self._run = (self._written_s, u)
+                self._written_s += audio_s
                 if u is not None:
                     seg = u.segments[sentence]
                     if seg.lead_s > 1e-9:  # a pause before its speech

@@ -98,6 +98,11 @@ class ReadReceipts:
         return bool(self.timeout_s) and (bool(self._pings) or self._unreceipted)
 
     @property
+    def read_s(self) -> float:
+        """Audio written that the client has shown it read, all told (as of the last receipt)."""
+        return self._read_s
+
+    @property
     def unread_s(self) -> float:
         """Audio written that the client has not yet shown it read."""
         return self._written_s - self._read_s

@@ -200,6 +200,7 @@ class Connection:
         def receipted() -> None:
             self.last_activity = time.monotonic()
             self.writer.deadline.extend(timeout_s)
+            self.core.read(receipts.read_s, time.perf_counter())  # the listener's clock, refined
 
         receipts.on_receipt = receipted
         try:
