@@ -117,6 +117,9 @@ class LocalDictionaries:
         self.directory = directory
         self.max_dictionaries = max_dictionaries
         self.max_bytes = max_bytes
+        # Decoded records by path, while the file's (inode, size, mtime, ctime) are the same: a socket reads
+        # its key's dictionaries as it opens, and most keys' rarely change.
+        self._cache: dict[Path, tuple[tuple[int, int, int, int], Dictionary]] = {}
 
     def get(self, owner: str, dictionary_id: str) -> Dictionary | None:
         if not is_id(dictionary_id):
@@ -159,6 +162,7 @@ class LocalDictionaries:
         if not is_id(dictionary_id):
             return False
         path = self._folder(owner) / f"{dictionary_id}{SUFFIX}"
+        self._cache.pop(path, None)
         try:
             path.unlink()
         except FileNotFoundError:
@@ -180,19 +184,26 @@ class LocalDictionaries:
             if e.name.endswith(SUFFIX) and not e.name.startswith(".") and is_id(e.name[: -len(SUFFIX)])
         ]
 
-    @staticmethod
-    def _read(path: Path, owner: str, dictionary_id: str) -> Dictionary | None:
+    def _read(self, path: Path, owner: str, dictionary_id: str) -> Dictionary | None:
         try:
             with path.open("rb") as f:
+                stat = os.fstat(f.fileno())
+                key = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+                hit = self._cache.get(path)
+                if hit is not None and hit[0] == key:
+                    return hit[1]
                 data = f.read(MAX_RECORD_BYTES + 1)
             if len(data) > MAX_RECORD_BYTES:
                 raise ValueError(f"over {MAX_RECORD_BYTES} bytes")
-            return decode(data, owner, dictionary_id)
+            found = decode(data, owner, dictionary_id)
         except FileNotFoundError:
+            self._cache.pop(path, None)
             return None
         except (ValueError, OSError) as exc:
             logger.warning("skipping unreadable pronunciation dictionary %s: %s", path, exc)
             return None
+        self._cache[path] = (key, found)
+        return found
 
     @staticmethod
     @contextlib.contextmanager
