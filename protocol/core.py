@@ -32,7 +32,9 @@ The rules it owns:
   text waiting (``protocol.pace``), less ``MARGIN_S``. The audio ahead is each context's audio written
   (``sending``) played in real time from its first frame (a gap restarts the clock), then the audio its
   open utterance's segments still owe: what the engine made and is not written yet, and, for segments
-  not finished, at least ``Pace.audio_s`` of their text, from their estimated first audio on.
+  not finished, at least ``Pace.audio_s`` of their text, from their estimated first audio on. Read receipts
+  (``read``) refine it: audio the client had not read when it answered ends no sooner than the answer plus
+  its length.
 - Sentence pauses (``protocol.pauses``). After a segment that ends a sentence, while the utterance's next
   audio is not made, silence is written as audio, just in time (the listener clock down to
   ``pauses.LEAD_S``), up to ``pauses.MAX_S``: the listener hears a speaker's pause, not a dropout. It ends
