@@ -12,7 +12,9 @@ each reply starts with what a new session knows) streams the reply as LLM-like t
 150 ms after the first one arrives (a jitter buffer); a frame that comes after everything before it has
 played is an underrun, its lateness the silence heard.
 
-Reported per run: underruns and their total silence, TTFA (first ``input.text`` sent to first audio),
+Reported per run: underruns and their total silence, the sentence pauses the gateway wrote instead of
+letting the listener run dry (``protocol.pauses``: the frames of exact digital silence at a segment's end
+or start, which speech never gives), TTFA (first ``input.text`` sent to first audio),
 segments per utterance and how many of them were cut inside a sentence (a segment, not the last, whose
 text does not end a sentence: a cost, in prosody), the spread of the segments' voiced loudness (dB: the
 RMS of the 20 ms frames within 20 dB of the segment's loudest; the model's own variation with the text
@@ -110,6 +112,8 @@ class Run:
     join_step: float  # largest join step over the normal sample-to-sample range
     errors: list[dict[str, Any]] = field(default_factory=list)
     gain_db: list[float] = field(default_factory=list)  # per segment, against Piper's own output (--gain)
+    pauses: list[float] = field(default_factory=list)  # each sentence pause written (s: frames of zeros)
+    gap_after: list[str] = field(default_factory=list)  # the text of the segment each gap came after
 
     @property
     def silence_s(self) -> float:
@@ -137,6 +141,31 @@ def _join_step(segments: list[np.ndarray]) -> float:
     steps = [abs(float(audible[0][0])), abs(float(audible[-1][-1]))]
     steps += [abs(float(b[0]) - float(a[-1])) for a, b in zip(audible, audible[1:], strict=False)]
     return max(steps) / normal
+
+
+def _pauses(segments: list[list[bytes]]) -> list[float]:
+    """The sentence pauses: runs of all-zero frames ending one segment and starting the next, in seconds."""
+    out: list[float] = []
+    for before, after in zip(segments, segments[1:], strict=False):
+        silent = sum(len(f) for f in _zero_run(reversed(before))) + sum(len(f) for f in _zero_run(after))
+        if silent >= 2 * RATE_HZ // 100:  # 10 ms or more: a pause is written in whole frames
+            out.append(silent / 2 / RATE_HZ)
+    return out
+
+
+def _gap_after(at: list[float], texts: list[str], audio: list[np.ndarray]) -> list[str]:
+    """The segment whose audio each gap came after (``at``: seconds of the reply played before it)."""
+    ends = np.cumsum([len(a) / RATE_HZ for a in audio])
+    return [texts[min(int(np.searchsorted(ends, t - 1e-3)), len(texts) - 1)] for t in at if texts]
+
+
+def _zero_run(frames: Any) -> list[bytes]:
+    run = []
+    for frame in frames:
+        if any(frame):
+            break
+        run.append(frame)
+    return run
 
 
 def _ends_sentence(text: str) -> bool:
@@ -214,6 +243,8 @@ async def _one(
         join_step=_join_step(audio),
         errors=turn.errors,
         gain_db=gains,
+        pauses=_pauses(pcm),
+        gap_after=_gap_after(turn.player.underrun_at, texts, audio),
     )
 
 
@@ -278,7 +309,8 @@ def measure(
                     runs.append(run)
                     print(
                         f"{engine:6} {reply:8} {rate:4g} w/s: {len(run.underruns)} gaps "
-                        f"{run.silence_s:5.2f} s, TTFA {run.ttfa_ms or 0:5.0f} ms, "
+                        f"{run.silence_s:5.2f} s, pauses {sum(run.pauses):4.2f} s, "
+                        f"TTFA {run.ttfa_ms or 0:5.0f} ms, "
                         f"{len(run.segments)} segments ({run.mid_sentence_cuts} mid-sentence), "
                         f"join {run.join_step:.2f}"
                         + (
@@ -298,10 +330,10 @@ def table(runs: list[Run], label: str) -> str:
     out = [
         f"**{label}**",
         "",
-        "| engine | words/s | runs with a gap | silence (s) | largest gap (s) | TTFA p50 (ms) | "
-        "segments / reply | mid-sentence cuts | loudness spread (dB, max) | gain spread (dB, max) | "
-        "largest join step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| engine | words/s | runs with a gap | silence (s) | largest gap (s) | sentence pauses (s) | "
+        "largest pause (s) | TTFA p50 (ms) | segments / reply | mid-sentence cuts | "
+        "loudness spread (dB, max) | gain spread (dB, max) | largest join step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for engine in dict.fromkeys(r.engine for r in runs):
         for rate in dict.fromkeys(r.words_per_s for r in runs):
@@ -315,6 +347,8 @@ def table(runs: list[Run], label: str) -> str:
             out.append(
                 f"| {engine} | {rate:g} | {gapped} of {len(group)} | {sum(r.silence_s for r in group):.2f} | "
                 f"{max((max(r.underruns) for r in group if r.underruns), default=0.0):.2f} | "
+                f"{sum(sum(r.pauses) for r in group):.2f} | "
+                f"{max((max(r.pauses) for r in group if r.pauses), default=0.0):.2f} | "
                 f"{statistics.median(ttfa) if ttfa else float('nan'):.0f} | "
                 f"{statistics.mean(len(r.segments) for r in group):.1f} | "
                 f"{sum(r.mid_sentence_cuts for r in group)} | {max(spread, default=0.0):.1f} | "
