@@ -65,6 +65,7 @@ import numpy as np
 from . import pauses
 from .alignment import WordNamer
 from .audio import Samples
+from .contexts import Context
 from .errors import ProtocolError
 from .events import (
     CloseRequested,
@@ -200,19 +201,6 @@ class _Utterance:
     unsegmented: int = 0  # characters (not spaces) of its text received and not yet in a segment
 
 
-@dataclass(slots=True)
-class _Context:
-    """The timers of one context: its timed cuts, its listener clock, and (named ones) idleness."""
-
-    context_id: str | None
-    number: int
-    active_t: float = 0.0  # the last message naming it, or its last audio.done written
-    closing: bool = False  # a graceful close waits for its utterances' session.done
-    deadline: float | None = None  # when a first segment's text has waited enough
-    parked: bool = False  # the deadline passed but the text allowed no cut: wait for more text
-    play_end: float | None = None  # when the audio written so far ends, played in real time
-
-
 class Core:
     """The state of one session's speech, independent of the surface and its I/O.
 
@@ -232,7 +220,9 @@ class Core:
         self._unreported: dict[int, collections.deque[_Utterance]] = {}
         self._out: list[Output] = []
         self._closing = False
-        self._contexts: dict[int, _Context] = {0: _Context(None, 0)}
+        # The session's table of contexts (``protocol.contexts``): it opens and ends them; the core keeps
+        # their timers and removes each once closed.
+        self._contexts = self.session.contexts
         # Utterances whose session.done is written while their audio still plays, by context: a cancel
         # reports what the listener heard of them too (the oldest go once heard, or past ``_PLAYING``).
         self._playing: dict[int, collections.deque[_Utterance]] = {}
@@ -250,9 +240,9 @@ class Core:
         (a segment gave less audio than estimated, the engine turned out slower), by no more than the
         estimates' error, which ``MARGIN_S`` covers.
         """
-        due = [t for c in self._contexts.values() if (t := self._cut_at(c)) is not None]
-        due += [t for c in self._contexts.values() if (t := self._idle_at(c)) is not None]
-        due += [t for c in self._contexts.values() if (t := self._pause_due(c)[0]) is not None]
+        due = [t for c in self._contexts if (t := self._cut_at(c)) is not None]
+        due += [t for c in self._contexts if (t := self._idle_at(c)) is not None]
+        due += [t for c in self._contexts if (t := self._pause_due(c)[0]) is not None]
         return min(due, default=None)
 
     def tick(self, now: float) -> None:
@@ -266,7 +256,7 @@ class Core:
         (``context.closed``, reason ``idle_timeout``); one whose audio is still being made or sent is
         looked at again a timeout later.
         """
-        for ctx in list(self._contexts.values()):
+        for ctx in self._contexts:
             while (due := self._cut_at(ctx)) is not None and now >= due:
                 events = self.session.cut_early(ctx.number)
                 for event in events:
@@ -275,7 +265,7 @@ class Core:
             while (pause := self._pause_due(ctx))[0] is not None and now >= pause[0]:
                 self._pause(ctx, pause[1], now)
         # Idle contexts close in the order their time ran out, however late the tick comes.
-        idle = [(t, c) for c in self._contexts.values() if (t := self._idle_at(c)) is not None and now >= t]
+        idle = [(t, c) for c in self._contexts if (t := self._idle_at(c)) is not None and now >= t]
         for _, ctx in sorted(idle, key=lambda pair: pair[0]):
             if self._busy(ctx.number):
                 ctx.active_t = now
@@ -355,17 +345,17 @@ class Core:
                 )
                 self._out.append(Message(msg))
             case ContextStarted(context_id=cid, context_number=c):
-                self._contexts[c] = _Context(cid, c, active_t=now)
+                self._contexts[c].active_t = now  # opened by the session
                 self._out.append(Message(ContextOpened(context_id=cid, context_number=c)))
             case ContextActive(context_number=c):
-                for ctx in self._contexts.values():
+                for ctx in self._contexts:
                     if c is None or ctx.number == c:
                         ctx.active_t = now
             case ContextCancelled(context_id=cid, context_number=c):
                 self._drop(cid, c, now, confirm=True)
                 if c is not None:
                     self._close(cid, c, "cancelled")
-            case ContextEnded(context_id=cid, context_number=c, reason="closed") if c in self._contexts:
+            case ContextEnded(context_id=cid, context_number=int(c), reason="closed") if c in self._contexts:
                 self._contexts[c].closing = True
                 self._settle()
             case ContextEnded(context_id=cid, context_number=c, reason=reason):
@@ -390,7 +380,7 @@ class Core:
         self._playing.clear()
         victims = tuple(self._utterances.values())
         self._cancel(victims, playing, now, AudioCancelled(utterance_index=open_index))
-        for ctx in list(self._contexts.values()):
+        for ctx in self._contexts:
             if ctx.context_id is not None:
                 self._close(ctx.context_id, ctx.number, "cancelled")
 
@@ -519,7 +509,7 @@ class Core:
             if ctx is not None:  # pragma: no branch - a context outlives its utterances (``_close``)
                 ctx.play_end = max(ctx.play_end or end, end)
 
-    def _pause_due(self, ctx: _Context) -> tuple[float | None, _Utterance | None]:
+    def _pause_due(self, ctx: Context) -> tuple[float | None, _Utterance | None]:
         """When a pause is next written in the context, and into which utterance (``protocol.pauses``)."""
         if ctx.play_end is not None:
             for u in self._by_context.get(ctx.number, {}).values():
@@ -529,7 +519,7 @@ class Core:
                     return ctx.play_end - pauses.LEAD_S, u
         return None, None
 
-    def _pause(self, ctx: _Context, u: _Utterance | None, now: float) -> None:
+    def _pause(self, ctx: Context, u: _Utterance | None, now: float) -> None:
         """Write a chunk of pause into ``u`` (``protocol.pauses``); none once the listener ran dry."""
         assert u is not None and u.pause_at is not None and ctx.play_end is not None
         sentence, packer = u.pause_at, u.packer
@@ -624,7 +614,7 @@ class Core:
             self._utterances[index].text.append(text)
             self._utterances[index].unsegmented += _letters(text)
         session.received.clear()
-        for ctx in self._contexts.values():
+        for ctx in self._contexts:
             if not (session.eager_pending_in(ctx.number) and session.first_pending_in(ctx.number)):
                 ctx.deadline = None
             elif ctx.deadline is None:
@@ -632,7 +622,7 @@ class Core:
             ctx.parked = False
         self.tick(now)
 
-    def _cut_at(self, ctx: _Context) -> float | None:
+    def _cut_at(self, ctx: Context) -> float | None:
         """When the context's buffered text must be cut, if timed cuts apply to it."""
         if ctx.parked or not self.session.eager_pending_in(ctx.number):
             return None
@@ -644,7 +634,7 @@ class Core:
             return None
         return self._runs_dry(ctx, u) - self.pace.first_audio_s(len(text)) - MARGIN_S
 
-    def _runs_dry(self, ctx: _Context, u: _Utterance) -> float:
+    def _runs_dry(self, ctx: Context, u: _Utterance) -> float:
         """When the listener of ``u`` hears its last audio, from the audio written and still owed."""
         pace = self.pace
         end = ctx.play_end if u.first_audio_t is not None else None
@@ -659,7 +649,7 @@ class Core:
             end = (seg.ready_t if end is None else end) + max(0.0, owed - seg.sent_s)
         return max(seg.ready_t for seg in u.segments.values()) if end is None else end
 
-    def _idle_at(self, ctx: _Context) -> float | None:
+    def _idle_at(self, ctx: Context) -> float | None:
         limit = self.session.context_idle_timeout_s
         if ctx.context_id is None or ctx.closing or limit <= 0:
             return None
@@ -767,7 +757,7 @@ class Core:
 
     def _close(self, context_id: str, number: int | None, reason: CloseReason) -> None:
         if number is not None:
-            self._contexts.pop(number, None)
+            self._contexts.remove(number)
             self._playing.pop(number, None)
         msg = ContextClosed(context_id=context_id, context_number=number, reason=reason)
         self._out.append(Message(msg))
@@ -858,7 +848,7 @@ class Core:
                 last = max(u.segments)
                 self._frames(u, last, tail)  # with the audio the codec still held
             self._out.append(Report(u.index))
-        for ctx in list(self._contexts.values()):
+        for ctx in self._contexts:
             if ctx.closing and ctx.number not in blocked:
                 self._close(str(ctx.context_id), ctx.number, "closed")
         if self._closing and not blocked:

@@ -24,8 +24,9 @@ States and the messages that move between them (anything else is an error; ``_TR
 opt in refuses them as unknown types, as vllm-omni does, and ignores ``context_id`` (vllm-omni ignores
 unknown fields).
 
-Contexts. The text side keeps one stream of utterances per context: the default one (no
-``context_id``) and up to ``max_contexts`` named ones, each with its own segmenter and open utterance.
+Contexts (``protocol.contexts``: the table the core shares). The text side keeps one stream of utterances
+per context: the default one (no ``context_id``) and up to ``max_contexts`` named ones, each with its own
+segmenter and open utterance.
 ``utterance_index`` is one counter for the whole session, so an index names one utterance whatever its
 context. A named context opens at the first ``input.text`` / ``input.done`` / ``input.commit`` /
 ``keepalive`` naming it (``ContextStarted``; past the cap, ``too_many_contexts``) and closes at
@@ -37,12 +38,12 @@ or not (``UtteranceCancelled``: every context), at ``session.close``, or when th
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 
 from . import pronounce
 from .codecs.openai import speakable
 from .codecs.stream import render
 from .config import DEFAULT_MAX_BUFFER_DELAY_MS
+from .contexts import Context, Contexts
 from .decoding import decode, unknown_fields
 from .errors import CloseCode, ErrorCode, ProtocolError
 from .events import (
@@ -115,18 +116,6 @@ _TRANSITIONS: dict[tuple[State, type[ClientMessage]], State] = {
 _EXTENSIONS = (InputCancel, Keepalive, ContextClose)
 
 
-@dataclass(slots=True)
-class _Stream:
-    """The text side of one context: its segmenter and its open utterance."""
-
-    context_id: str | None
-    number: int
-    segmenter: Segmenter
-    utterance: int | None = None  # the open utterance's index
-    sentences: int = 0  # segments of the open utterance so far
-    normalizer: Normalizer = field(default_factory=Normalizer)  # before the segmenter: text as spoken
-
-
 class Session:
     """Protocol state of one WebSocket connection.
 
@@ -169,9 +158,8 @@ class Session:
         #: The index the next utterance will take, in whichever context it starts.
         self.utterance_index = 0
         self._segmentation: tuple[Granularity, bool] = ("sentence", True)
-        self._default = _Stream(None, 0, Segmenter())
-        self._named: dict[str, _Stream] = {}
-        self._numbers = 0  # context numbers handed out (never reused within a session)
+        #: The session's contexts: it opens and ends them, the core times and removes them.
+        self.contexts = Contexts()
         self.max_buffer_delay_s = DEFAULT_MAX_BUFFER_DELAY_MS / 1000.0
         self._refusal: ProtocolError | None = None  # ``refuse_new``: new utterances get this error
         #: Utterances whose ``session.done`` is not out yet (the ``Core`` keeps it), and their cap.
@@ -188,6 +176,11 @@ class Session:
         self.received: list[tuple[int, str]] = []
 
     @property
+    def _default(self) -> Context:
+        """The default context."""
+        return self.contexts.default
+
+    @property
     def _segmenter(self) -> Segmenter:
         """The default context's segmenter."""
         return self._default.segmenter
@@ -195,21 +188,21 @@ class Session:
     @property
     def eager_pending(self) -> bool:
         """Whether text that ``cut_early`` may cut waits in an open utterance, in any context."""
-        return any(stream.segmenter.eager_pending for stream in self._streams())
+        return any(stream.segmenter.eager_pending for stream in self.contexts.texts())
 
     def eager_pending_in(self, context_number: int) -> bool:
         """Whether text of the context's open utterance waits that ``cut_early`` may cut (timed cuts on)."""
-        stream = self._by_number(context_number)
+        stream = self.contexts.text_of(context_number)
         return stream is not None and stream.segmenter.eager_pending
 
     def first_pending_in(self, context_number: int) -> bool:
         """Whether the context's buffered text is its open utterance's first segment (none cut yet)."""
-        stream = self._by_number(context_number)
+        stream = self.contexts.text_of(context_number)
         return stream is not None and stream.segmenter.first_pending
 
     def pending_in(self, context_number: int) -> tuple[int | None, str]:
         """The context's open utterance (None: none) and its text not yet cut into a segment."""
-        stream = self._by_number(context_number)
+        stream = self.contexts.text_of(context_number)
         return (None, "") if stream is None else (stream.utterance, stream.segmenter.pending)
 
     def cut_early(self, context_number: int = 0) -> list[Event]:
@@ -218,7 +211,7 @@ class Session:
         The core calls it once waiting longer would cost the listener: a first segment whose text has
         waited ``max_buffer_delay_s``, a later one when its listener's audio is about to run out.
         """
-        stream = self._by_number(context_number)
+        stream = self.contexts.text_of(context_number)
         return [] if stream is None else self._segments(stream, stream.segmenter.cut_early())
 
     def expire(self, context_number: int) -> list[Event]:
@@ -227,10 +220,10 @@ class Session:
         Returns:
             ``ContextEnded`` with reason ``idle_timeout``, or nothing if the context is not open.
         """
-        stream = self._by_number(context_number)
+        stream = self.contexts.text_of(context_number)
         if stream is None or stream.context_id is None:
             return []
-        del self._named[stream.context_id]
+        self.contexts.end(stream.context_id)
         self._settle_state()
         return [ContextEnded(stream.context_id, stream.number, "idle_timeout")]
 
@@ -310,17 +303,16 @@ class Session:
                 else:
                     self._stream(cid, events)
             case ContextClose():
-                closing = self._named.pop(msg.context_id, None)
+                closing = self.contexts.end(msg.context_id)
                 if closing is not None and closing.utterance is not None:
                     events.extend(self._end_utterance(closing))
                 events.append(ContextEnded(msg.context_id, None if closing is None else closing.number))
             case SessionClose():  # pragma: no branch - the _TRANSITIONS check lets only these through
-                for stream in sorted(self._streams(), key=_open_index):
+                for stream in sorted(self.contexts.texts(), key=_open_index):
                     if stream.utterance is not None:
                         events.extend(self._end_utterance(stream))
-                for stream in self._named.values():
+                for stream in self.contexts.end_all():
                     events.append(ContextEnded(str(stream.context_id), stream.number))
-                self._named.clear()
                 events.append(CloseRequested())
         self.state = _TRANSITIONS[key]
         self._settle_state()
@@ -337,7 +329,7 @@ class Session:
         self.config = config
         self._segmentation = config.segmentation()
         # Accepted only while no utterance is open: every segmenter is empty.
-        for stream in self._streams():
+        for stream in self.contexts.texts():
             stream.segmenter, stream.normalizer = self._new_segmenter(), self._new_normalizer()
         self.max_buffer_delay_s = config.max_buffer_delay_ms / 1000.0
 
@@ -364,7 +356,7 @@ class Session:
 
     def _check_admitted(self, context_id: str | None) -> None:
         """Refuse a message that would start an utterance while draining, or past ``max_in_flight``."""
-        stream = self._default if context_id is None else self._named.get(context_id)
+        stream = self._default if context_id is None else self.contexts.named(context_id)
         if stream is not None and stream.utterance is not None:
             return  # it goes to an utterance already open
         if self._refusal is not None:
@@ -380,7 +372,7 @@ class Session:
     def _check_backlog(self, text: str, context_id: str | None) -> None:
         cap = self.max_pending_text_chars
         pending = self.backlog + sum(
-            len(stream.segmenter.pending) + len(stream.normalizer.pending) for stream in self._streams()
+            len(stream.segmenter.pending) + len(stream.normalizer.pending) for stream in self.contexts.texts()
         )
         if cap and pending + len(text) > cap:
             raise self._error(
@@ -389,14 +381,6 @@ class Session:
                 f"limit of {cap}: send it once the audio has caught up",
                 context_id=context_id,
             )
-
-    def _streams(self) -> list[_Stream]:
-        return [self._default, *self._named.values()]
-
-    def _by_number(self, number: int) -> _Stream | None:
-        if number == self._default.number:
-            return self._default
-        return next((stream for stream in self._named.values() if stream.number == number), None)
 
     def _new_segmenter(self) -> Segmenter:
         granularity, eager = self._segmentation
@@ -412,41 +396,38 @@ class Session:
             keep_emoji=config.keep_emoji,
         )
 
-    def _stream(self, context_id: str | None, events: list[Event]) -> _Stream:
+    def _stream(self, context_id: str | None, events: list[Event]) -> Context:
         """The context a message names, opened if new (past the cap: refused, nothing changed)."""
         if context_id is None:
             return self._default
-        stream = self._named.get(context_id)
+        stream = self.contexts.named(context_id)
         if stream is not None:
             events.append(ContextActive(stream.number))
             return stream
-        if len(self._named) >= self.max_contexts:
+        if self.contexts.open_count >= self.max_contexts:
             raise self._error(
                 ErrorCode.TOO_MANY_CONTEXTS,
-                f"{len(self._named)} contexts are open, the most this session allows; close one "
+                f"{self.contexts.open_count} contexts are open, the most this session allows; close one "
                 "(context.close or input.cancel with its context_id) before opening another",
                 context_id=context_id,
             )
-        self._numbers += 1
-        stream = self._named[context_id] = _Stream(
-            context_id, self._numbers, self._new_segmenter(), normalizer=self._new_normalizer()
-        )
+        stream = self.contexts.open(context_id, self._new_segmenter(), self._new_normalizer())
         events.append(ContextStarted(context_id, stream.number))
         return stream
 
     def _cancel(self, context_id: str | None) -> list[Event]:
         if context_id is not None:
-            closed = self._named.pop(context_id, None)
+            closed = self.contexts.end(context_id)
             return [ContextCancelled(context_id, None if closed is None else closed.number)]
-        opened = [s.utterance for s in self._streams() if s.utterance is not None]
-        for stream in self._streams():
+        opened = [s.utterance for s in self.contexts.texts() if s.utterance is not None]
+        for stream in self.contexts.texts():
             stream.segmenter.reset()
             stream.normalizer.reset()
             stream.utterance = None
-        self._named.clear()
+        self.contexts.end_all()
         return [UtteranceCancelled(min(opened, default=None))]
 
-    def _segments(self, stream: _Stream, texts: list[str]) -> list[Event]:
+    def _segments(self, stream: Context, texts: list[str]) -> list[Event]:
         out: list[Event] = []
         # A segment with nothing to say (emoji, "...") goes to no engine: REST refuses such a text
         # (``empty_input``); here it may be part of a longer text, so it is dropped (``speakable``).
@@ -458,7 +439,7 @@ class Session:
             stream.sentences += 1
         return out
 
-    def _end_utterance(self, stream: _Stream) -> list[Event]:
+    def _end_utterance(self, stream: Context) -> list[Event]:
         if stream.utterance is None:  # input.done with no text: an empty utterance
             stream.utterance, stream.sentences = self._next_index(), 0
         texts = stream.segmenter.push(stream.normalizer.flush()) + stream.segmenter.flush()
@@ -474,7 +455,7 @@ class Session:
     def _settle_state(self) -> None:
         """SPEAKING while any context has an utterance open, READY otherwise."""
         if self.state in (State.READY, State.SPEAKING):
-            speaking = any(stream.utterance is not None for stream in self._streams())
+            speaking = any(stream.utterance is not None for stream in self.contexts.texts())
             self.state = State.SPEAKING if speaking else State.READY
 
     def _illegal(self, msg: ClientMessage) -> ProtocolError:
@@ -496,5 +477,5 @@ class Session:
         return ProtocolError(code, message, fatal=not self.configured, field=field, context_id=context_id)
 
 
-def _open_index(stream: _Stream) -> int:
+def _open_index(stream: Context) -> int:
     return -1 if stream.utterance is None else stream.utterance
