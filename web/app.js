@@ -585,6 +585,17 @@ if (!canDecodeOpus()) {
   option.disabled = true;
   option.textContent += " (needs WebCodecs)";
 }
+// The sample texts: the page's own greeting, and a reply as an LLM writes it, in markdown (the gateway
+// speaks it without its symbols, each list item as its own segment: docs/protocol.md, text normalization).
+const SAMPLES = {
+  greeting: $("text").value,
+  markdown:
+    "**Sure!** Here are three options:\n\n1. *Pizza* for $12.99\n2. `sushi_roll` at https://example.com/menu\n" +
+    "3. ~~Tacos~~ Burgers.\n\n### Summary\n- Total: 3 items",
+};
+$("sample").addEventListener("change", () => {
+  $("text").value = SAMPLES[$("sample").value];
+});
 $("speak-btn").addEventListener("click", speak);
 $("stop-btn").addEventListener("click", stop);
 $("text").addEventListener("keydown", (event) => {

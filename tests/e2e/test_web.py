@@ -194,6 +194,28 @@ def test_speaks_a_paragraph_in_llm_mode(page: Page, piper_gateway: str, output_d
     page.screenshot(path=output_dir / "web-360.png", full_page=True)
 
 
+def test_the_markdown_sample_is_spoken_item_by_item(page: Page, piper_gateway: str) -> None:
+    """The page's "Markdown reply" sample: each list item is its own segment, named in the client's own
+    characters (markup included), and it plays through without an error."""
+    open_page(page, piper_gateway)
+    page.select_option("#sample", "markdown")
+    text = page.input_value("#text")
+    assert text.startswith("**Sure!**") and "\n1. *Pizza*" in text
+    page.check("input[name=mode][value=whole]")
+    page.click("#speak-btn")
+    page.wait_for_function(
+        "() => window.voxgate.sessionsDone >= 1 && window.voxgate.state === 'idle'", timeout=WAIT_MS
+    )
+    state = voxgate(page)
+    assert state["errors"] == []
+    texts = [s["text"] for s in state["segments"]]
+    for item in ("1. *Pizza* for $12.99", "3. ~~Tacos~~ Burgers."):
+        assert [t for t in texts if item in t] == [item], texts  # alone in its segment
+    assert all(t in text for t in texts)
+    page.select_option("#sample", "greeting")
+    assert page.input_value("#text").startswith("Hello! This page")
+
+
 @pytest.mark.parametrize(("fmt", "rate"), [("wav", "native"), ("mulaw", "8000"), ("pcm", "24000")])
 def test_other_formats_and_rates_play_in_full(page: Page, piper_gateway: str, fmt: str, rate: str) -> None:
     """Rates other than the AudioContext's are resampled in the worklet; every format decodes."""
