@@ -4,8 +4,8 @@ and the shapes of the ``/v1/pronunciation-dictionaries`` answers (``pronunciatio
 A dictionary is a PLS lexicon uploaded once (``protocol.pls`` parses it) and kept per API key beside the
 voices (``gateway.voices.dictionaries``). A request names up to ``MAX_LOCATORS`` of them by id (and
 optionally version); ``pronunciations`` turns those locators into ``Pronunciation`` entries, the same ones
-``session.config``'s ``pronunciations`` carry, so the normalizer applies both one way. Every dictionary has
-one version here (an upload makes a new dictionary); a locator may name it or leave it out.
+``session.config``'s ``pronunciations`` carry, so the normalizer applies both one way. A change of rules
+makes a new version, and only the latest is kept; a locator may name it or leave it out.
 """
 
 from __future__ import annotations
@@ -86,9 +86,23 @@ class RulesBody(msgspec.Struct, frozen=True, kw_only=True):
     description: str | None = None
 
 
+class NewRules(msgspec.Struct, frozen=True, kw_only=True):
+    """The body of ``POST .../{id}/set-rules`` and ``.../add-rules``."""
+
+    rules: Annotated[list[AliasRule | PhonemeRule], msgspec.Meta(max_length=MAX_PRONUNCIATIONS)]
+
+
+class RuleStrings(msgspec.Struct, frozen=True, kw_only=True):
+    """The body of ``POST .../{id}/remove-rules``: the ``string_to_replace`` of each rule to remove."""
+
+    rule_strings: Annotated[list[str], msgspec.Meta(max_length=MAX_PRONUNCIATIONS)]
+
+
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(Dictionary).decode
 _decode_rules = msgspec.json.Decoder(RulesBody).decode
+_decode_new_rules = msgspec.json.Decoder(NewRules).decode
+_decode_rule_strings = msgspec.json.Decoder(RuleStrings).decode
 
 
 def decode_rules(data: bytes) -> RulesBody:
@@ -99,6 +113,50 @@ def decode_rules(data: bytes) -> RulesBody:
             over ``MAX_PRONUNCIATIONS`` rules (``invalid_message``, with its path).
     """
     return decoded(_decode_rules, data, " body")
+
+
+def decode_new_rules(data: bytes) -> NewRules:
+    """Decode a ``set-rules`` or ``add-rules`` body (raises as ``decode_rules``)."""
+    return decoded(_decode_new_rules, data, " body")
+
+
+def decode_rule_strings(data: bytes) -> RuleStrings:
+    """Decode a ``remove-rules`` body (raises as ``decode_rules``)."""
+    return decoded(_decode_rule_strings, data, " body")
+
+
+def new_version(dictionary: Dictionary, rules: list[Pronunciation]) -> Dictionary:
+    """``dictionary`` with ``rules`` as a new version (a new ``version_id``; only the latest is kept).
+
+    Raises:
+        ProtocolError: no rules left, or over ``MAX_PRONUNCIATIONS`` (``invalid_message``).
+    """
+    if not rules or len(rules) > MAX_PRONUNCIATIONS:
+        message = f"a dictionary holds 1 to {MAX_PRONUNCIATIONS} rules; this change leaves {len(rules)}"
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, message, field="$.rules")
+    return msgspec.structs.replace(dictionary, rules=rules, version_id=new_id())
+
+
+def with_added(current: Sequence[Pronunciation], added: Sequence[Pronunciation]) -> list[Pronunciation]:
+    """``current`` with ``added``: a rule for a ``text`` already there replaces it in place, others follow."""
+    out = {entry.text: entry for entry in current}
+    out.update((entry.text, entry) for entry in added)
+    return list(out.values())
+
+
+def without(current: Sequence[Pronunciation], texts: Sequence[str]) -> list[Pronunciation]:
+    """``current`` less the rules for ``texts``."""
+    gone = set(texts)
+    return [entry for entry in current if entry.text not in gone]
+
+
+def version(dictionary: Dictionary) -> dict[str, object]:
+    """ElevenLabs' ``PronunciationDictionaryRulesResponseModel`` (the answer to a change of rules)."""
+    return {
+        "id": dictionary.id,
+        "version_id": dictionary.version_id,
+        "version_rules_num": len(dictionary.rules),
+    }
 
 
 def entries(rules: Sequence[AliasRule | PhonemeRule]) -> list[Pronunciation]:

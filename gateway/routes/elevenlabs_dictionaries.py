@@ -7,6 +7,8 @@
 - ``POST /v1/pronunciation-dictionaries/add-from-rules``: ``{"name", "rules", "description"?}``, ElevenLabs'
   alias and phoneme rules (``word_boundaries: false`` is refused: voxgate matches whole words).
 - ``GET /v1/pronunciation-dictionaries/{id}/{version_id}/download``: the dictionary as a PLS lexicon.
+- ``POST /v1/pronunciation-dictionaries/{id}/set-rules``, ``.../add-rules`` (``{"rules"}``) and
+  ``.../remove-rules`` (``{"rule_strings"}``): a new version of its rules (only the latest is kept).
 - ``GET /v1/pronunciation-dictionaries``: the key's dictionaries (``page_size``, ``cursor``, ``sort``,
   ``sort_direction``, ``include_archived``), as ElevenLabs pages them.
 - ``GET /v1/pronunciation-dictionaries/{id}``: one, with its rules.
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 from starlette.concurrency import run_in_threadpool
@@ -40,15 +42,21 @@ from ...protocol.dictionaries import (
     Dictionary,
     Locator,
     added,
+    decode_new_rules,
+    decode_rule_strings,
     decode_rules,
     entries,
     listing,
     metadata,
     new_id,
+    new_version,
     not_found,
     parse_page,
     pronunciations,
+    version,
+    with_added,
     with_rules,
+    without,
 )
 from ...protocol.errors import ErrorCode, ProtocolError, decoded
 from ...protocol.messages import Pronunciation
@@ -263,26 +271,83 @@ async def get_dictionary(request: Request) -> Response:
     return JSONResponse(with_rules(dictionary))
 
 
-async def update_dictionary(request: Request) -> Response:
-    """``PATCH /v1/pronunciation-dictionaries/{id}``: rename, archive (``archived: true``) or restore it."""
+async def _modify(request: Request, change: Callable[[Dictionary], Dictionary]) -> Dictionary:
+    """Change the path's dictionary under the store's lock (``DictionaryBackend.modify``).
+
+    Raises:
+        ProtocolError: none of the caller's has that id (``pronunciation_dictionary_not_found``), or what
+            ``change`` raises.
+    """
+    dictionary_id = request.path_params["dictionary_id"]
+    changed = await run_in_threadpool(_store(request).modify, _owner(request), dictionary_id, change)
+    if changed is None:
+        raise not_found(f"no pronunciation dictionary {dictionary_id!r} of this API key", "dictionary_id")
+    return changed
+
+
+async def _changed(
+    request: Request, limit: int, change: Callable[[bytes], Callable[[Dictionary], Dictionary]]
+) -> Response:
+    """Answer a change of the path's dictionary that ``change`` makes of the request's body."""
     try:
-        patch = decoded(_decode_patch, await read_body(request, MAX_PATCH_BYTES) or b"{}", " body")
-        name = _name(patch.name, "name")
-        dictionary = await _found(request)
+        dictionary = await _modify(request, change(await read_body(request, limit)))
+    except BodyTooLarge as exc:
+        return _refused(ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc)))
+    except ProtocolError as err:
+        return _refused(err, 404 if err.code == ErrorCode.PRONUNCIATION_DICTIONARY_NOT_FOUND else None)
+    except (DictionaryQuotaExceeded, VoiceStoreUnavailable) as exc:
+        return _store_error(exc)
+    return JSONResponse(version(dictionary) if request.method == "POST" else metadata(dictionary))
+
+
+def _patched(body: bytes) -> Callable[[Dictionary], Dictionary]:
+    patch = decoded(_decode_patch, body or b"{}", " body")
+    name = _name(patch.name, "name")
+
+    def change(dictionary: Dictionary) -> Dictionary:
         if name is not None:
             dictionary = msgspec.structs.replace(dictionary, name=name)
         if patch.archived is not None and patch.archived != (dictionary.archived_at is not None):
             archived_at = int(time.time()) if patch.archived else None
             dictionary = msgspec.structs.replace(dictionary, archived_at=archived_at)
-        if not await run_in_threadpool(_store(request).update, dictionary):
-            raise not_found(f"no pronunciation dictionary {dictionary.id!r} of this API key", "dictionary_id")
-    except BodyTooLarge as exc:
-        return _refused(ProtocolError(ErrorCode.REQUEST_TOO_LARGE, str(exc)))
-    except ProtocolError as err:
-        return _refused(err, 404 if err.code == ErrorCode.PRONUNCIATION_DICTIONARY_NOT_FOUND else None)
-    except VoiceStoreUnavailable as exc:
-        return _store_error(exc)
-    return JSONResponse(metadata(dictionary))
+        return dictionary
+
+    return change
+
+
+async def update_dictionary(request: Request) -> Response:
+    """``PATCH /v1/pronunciation-dictionaries/{id}``: rename, archive (``archived: true``) or restore it."""
+    return await _changed(request, MAX_PATCH_BYTES, _patched)
+
+
+async def set_rules(request: Request) -> Response:
+    """``POST .../{id}/set-rules``: these rules replace all of its rules (a new version)."""
+
+    def change(body: bytes) -> Callable[[Dictionary], Dictionary]:
+        rules = entries(decode_new_rules(body).rules)
+        return lambda dictionary: new_version(dictionary, rules)
+
+    return await _changed(request, MAX_RULES_BYTES, change)
+
+
+async def add_rules(request: Request) -> Response:
+    """``POST .../{id}/add-rules``: these rules join its own, each replacing one for the same words."""
+
+    def change(body: bytes) -> Callable[[Dictionary], Dictionary]:
+        rules = entries(decode_new_rules(body).rules)
+        return lambda dictionary: new_version(dictionary, with_added(dictionary.rules, rules))
+
+    return await _changed(request, MAX_RULES_BYTES, change)
+
+
+async def remove_rules(request: Request) -> Response:
+    """``POST .../{id}/remove-rules``: its rules for these words go (at least one must stay)."""
+
+    def change(body: bytes) -> Callable[[Dictionary], Dictionary]:
+        texts = decode_rule_strings(body).rule_strings
+        return lambda dictionary: new_version(dictionary, without(dictionary.rules, texts))
+
+    return await _changed(request, MAX_RULES_BYTES, change)
 
 
 async def delete_dictionary(request: Request) -> Response:
@@ -302,6 +367,9 @@ routes = [
     Route("/v1/pronunciation-dictionaries/add-from-file", add_from_file, methods=["POST"]),
     Route("/v1/pronunciation-dictionaries/add-from-rules", add_from_rules, methods=["POST"]),
     Route("/v1/pronunciation-dictionaries/{dictionary_id}/{version_id}/download", download, methods=["GET"]),
+    Route("/v1/pronunciation-dictionaries/{dictionary_id}/set-rules", set_rules, methods=["POST"]),
+    Route("/v1/pronunciation-dictionaries/{dictionary_id}/add-rules", add_rules, methods=["POST"]),
+    Route("/v1/pronunciation-dictionaries/{dictionary_id}/remove-rules", remove_rules, methods=["POST"]),
     Route("/v1/pronunciation-dictionaries", list_dictionaries, methods=["GET"]),
     Route("/v1/pronunciation-dictionaries/{dictionary_id}", get_dictionary, methods=["GET"]),
     Route("/v1/pronunciation-dictionaries/{dictionary_id}", update_dictionary, methods=["PATCH"]),

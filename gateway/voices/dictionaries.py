@@ -27,7 +27,7 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -92,8 +92,16 @@ class DictionaryBackend(Protocol):
         """
         ...
 
-    def update(self, dictionary: Dictionary) -> bool:
-        """Replace a stored dictionary (renamed, archived); False when it is gone."""
+    def modify(
+        self, owner: str, dictionary_id: str, change: Callable[[Dictionary], Dictionary]
+    ) -> Dictionary | None:
+        """Replace a stored dictionary by ``change`` of it (renamed, archived, new rules), read and written
+        under the owner's lock so that two changes never lose one; None when there is none.
+
+        Raises:
+            DictionaryQuotaExceeded: the changed record would take the owner past ``max_bytes``.
+            Exception: what ``change`` raises (nothing is written).
+        """
         ...
 
     def delete(self, owner: str, dictionary_id: str) -> bool:
@@ -139,24 +147,26 @@ class LocalDictionaries:
         folder = self._folder(dictionary.owner)
         folder.mkdir(parents=True, exist_ok=True)
         with self._locked(folder):
-            sizes: dict[str, int] = {}
-            for path in self._paths(folder):
-                with contextlib.suppress(FileNotFoundError):  # deleted meanwhile (deletes take no lock)
-                    sizes[path.name] = path.stat().st_size
             name = f"{dictionary.id}{SUFFIX}"
-            _check_caps(sizes, name, len(payload), self.max_dictionaries, self.max_bytes)
+            _check_caps(self._sizes(folder), name, len(payload), self.max_dictionaries, self.max_bytes)
             write_atomic(folder / name, payload)
 
-    def update(self, dictionary: Dictionary) -> bool:
-        folder = self._folder(dictionary.owner)
-        path = folder / f"{dictionary.id}{SUFFIX}"
-        if not folder.is_dir():
-            return False
+    def modify(
+        self, owner: str, dictionary_id: str, change: Callable[[Dictionary], Dictionary]
+    ) -> Dictionary | None:
+        folder = self._folder(owner)
+        if not is_id(dictionary_id) or not folder.is_dir():
+            return None
         with self._locked(folder):
-            if not path.exists():  # deleted meanwhile
-                return False
-            write_atomic(path, encode(dictionary))
-        return True
+            path = folder / f"{dictionary_id}{SUFFIX}"
+            current = self._read(path, owner, dictionary_id)
+            if current is None:
+                return None
+            changed = change(current)
+            payload = encode(changed)
+            _check_caps(self._sizes(folder), path.name, len(payload), self.max_dictionaries, self.max_bytes)
+            write_atomic(path, payload)
+        return changed
 
     def delete(self, owner: str, dictionary_id: str) -> bool:
         if not is_id(dictionary_id):
@@ -171,6 +181,13 @@ class LocalDictionaries:
 
     def _folder(self, owner: str) -> Path:
         return self.directory / folder_name_of(owner) / SUBFOLDER
+
+    def _sizes(self, folder: Path) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for path in self._paths(folder):
+            with contextlib.suppress(FileNotFoundError):  # deleted meanwhile (deletes take no lock)
+                sizes[path.name] = path.stat().st_size
+        return sizes
 
     @staticmethod
     def _paths(folder: Path) -> builtins.list[Path]:
@@ -267,17 +284,30 @@ class S3Dictionaries:
                 raise VoiceStoreUnavailable(f"the voice store's lock {lock.key} could not be kept")
             obstore.put(self.voices._s3, key, payload, use_multipart=False)
 
-    def update(self, dictionary: Dictionary) -> bool:
+    def modify(
+        self, owner: str, dictionary_id: str, change: Callable[[Dictionary], Dictionary]
+    ) -> Dictionary | None:
         import obstore
 
-        key = self._key(dictionary.owner, dictionary.id)
-        with self._reaching(), self.voices._locked(self._folder(dictionary.owner)):
+        if not is_id(dictionary_id):
+            return None
+        key = self._key(owner, dictionary_id)
+        with self._reaching(), self.voices._locked(self._folder(owner)) as lock:
             try:
-                obstore.head(self.voices._s3, key)
+                meta = obstore.head(self.voices._s3, key)
             except FileNotFoundError:
-                return False
-            obstore.put(self.voices._s3, key, encode(dictionary), use_multipart=False)
-        return True
+                return None
+            current = self._read(key, str(meta["e_tag"]), owner, dictionary_id)
+            if current is None:
+                return None
+            changed = change(current)
+            payload = encode(changed)
+            sizes = {str(m["path"]): int(m["size"]) for m in self._objects(owner)}
+            _check_caps(sizes, key, len(payload), self.max_dictionaries, self.max_bytes)
+            if not lock.held():
+                raise VoiceStoreUnavailable(f"the voice store's lock {lock.key} could not be kept")
+            obstore.put(self.voices._s3, key, payload, use_multipart=False)
+        return changed
 
     def delete(self, owner: str, dictionary_id: str) -> bool:
         import obstore

@@ -43,11 +43,31 @@ def test_records_live_beside_the_voices_and_are_never_voices(tmp_path: Path) -> 
     assert store.get(ALICE, made.id) == made and store.list(ALICE) == [made]
     assert store.get(BOB, made.id) is None and store.list(BOB) == []
     assert VoiceStore(tmp_path).list(ALICE) == []  # the voice store does not see them
-    archived = msgspec.structs.replace(made, archived_at=2)
-    assert store.update(archived) and store.get(ALICE, made.id) == archived
+    archived = store.modify(ALICE, made.id, lambda d: msgspec.structs.replace(d, archived_at=2))
+    assert archived is not None and archived.archived_at == 2 and store.get(ALICE, made.id) == archived
+    assert store.modify(BOB, made.id, lambda d: d) is None  # not Bob's
     assert store.delete(ALICE, made.id) and not store.delete(ALICE, made.id)
-    assert not store.update(archived)  # gone
+    assert store.modify(ALICE, made.id, lambda d: d) is None  # gone
     assert store.get(ALICE, "../../etc/passwd") is None and not store.delete(ALICE, "..")
+    assert store.modify(ALICE, "..", lambda d: d) is None
+
+
+def test_a_change_is_held_to_the_byte_quota_and_a_failed_one_writes_nothing(tmp_path: Path) -> None:
+    one = len(encode(dictionary()))
+    store = LocalDictionaries(tmp_path, max_bytes=2 * one)
+    made = dictionary()
+    store.add(made)
+    more = [Pronunciation(text=f"w{n}", alias="x" * 100) for n in range(20)]
+    with pytest.raises(DictionaryQuotaExceeded):
+        store.modify(ALICE, made.id, lambda d: msgspec.structs.replace(d, rules=d.rules + more))
+    assert store.get(ALICE, made.id) == made
+
+    def fails(d: Dictionary) -> Dictionary:
+        raise ValueError("no")
+
+    with pytest.raises(ValueError, match="no"):
+        store.modify(ALICE, made.id, fails)
+    assert store.get(ALICE, made.id) == made
 
 
 def test_a_record_out_of_its_place_or_broken_is_skipped_with_a_warning(

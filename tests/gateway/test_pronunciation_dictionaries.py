@@ -15,6 +15,7 @@ import pytest
 from elevenlabs import pronunciation_dictionaries as sdk_dictionaries
 from elevenlabs.client import ElevenLabs
 from elevenlabs.core.api_error import ApiError
+from elevenlabs.pronunciation_dictionaries.rules import PronunciationDictionaryRule_Alias as RuleAlias
 from voxgate.engine.fake import FakeEngine
 from voxgate.gateway.voices.catalog import Catalog
 from websockets.exceptions import ConnectionClosed
@@ -308,3 +309,43 @@ def test_the_sdk_adds_from_rules_and_downloads_a_lexicon(
         },
     )
     assert refused.status_code == 400 and refused.json()["detail"]["status"] == "invalid_message"
+
+
+def test_the_sdk_changes_rules_as_new_versions(address: str, http: httpx.Client, engine: FakeEngine) -> None:
+    client = sdk(address, http)
+    made = client.pronunciation_dictionaries.create_from_file(name="Brands", file=("lexicon.pls", PLS))
+    changed = client.pronunciation_dictionaries.rules.add(
+        made.id, rules=[RuleAlias(string_to_replace="SQL", alias="ess queue ell")]
+    )
+    assert changed.version_id != made.version_id and changed.version_rules_num == 2
+    stale = speak(
+        address,
+        http,
+        pronunciation_dictionary_locators=[
+            {"pronunciation_dictionary_id": made.id, "version_id": made.version_id}
+        ],
+    )
+    assert stale.status_code == 400 and "has no version" in stale.json()["detail"]["message"]
+    latest = speak(
+        address, http, pronunciation_dictionary_locators=[{"pronunciation_dictionary_id": made.id}]
+    )
+    assert latest.status_code == 200 and spoken(engine) == "We use ess queue ell daily."
+    removed = client.pronunciation_dictionaries.rules.remove(made.id, rule_strings=["SQL"])
+    assert removed.version_rules_num == 1
+    replaced = client.pronunciation_dictionaries.rules.set(
+        made.id, rules=[RuleAlias(string_to_replace="daily", alias="today")]
+    )
+    assert [r.string_to_replace for r in client.pronunciation_dictionaries.get(made.id).rules] == ["daily"]
+    assert replaced.version_id == client.pronunciation_dictionaries.get(made.id).latest_version_id
+    emptied = http.post(
+        f"http://{address}{URL}/{made.id}/remove-rules",
+        headers={"xi-api-key": KEY},
+        json={"rule_strings": ["daily"]},
+    )
+    assert emptied.status_code == 400 and emptied.json()["detail"]["status"] == "invalid_message"
+    elsewhere = http.post(
+        f"http://{address}{URL}/{made.id}/add-rules",
+        headers={"xi-api-key": OTHER},
+        json={"rules": [{"type": "alias", "string_to_replace": "x", "alias": "y"}]},
+    )
+    assert elsewhere.status_code == 404

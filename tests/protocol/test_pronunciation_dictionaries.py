@@ -16,15 +16,21 @@ from voxgate.protocol.dictionaries import (
     Locator,
     added,
     decode,
+    decode_new_rules,
+    decode_rule_strings,
     decode_rules,
     encode,
     entries,
     is_id,
     listing,
     new_id,
+    new_version,
     parse_page,
     pronunciations,
+    version,
+    with_added,
     with_rules,
+    without,
 )
 from voxgate.protocol.errors import ErrorCode, ProtocolError
 from voxgate.protocol.messages import MAX_PRONUNCIATIONS, InputText, Keepalive, Pronunciation, SessionConfig
@@ -428,3 +434,26 @@ def test_a_written_lexicon_reads_back_as_its_entries() -> None:
     written = pls.write(said)
     assert written.startswith(b'<?xml version="1.0" encoding="UTF-8"?>') and b"AT&amp;T &lt;x&gt;" in written
     assert pls.parse(written) == said
+
+
+def test_changes_of_rules_make_a_new_version() -> None:
+    made = _dictionary([SQL, NGUYEN])
+    added_rules = entries(
+        decode_new_rules(
+            b'{"rules": [{"type": "alias", "string_to_replace": "SQL", "alias": "ess queue ell"},'
+            b' {"type": "alias", "string_to_replace": "GIF", "alias": "jif"}]}'
+        ).rules
+    )
+    changed = new_version(made, with_added(made.rules, added_rules))
+    assert changed.id == made.id and changed.version_id != made.version_id
+    assert changed.rules == [
+        Pronunciation(text="SQL", alias="ess queue ell"),  # replaced in place
+        NGUYEN,
+        Pronunciation(text="GIF", alias="jif"),
+    ]
+    assert version(changed) == {"id": made.id, "version_id": changed.version_id, "version_rules_num": 3}
+    strings = decode_rule_strings(b'{"rule_strings": ["Nguyen", "absent"]}').rule_strings
+    assert without(changed.rules, strings) == [changed.rules[0], changed.rules[2]]
+    with pytest.raises(ProtocolError) as caught:
+        new_version(made, without(made.rules, ["SQL", "Nguyen"]))
+    assert caught.value.code == ErrorCode.INVALID_MESSAGE and "leaves 0" in caught.value.message
