@@ -129,15 +129,15 @@ async def located(
     if not locators:
         return None
     store: DictionaryBackend = state.dictionaries  # type: ignore[attr-defined]
-    found: dict[str, Dictionary] | None = {}
+    found: dict[str, Dictionary] = {}
     try:
         for dictionary_id in dict.fromkeys(locator.pronunciation_dictionary_id for locator in locators):
             dictionary = await run_in_threadpool(store.get, owner, dictionary_id)
-            if dictionary is not None and found is not None:
+            if dictionary is not None:
                 found[dictionary_id] = dictionary
     except VoiceStoreUnavailable as exc:
         logger.error("%s", exc)
-        found = None
+        return pronunciations(locators, None)
     return pronunciations(locators, found)
 
 

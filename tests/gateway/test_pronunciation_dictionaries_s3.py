@@ -5,6 +5,7 @@ voices without becoming voices."""
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -12,9 +13,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from voxgate.engine.fake import FakeEngine
+from websockets.sync.client import connect
 
 from tests.conftest import TIMEOUT_S, serve_engine
 from tests.gateway.test_pronunciation_dictionaries import KEY, OTHER, PLS, URL, spoken
+from tests.redis_server import free_port
 from tests.seaweed_server import SeaweedServer, location, seaweed_server
 
 HEADERS = {"xi-api-key": KEY}
@@ -105,3 +108,36 @@ def test_the_count_cap_holds_across_replicas(prefix: str) -> None:
             thread.join()
         assert sorted(answers) == [200] * 2 + [409] * 4
         assert len(ids(a)) == 2
+
+
+def test_a_store_that_does_not_answer_is_a_503_and_sockets_still_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",  # nothing listens there
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+        "AWS_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    engine = FakeEngine()
+    with serve_engine(engine, voice_store=location("down")) as address:
+        listing = httpx.get(f"http://{address}{URL}", timeout=TIMEOUT_S)
+        assert listing.status_code == 503 and listing.headers["retry-after"] == "5"
+        assert listing.json()["detail"]["status"] == "voice_store_unavailable"
+        locators = [{"pronunciation_dictionary_id": "0" * 20}]
+        answer = httpx.post(
+            f"http://{address}/v1/text-to-speech/tone?output_format=pcm_16000",
+            json={"text": "We use SQL.", "pronunciation_dictionary_locators": locators},
+            timeout=TIMEOUT_S,
+        )
+        assert answer.status_code == 503 and answer.json()["detail"]["status"] == "voice_store_unavailable"
+        # A socket that names no dictionary does not need the store.
+        with connect(
+            f"ws://{address}/v1/text-to-speech/tone/stream-input?output_format=pcm_16000",
+            open_timeout=TIMEOUT_S,
+        ) as ws:
+            for message in ({"text": " "}, {"text": "We use SQL. "}, {"text": ""}):
+                ws.send(json.dumps(message))
+            got = [json.loads(m) for m in ws]
+        assert got[-1].get("isFinal") and spoken(engine) == "We use SQL."
