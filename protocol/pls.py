@@ -200,6 +200,8 @@ def parse(data: bytes) -> list[Pronunciation]:
         parser.Parse(data, True)
     except xml.parsers.expat.ExpatError as exc:
         raise invalid(f"line {exc.lineno}: {xml.parsers.expat.errors.messages[exc.code]}") from None
+    except (LookupError, ValueError) as exc:  # an encoding Python lacks, or one expat cannot take
+        raise invalid(f"its declared encoding: {exc}") from None
     return _entries(reader.lexemes)
 
 

@@ -114,6 +114,9 @@ EXTERNAL = (
         (b"<!DOCTYPE lexicon SYSTEM 'http://example.com/x.dtd'><lexicon/>", "<!DOCTYPE>"),
         (lexicon("<grapheme>&undefined;</grapheme><alias>x</alias>"), "undefined entity"),
         (b"not xml at all", "syntax error"),
+        (lexicon("<grapheme>a</grapheme><alias>b</alias>").replace(b"UTF-8", b"yTF-8"), "unknown encoding"),
+        (lexicon("<grapheme>a</grapheme><alias>b</alias>").replace(b"UTF-8", b"hex"), "not a text encoding"),
+        (lexicon("<grapheme>a</grapheme><alias>b</alias>").replace(b"UTF-8", b"cp932"), "multi-byte"),
         (b"<lexicon><lexeme>", "no element found"),
         (b"<voices/>", "root element is <voices>"),
         (b'<lexicon xmlns="urn:other"/>', "root element is <lexicon>"),
@@ -457,3 +460,49 @@ def test_changes_of_rules_make_a_new_version() -> None:
     with pytest.raises(ProtocolError) as caught:
         new_version(made, without(made.rules, ["SQL", "Nguyen"]))
     assert caught.value.code == ErrorCode.INVALID_MESSAGE and "leaves 0" in caught.value.message
+
+
+def test_no_mutation_of_a_lexicon_escapes_as_anything_but_invalid_lexicon() -> None:
+    """Bytes flipped, cut, repeated or inserted anywhere: a parse gives entries or ``invalid_lexicon``."""
+    import random
+
+    base = lexicon(
+        "<grapheme>SQL</grapheme><alias>sequel</alias>",
+        "<grapheme>Nguyen</grapheme><phoneme>ŋwiən</phoneme>",
+        '<grapheme>apple</grapheme><phoneme alphabet="cmu-arpabet">AE1 P AH0 L</phoneme>',
+    )
+    pieces = [
+        b"<",
+        b">",
+        b"&",
+        b";",
+        b"<!DOCTYPE x>",
+        b"<lexeme>",
+        b"</lexeme>",
+        b"&amp;",
+        b"\x00",
+        b"\xff",
+        b"]]>",
+    ]
+    rng = random.Random(33)
+    outcomes = set()
+    for _ in range(3000):
+        data = bytearray(base)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(data) + 1)
+            match rng.randrange(4):
+                case 0:
+                    data[at : at + 1] = bytes([rng.randrange(256)])
+                case 1:
+                    del data[at : at + rng.randint(1, 40)]
+                case 2:
+                    data[at:at] = rng.choice(pieces)
+                case _:
+                    data[at:at] = data[at : at + rng.randint(1, 60)] * rng.randint(1, 50)
+        try:
+            pls.parse(bytes(data))
+            outcomes.add("parsed")
+        except ProtocolError as err:
+            assert err.code == ErrorCode.INVALID_LEXICON
+            outcomes.add("refused")
+    assert outcomes == {"parsed", "refused"}
