@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 DIALECT = "elevenlabs"
 
 
-def connection_for(websocket: WebSocket, stream: Stream, params: Params) -> Connection:
+def connection_for(websocket: WebSocket, stream: Stream, params: Params, resolved: Resolved) -> Connection:
     """A voxgate session on ``websocket`` with ElevenLabs' codec; ``inactivity_timeout`` is its idle timeout,
     and bounds its contexts' (``context_idle_timeout``)."""
     state = websocket.state
@@ -45,9 +45,10 @@ def connection_for(websocket: WebSocket, stream: Stream, params: Params) -> Conn
     settings = msgspec.structs.replace(
         settings, idle_timeout_s=float(params.inactivity_timeout_s), context_idle_timeout_s=idle_s
     )
+    owner = getattr(state, "owner", "")
     return Connection(
         websocket,
-        state.catalog,
+        state.catalog.primed(owner, stream.voice_id, params.model_id, resolved),
         settings,
         owner=getattr(state, "owner", ""),
         extensions=True,
@@ -68,20 +69,22 @@ def context_idle_timeout(server_s: float, params: Params, *, multi: bool) -> flo
     return min(client_s, server_s) if server_s > 0 else client_s
 
 
-async def check_voice(state: object, voice_id: str, params: Params) -> bool:
-    """Refuse an unknown voice before any text arrives, as ElevenLabs does; True if its engine times words
-    (the alignment then follows them, else it is spread over each sentence)."""
+async def check_voice(state: object, voice_id: str, params: Params) -> tuple[bool, Resolved]:
+    """Refuse an unknown voice before any text arrives, as ElevenLabs does; whether its engine times words
+    (the alignment then follows them, else it is spread over each sentence), and the voice resolved, which
+    the session's configuration then reuses (``Catalog.primed``: the voice is looked up once)."""
     catalog: Catalog = state.catalog  # type: ignore[attr-defined]
     owner = getattr(state, "owner", "")
     try:
-        await catalog.prepare(owner, voice_id, params.model_id, {"word_timestamps": True})
-        return True
+        resolved = await catalog.resolve(owner, voice_id, params.model_id)
+        catalog.checked(resolved, {"word_timestamps": True})
+        return True, resolved
     except UnsupportedOption as exc:
         if exc.field != "word_timestamps":
             raise error_for(exc) from None
     except REFUSALS as exc:
         raise error_for(exc) from None
-    return False
+    return False, resolved
 
 
 def times_words(resolved: Resolved) -> bool:
@@ -110,13 +113,13 @@ async def _serve(websocket: WebSocket, *, multi: bool) -> None:
     await websocket.accept()
     try:
         params = parse_params(websocket.query_params)
-        words = await check_voice(websocket.state, voice_id, params)
+        words, resolved = await check_voice(websocket.state, voice_id, params)
     except ProtocolError as err:
         await _refuse(websocket, err)
         return
     dictionaries = await owned(websocket.state, getattr(websocket.state, "owner", ""))
     stream = Stream(voice_id, params, multi=multi, words=words, dictionaries=dictionaries)
-    connection = connection_for(websocket, stream, params)
+    connection = connection_for(websocket, stream, params, resolved)
     try:
         with connection.meter.active():
             await asyncio.create_task(connection.run())  # its own task, as when it ran behind a pipe

@@ -125,7 +125,11 @@ class Catalog:
         elif ref_text is not None:
             message = "ref_text goes with ref_audio; an uploaded voice keeps its own transcript"
             raise Rejected(ErrorCode.INVALID_REF_AUDIO, message, "ref_text")
-        resolved = await self.resolve(owner, voice, model, inline)
+        return self.checked(await self.resolve(owner, voice, model, inline), options)
+
+    def checked(self, resolved: Resolved, options: dict[str, object]) -> Resolved:
+        """``resolved`` with the options its engine takes (``prepare``'s second half: options a voice cannot
+        use are refused, harmless ones dropped and named in ``ignored``, a clone it cannot make refused)."""
         engine = resolved.engine
         options = dict(options)
         ignored: list[str] = []
@@ -147,6 +151,13 @@ class Catalog:
         if resolved.reference is not None and check_reference is not None:
             check_reference(resolved.reference)
         return dataclasses.replace(resolved, options=options, ignored=tuple(ignored))
+
+    def primed(self, owner: str, voice: str | None, model: str | None, resolved: Resolved) -> Catalog:
+        """This catalog, but the first ``prepare`` of ``voice`` and ``model`` for ``owner`` (without a clip)
+        takes ``resolved``'s engine and voice instead of resolving them again: a route that resolved a
+        socket's voice to check it before the session (ElevenLabs' sockets) hands it on, so the voice is
+        looked up once (an uploaded voice is a read of the store)."""
+        return _Primed(self, (owner, voice, model), resolved)
 
     async def resolve(
         self, owner: str, voice: str | None, model: str | None = None, inline: VoiceReference | None = None
@@ -216,3 +227,29 @@ def _harmless(name: str, value: object, builtin_voice: bool) -> bool:
     if name == "task_type":
         return value == "CustomVoice" and builtin_voice
     return name == "language" and isinstance(value, str) and value.casefold() == "auto"
+
+
+class _Primed(Catalog):
+    """A catalog whose first ``prepare`` of one request reuses a resolution (``Catalog.primed``)."""
+
+    def __init__(
+        self, catalog: Catalog, request: tuple[str, str | None, str | None], resolved: Resolved
+    ) -> None:
+        self.__dict__.update(catalog.__dict__)  # the same engines, aliases and store
+        self._hint: tuple[tuple[str, str | None, str | None], Resolved] | None = (request, resolved)
+
+    async def prepare(
+        self,
+        owner: str,
+        voice: str | None,
+        model: str | None,
+        options: dict[str, object],
+        *,
+        ref_audio: str | None = None,
+        ref_text: str | None = None,
+    ) -> Resolved:
+        hint, self._hint = self._hint, None
+        if hint is not None and hint[0] == (owner, voice, model) and ref_audio is None and ref_text is None:
+            base = hint[1]
+            return self.checked(Resolved(base.engine, base.voice, base.reference), options)
+        return await super().prepare(owner, voice, model, options, ref_audio=ref_audio, ref_text=ref_text)

@@ -246,6 +246,30 @@ def _until(ws: ClientConnection, done: Any) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("path", ["stream-input", "multi-stream-input"])
+def test_a_socket_resolves_its_voice_once(
+    address: str, engine: FakeEngine, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Issue 31: a socket resolved its voice to check it before the session, then again for the session's
+    configuration; the route hands its resolution on (``Catalog.primed``)."""
+    calls: list[str | None] = []
+    resolve = Catalog.resolve
+
+    async def counted(self: Catalog, owner: str, voice: str | None, *args: Any, **kwargs: Any) -> Any:
+        calls.append(voice)
+        return await resolve(self, owner, voice, *args, **kwargs)
+
+    monkeypatch.setattr(Catalog, "resolve", counted)
+    with _socket(address, path) as ws:
+        ws.send(json.dumps({"text": " ", "context_id": "a"}))
+        ws.send(json.dumps({"text": "We use SQL daily. ", "context_id": "a", "flush": True}))
+        got = _until(ws, lambda m: m.get("isFinal") or m.get("audio") == "" or "error" in m)
+        assert not [m for m in got if "error" in m], got
+        ws.send(json.dumps({"text": "", "context_id": "a", "close_socket": True}))
+    assert spoken(engine) == "We use SQL daily."
+    assert calls == ["tone"]
+
+
+@pytest.mark.parametrize("path", ["stream-input", "multi-stream-input"])
 def test_socket_locators_in_the_first_message_say_the_words_their_way(
     address: str, http: httpx.Client, engine: FakeEngine, path: str
 ) -> None:
