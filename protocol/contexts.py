@@ -11,8 +11,13 @@ The life of a named context::
     open ──context.close / session.close──▶ ended, closing ──last session.done──▶ removed
     open ──input.cancel / idle timeout─────▶ ended ──▶ removed (at once)
 
-An ended context's id is free at once (a message naming it opens a new context, with a new number), while its
-audio may still go out under its old number.
+``utterance_index`` is one counter for the whole session, so an index names one utterance whatever its
+context. A named context opens at the first ``input.text`` / ``input.done`` / ``input.commit`` /
+``keepalive`` naming it (``ContextStarted``; past the session's cap, ``too_many_contexts``) and ends at
+``context.close`` (gracefully, ``ContextEnded``), at ``input.cancel`` naming it (``ContextCancelled``) or
+not (``UtteranceCancelled``: every context), at ``session.close``, or when the core finds it idle
+(``Session.expire``). An ended context's id is free at once (a message naming it opens a new context,
+with a new number), while its audio may still go out under its old number.
 """
 
 from __future__ import annotations

@@ -24,29 +24,16 @@ The rules it owns:
 - An utterance is forgotten once its ``session.done`` is written (``sending``).
 - Every segment's audio, whatever the engine, starts and ends with a few milliseconds of fade
   (``protocol.joins``): no click where an engine's segment starts or stops mid-sound.
-- The listener clock (timed cuts, ``eager_first_segment``; docs/protocol.md §5). A segment waits for its
-  sentence end, which sounds best, unless waiting would let the listener run dry. The first segment of an
-  utterance has its time budget, ``max_buffer_delay_ms`` from its first text. A later one is cut at the
-  best boundary its text has (``Segmenter.cut_early``) once ``now`` reaches the listener's deadline: when
-  the audio ahead of the listener runs out, less the engine's estimated time to the first audio of the
-  text waiting (``protocol.pace``), less ``MARGIN_S``. The audio ahead is each context's audio written
-  (``sending``) played in real time from its first frame (a gap restarts the clock), then the audio its
-  open utterance's segments still owe: what the engine made and is not written yet, and, for segments
-  not finished, at least ``Pace.audio_s`` of their text, from their estimated first audio on. Read receipts
-  (``read``) refine it: audio the client had not read when it answered ends no sooner than the answer plus
-  its length.
+- The listener clock (``protocol.listener``; docs/protocol.md §5): a segment waits for its sentence end,
+  which sounds best, unless waiting would let the listener run dry; then it is cut in time.
 - Sentence pauses (``protocol.pauses``). After a segment that ends a sentence, while the utterance's next
   audio is not made, silence is written as audio, just in time (the listener clock down to
   ``pauses.LEAD_S``), up to ``pauses.MAX_S``: the listener hears a speaker's pause, not a dropout. It ends
   the segment before it (whose ``audio.done`` waits for the next segment's start) or begins the next one.
-- What the listener heard (docs/protocol.md §8). Each ``audio.cancelled`` says how much of its
-  utterance's audio the listener has heard on the listener clock (its audio written, played in real time
-  after the context's audio written before it) and cuts the utterance's text, as the client sent it
-  (``Session.received``), after the last word heard: by the engine's word timings when the config asked
-  for them, else by each segment's audio spread over its characters; the normalizer's map (``WordNamer``'s
-  ``origins``) turns a spoken position into the client's. An utterance whose ``session.done`` is written is
-  kept while its audio still plays, so that a cancel reports it too.
-- Contexts (``protocol.session``): messages of a named context's utterances carry its ``context_id``
+- What the listener heard (``protocol.listener``; docs/protocol.md §8): each ``audio.cancelled`` says it.
+  An utterance whose ``session.done`` is written is kept while its audio still plays, so that a cancel
+  reports it too.
+- Contexts (``protocol.contexts``): messages of a named context's utterances carry its ``context_id``
   and its frames its ``context_number``; ``context.closed`` follows its last ``session.done`` (a
   graceful close), or its ``audio.cancelled`` (a cancel, an idle timeout). A named context is idle
   once no message named it for ``context_idle_timeout_s`` and none of its audio is still being made
@@ -55,14 +42,12 @@ The rules it owns:
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
 
-from . import pauses
+from . import listener, pauses, timings
 from .alignment import WordNamer
 from .audio import Samples
 from .contexts import Context
@@ -82,9 +67,9 @@ from .events import (
     UtteranceStarted,
 )
 from .joins import Fader
+from .listener import MARGIN_S
 from .messages import (
     AudioCancelled,
-    AudioDone,
     AudioStart,
     ClientMessage,
     CloseReason,
@@ -93,112 +78,18 @@ from .messages import (
     Error,
     InputCommitted,
     SessionConfig,
-    SessionDone,
-    WordTimestamp,
-    WordTimestamps,
     wire_context_id,
 )
-from .output import (
-    Audio,
-    Configure,
-    Drop,
-    Finish,
-    Message,
-    Output,
-    OutputFormat,
-    Report,
-    Speak,
-)
-from .pace import AUDIO_SHARE, Pace
+from .output import Audio, Configure, Drop, Finish, Message, Output, OutputFormat, Report, Speak
+from .pace import Pace
 from .packer import AudioPacker
 from .session import Session
-
-#: Slack the listener keeps when a segment is cut to be in time: frames in flight, the client's jitter
-#: buffer, the error of the engine estimate (``protocol.pace``): a cut this early costs nothing audible.
-MARGIN_S = 0.15
-#: Utterances kept per context, once written, while their audio still plays (``audio.cancelled`` reports
-#: what was heard of them): more than a client buffers, for any reply but a flood of tiny ones.
-_PLAYING = 32
-#: Rounding of the sums of frame durations: audio this close to a segment's end counts as heard to it.
-_SLACK_MS = 0.5
-
-
-def _named(namer: WordNamer | None, words: list[tuple[str, float, float]]) -> list[WordTimestamp]:
-    """The engine's timed words named in the client's text: the spoken words of one written word ("three
-    dollars and fifty cents" for "$3.50", "five dollars." for "$5.") are one entry, from the first one's
-    start to the last one's end."""
-    out: list[WordTimestamp] = []
-    for word, start, end in words:
-        name = word if namer is None else namer.name(word)
-        if out and not any(c.isalnum() for c in name):  # nothing of its own: the rest of the word before
-            out[-1].word += name
-            out[-1].end_ms = end
-        else:
-            out.append(WordTimestamp(word=name, start_ms=start, end_ms=end))
-    return out
+from .utterances import InFlight, Segment, Utterance
 
 
 def _letters(text: str) -> int:
     """The characters of ``text`` that are not whitespace."""
     return len(text) - sum(ch.isspace() for ch in text)
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000.0, 2)
-
-
-@dataclass(slots=True)
-class _Segment:
-    text: str
-    ready_t: float
-    source: str = ""  # the client's text it stands for (sentence_text)
-    namer: WordNamer | None = None  # names its words in that text, where it differs from ``text``
-    counted: int = 0  # utterance samples already handed out as Audio
-    started: bool = False  # synthesis began (its text left the session's backlog)
-    first_sent_t: float | None = None
-    synthesis_s: float = 0.0
-    total_bytes: int = 0
-    samples: int = 0
-    error: bool = False
-    start_ms: float = 0.0  # where its audio starts on the utterance clock
-    engine_s: float = 0.0  # engine audio taken so far (the clock of the words that come with it)
-    word_chunks: int = 0  # audio.chunk word messages sent
-    reported: bool = False  # its audio.done was written
-    started_t: float | None = None  # its audio.start was written: the engine began it
-    made_s: float = 0.0  # audio handed out (Audio outputs)
-    sent_s: float = 0.0  # of which written
-    finished: bool = False  # segment_done came
-    fader: Fader | None = None  # its first and last milliseconds ramped (``protocol.joins``)
-    rate: int = 0  # the engine's sample rate, from its first audio
-    timed: list[tuple[int, float]] = field(default_factory=list)  # each word timed: its end in text, in ms
-    timed_at: int = 0  # where in ``text`` the next timed word is looked for
-    paused_s: float = 0.0  # sentence pause in its audio (``protocol.pauses``), after or before its speech
-    lead_s: float = 0.0  # of a pause before its speech, what is not written yet (not its first audio)
-
-
-@dataclass(slots=True)
-class _Utterance:
-    index: int
-    packer: AudioPacker
-    streamed: bool
-    first_text_t: float | None
-    context: int = 0  # its context's number
-    context_id: str | None = None
-    words: bool = False  # the config asked for word timings
-    first_audio_t: float | None = None
-    synthesis_s: float = 0.0
-    segments: dict[int, _Segment] = field(default_factory=dict)
-    total: int | None = None  # segments, once all the text is segmented
-    done: int = 0  # segments whose audio is finished
-    reported: bool = False  # session.done handed out
-    text: list[str] = field(default_factory=list)  # the client's text, as sent (``Session.received``)
-    sent_s: float = 0.0  # its audio written
-    play_end: float | None = None  # when its audio written ends, played in real time after what went before
-    pauses: bool = False  # a sentence end may be followed by a pause (streamed, timed cuts on)
-    held: int | None = None  # a segment ended on a sentence, its audio.done held while a pause may follow
-    pause_at: int | None = None  # the segment a pause goes into, until the next speech (``_pause_due``)
-    paused_s: float = 0.0  # pause written at this sentence end
-    unsegmented: int = 0  # characters (not spaces) of its text received and not yet in a segment
 
 
 class Core:
@@ -212,25 +103,20 @@ class Core:
     def __init__(self, fmt: OutputFormat, session: Session | None = None) -> None:
         self.session = session or Session()
         self._format = fmt
-        self._utterances: dict[int, _Utterance] = {}
-        # The same, by context number: a cancel of one context costs its utterances, not the session's.
-        self._by_context: dict[int, dict[int, _Utterance]] = {}
-        # Utterances whose session.done is not handed out yet, in order, by context: ``_settle`` looks at the
-        # head of each, so an utterance ended behind a long one costs nothing until that one is done.
-        self._unreported: dict[int, collections.deque[_Utterance]] = {}
+        # The utterances in flight, and the text they owe the engine: the core alone changes them, the
+        # session asks (its caps: ``Session.queue``).
+        self._flight = self.session.queue = InFlight()
+        self._utterances = self._flight.utterances
+        self._by_context = self._flight.by_context
+        self._playing = self._flight.playing
         self._out: list[Output] = []
         self._closing = False
         # The session's table of contexts (``protocol.contexts``): it opens and ends them; the core keeps
         # their timers and removes each once closed.
         self._contexts = self.session.contexts
-        # Utterances whose session.done is written while their audio still plays, by context: a cancel
-        # reports what the listener heard of them too (the oldest go once heard, or past ``_PLAYING``).
-        self._playing: dict[int, collections.deque[_Utterance]] = {}
         #: This session's engine, as seen so far: time to first audio, audio per character.
         self.pace = Pace()
-        # Audio written, all told, and where the last run of one utterance's audio began in it (``read``).
-        self._written_s = 0.0
-        self._run: tuple[float, _Utterance | None] = (0.0, None)
+        self._clock = listener.Clock(self.pace, self._flight, self._contexts)
 
     def next_deadline(self) -> float | None:
         """When the shell must call ``tick`` (on the clock of ``now``), or None when nothing is due.
@@ -267,7 +153,7 @@ class Core:
         # Idle contexts close in the order their time ran out, however late the tick comes.
         idle = [(t, c) for c in self._contexts if (t := self._idle_at(c)) is not None and now >= t]
         for _, ctx in sorted(idle, key=lambda pair: pair[0]):
-            if self._busy(ctx.number):
+            if self._flight.busy(ctx.number):
                 ctx.active_t = now
             else:
                 for event in self.session.expire(ctx.number):
@@ -326,9 +212,9 @@ class Core:
             case SegmentReady(utterance_index=u, sentence_index=s, text=text, source=source, origins=origins):
                 namer = WordNamer(text, source, origins) if source else None
                 utterance = self._utterance(u)
-                utterance.segments[s] = _Segment(text, now, source=source or text, namer=namer)
+                utterance.segments[s] = Segment(text, now, source=source or text, namer=namer)
                 utterance.unsegmented -= _letters(source or text)
-                self.session.backlog += len(text)
+                self._flight.backlog += len(text)
                 self._out.append(Speak(u, s, text))
             case UtteranceEnded(utterance_index=u, total_sentences=n, context_number=c):
                 ended = self._utterance(u, c)
@@ -391,7 +277,7 @@ class Core:
             return  # cancelled
         seg = u.segments[sentence]
         seg.started = True
-        self.session.backlog -= len(seg.text)
+        self._flight.backlog -= len(seg.text)
         if u.held is not None:  # the sentence before it ends here; a pause may go on before its speech
             self._release(u)
             u.pause_at = sentence if u.pause_at is not None else None
@@ -430,7 +316,8 @@ class Core:
         if u.pause_at == sentence:  # its speech: the pause before it is over
             u.pause_at = None
         if words:
-            self._words(u, sentence, seg, len(samples), sample_rate, words)
+            msg = timings.word_timestamps(u, sentence, len(samples), sample_rate, words)
+            self._out.append(Message(msg, u.index))
         seg.engine_s += len(samples) / sample_rate
         if seg.fader is None:
             seg.fader, seg.rate = Fader(sample_rate), sample_rate
@@ -470,7 +357,7 @@ class Core:
             return
         self._end(u, sentence, error)
 
-    def _end(self, u: _Utterance, sentence: int, error: ProtocolError | None = None) -> None:
+    def _end(self, u: Utterance, sentence: int, error: ProtocolError | None = None) -> None:
         """A segment's audio is all out (a pause's last frame with it): its ``audio.done``."""
         seg, packer = u.segments[sentence], u.packer
         self._frames(u, sentence, packer.end_segment())
@@ -481,7 +368,7 @@ class Core:
         u.done += 1
         self._settle()
 
-    def _release(self, u: _Utterance) -> None:
+    def _release(self, u: Utterance) -> None:
         """End the segment held for a pause, if any."""
         if u.held is not None:
             held, u.held = u.held, None
@@ -489,27 +376,11 @@ class Core:
 
     def read(self, read_s: float, now: float) -> None:
         """A read receipt came at ``now``: the client had read the first ``read_s`` seconds of the audio
-        written (all told, in the order written: ``gateway.session.receipts``) when it answered.
+        written (all told, in the order written: ``gateway.session.receipts``) when it answered
+        (``listener.Clock.read``)."""
+        self._clock.read(read_s, now)
 
-        Its listener cannot play audio before reading it, so the audio written after ``read_s`` ends no
-        sooner than ``now`` plus its length. Where all of it is one utterance's, that utterance's
-        listener clock (and its context's) ends no sooner than that: a client that reads late (a slow
-        network, a proxy's buffer) gets its timed cuts and pauses later, and ``played_ms`` does not count
-        audio it had not even read.
-        """
-        start, u = self._run
-        if u is None or read_s < start - 1e-9:
-            return  # the audio unread is not one utterance's
-        if self._utterances.get(u.index) is not u and u not in self._playing.get(u.context, ()):
-            return  # cancelled: its listener stopped
-        end = now + max(0.0, self._written_s - read_s)
-        if u.play_end is not None and end > u.play_end:
-            u.play_end = end
-            ctx = self._contexts.get(u.context)
-            if ctx is not None:  # pragma: no branch - a context outlives its utterances (``_close``)
-                ctx.play_end = max(ctx.play_end or end, end)
-
-    def _pause_due(self, ctx: Context) -> tuple[float | None, _Utterance | None]:
+    def _pause_due(self, ctx: Context) -> tuple[float | None, Utterance | None]:
         """When a pause is next written in the context, and into which utterance (``protocol.pauses``)."""
         if ctx.play_end is not None:
             for u in self._by_context.get(ctx.number, {}).values():
@@ -519,7 +390,7 @@ class Core:
                     return ctx.play_end - pauses.LEAD_S, u
         return None, None
 
-    def _pause(self, ctx: Context, u: _Utterance | None, now: float) -> None:
+    def _pause(self, ctx: Context, u: Utterance | None, now: float) -> None:
         """Write a chunk of pause into ``u`` (``protocol.pauses``); none once the listener ran dry."""
         assert u is not None and u.pause_at is not None and ctx.play_end is not None
         sentence, packer = u.pause_at, u.packer
@@ -563,24 +434,7 @@ class Core:
         """
         match output:
             case Audio(utterance=index, sentence=sentence, audio_s=audio_s):
-                u = self._utterances.get(index)
-                if u is None or self._run[1] is not u:
-                    self._run = (self._written_s, u)
-                self._written_s += audio_s
-                if u is not None:
-                    seg = u.segments[sentence]
-                    if seg.lead_s > 1e-9:  # a pause before its speech
-                        seg.lead_s -= audio_s
-                    elif seg.first_sent_t is None:
-                        seg.first_sent_t = now
-                        if seg.started_t is not None:
-                            self.pace.first_audio(len(seg.text), now - seg.started_t)
-                    seg.sent_s += audio_s
-                    u.sent_s += audio_s
-                    u.first_audio_t = now if u.first_audio_t is None else u.first_audio_t
-                    if (ctx := self._contexts.get(u.context)) is not None:
-                        ctx.play_end = max(now, ctx.play_end or now) + audio_s
-                    u.play_end = max(now, u.play_end or now) + audio_s if ctx is None else ctx.play_end
+                self._clock.written(index, sentence, audio_s, now)
             case Message(msg=AudioStart(utterance_index=index, sentence_index=int(sentence))):
                 u = self._utterances.get(index)
                 if u is not None:
@@ -589,13 +443,8 @@ class Core:
                 u = self._utterances.get(index)
                 if u is None:
                     return None
-                self._remove(u)
-                if u.play_end is not None and u.play_end > now:  # still heard: a cancel reports it
-                    playing = self._playing.setdefault(u.context, collections.deque(maxlen=_PLAYING))
-                    while playing and playing[0].play_end is not None and playing[0].play_end <= now:
-                        playing.popleft()
-                    playing.append(u)
-                return Message(self._session_done(u), index)
+                self._flight.played(u, now)
+                return Message(timings.session_done(u), index)
             case Report(utterance=index, sentence=int(sentence)):
                 u = self._utterances.get(index)
                 if u is None:
@@ -603,7 +452,7 @@ class Core:
                 u.segments[sentence].reported = True
                 if (ctx := self._contexts.get(u.context)) is not None:
                     ctx.active_t = max(ctx.active_t, now)
-                return Message(self._audio_done(u, sentence), index)
+                return Message(timings.audio_done(u, sentence), index)
         return output
 
     def _apply(self, events: list[Event], now: float) -> None:
@@ -632,22 +481,7 @@ class Core:
         u = self._utterances.get(-1 if index is None else index)
         if u is None:  # pragma: no cover - a later segment's utterance has segments, so it is in flight
             return None
-        return self._runs_dry(ctx, u) - self.pace.first_audio_s(len(text)) - MARGIN_S
-
-    def _runs_dry(self, ctx: Context, u: _Utterance) -> float:
-        """When the listener of ``u`` hears its last audio, from the audio written and still owed."""
-        pace = self.pace
-        end = ctx.play_end if u.first_audio_t is not None else None
-        for seg in u.segments.values():
-            if seg.finished and seg.sent_s >= seg.made_s:
-                continue  # all of it written: in play_end
-            owed = seg.made_s if seg.finished else max(seg.made_s, seg.paused_s + pace.audio_s(len(seg.text)))
-            if seg.first_sent_t is None:  # it begins once the engine gives its first audio
-                begin = seg.ready_t if seg.started_t is None else seg.started_t
-                begin += pace.first_audio_s(len(seg.text))
-                end = begin if end is None else max(end, begin)
-            end = (seg.ready_t if end is None else end) + max(0.0, owed - seg.sent_s)
-        return max(seg.ready_t for seg in u.segments.values()) if end is None else end
+        return listener.runs_dry(ctx.play_end, u, self.pace) - self.pace.first_audio_s(len(text)) - MARGIN_S
 
     def _idle_at(self, ctx: Context) -> float | None:
         limit = self.session.context_idle_timeout_s
@@ -655,29 +489,9 @@ class Core:
             return None
         return ctx.active_t + limit
 
-    def _busy(self, context: int) -> bool:
-        """Whether audio of the context is still being made or sent (an ``audio.done`` not yet written)."""
-        utterances = self._by_context.get(context, {}).values()
-        return any(not seg.reported for u in utterances for seg in u.segments.values())
-
     def _wire_id(self, context: int) -> str | msgspec.UnsetType:
         ctx = self._contexts.get(context)
         return wire_context_id(None if ctx is None else ctx.context_id)
-
-    def _forget(self, victims: tuple[_Utterance, ...]) -> None:
-        for u in victims:
-            self.session.backlog -= sum(len(seg.text) for seg in u.segments.values() if not seg.started)
-            self._remove(u)
-            # A cancel takes every utterance of its contexts (``_drop``) or of all (``cancel``).
-            self._unreported.pop(u.context, None)
-
-    def _remove(self, u: _Utterance) -> None:
-        del self._utterances[u.index]
-        self.session.in_flight = len(self._utterances)
-        group = self._by_context[u.context]
-        del group[u.index]
-        if not group:
-            del self._by_context[u.context]
 
     def _drop(self, context_id: str, number: int | None, now: float, *, confirm: bool) -> None:
         """Cancel one context's utterances; ``confirm``: answer even when there were none."""
@@ -688,72 +502,22 @@ class Core:
 
     def _cancel(
         self,
-        victims: tuple[_Utterance, ...],
-        playing: list[_Utterance],
+        victims: tuple[Utterance, ...],
+        playing: list[Utterance],
         now: float | None,
         otherwise: AudioCancelled | None,
     ) -> None:
         """Drop ``victims`` and confirm each with ``audio.cancelled``, with those of ``playing`` still heard
         at ``now``; with none, send ``otherwise``."""
-        self._forget(victims)
+        self._flight.forget(victims)
         if victims or otherwise is not None:
             self._out.append(Drop(tuple(u.index for u in victims)))
         heard = [u for u in playing if now is not None and u.play_end is not None and u.play_end > now]
         told = sorted((*heard, *victims), key=lambda u: u.index)
         for u in told:
-            self._out.append(Message(self._cancelled(u, now)))
+            self._out.append(Message(listener.cancelled(u, now, self.pace)))
         if not told and otherwise is not None:
             self._out.append(Message(otherwise))
-
-    def _cancelled(self, u: _Utterance, now: float | None) -> AudioCancelled:
-        """The ``audio.cancelled`` of ``u``: what its listener heard of it by ``now`` (None: nothing)."""
-        ahead = 0.0 if now is None or u.play_end is None else min(u.sent_s, max(0.0, u.play_end - now))
-        played_ms = (u.sent_s - ahead) * 1000.0 if now is not None else 0.0
-        text = "".join(u.text)
-        cut = self._spoken_cut(u, text, played_ms)
-        return AudioCancelled(
-            utterance_index=u.index,
-            context_id=wire_context_id(u.context_id),
-            played_ms=round(played_ms, 2),
-            text_spoken=text[:cut],
-            text_remaining=text[cut:],
-            text_spoken_source="words" if u.words else "estimate",
-        )
-
-    def _spoken_cut(self, u: _Utterance, text: str, played_ms: float) -> int:
-        """Where in the client's ``text`` of ``u`` the words heard in ``played_ms`` end.
-
-        Segments heard whole count to their last character; in the one being heard, the last word that
-        ended (from the engine's word timings, else the share of its audio played, spread over its
-        characters, back to the end of a whole word). A word heard takes the characters stuck to it in
-        the client's text (punctuation, markup: up to the next whitespace).
-        """
-        cut = cursor = 0
-        for seg in (u.segments[s] for s in sorted(u.segments)):
-            at = text.find(seg.source, cursor)
-            heard_ms = played_ms - seg.start_ms
-            if at < 0 or not seg.started or heard_ms <= 0:
-                break
-            cursor = at + len(seg.source)
-            speech_s = seg.made_s - seg.paused_s
-            if seg.finished and heard_ms >= speech_s * 1000.0 - _SLACK_MS:
-                cut = cursor
-                continue
-            n = len(seg.text)
-            if u.words:
-                k = max((end for end, end_ms in seg.timed if end_ms <= played_ms), default=0)
-            else:
-                length_s = speech_s if seg.finished else max(speech_s, self.pace.audio_s(n) / AUDIO_SHARE)
-                k = min(n, int(n * (heard_ms + _SLACK_MS) / (length_s * 1000.0)))
-                if k < n and not seg.text[k].isspace():  # that word is not over: back to the one before
-                    k = max(0, seg.text.rfind(" ", 0, k))
-                k = len(seg.text[:k].rstrip())
-            if k:
-                cut = at + (k if seg.namer is None else seg.namer.origins[k - 1] + 1)
-            break
-        while 0 < cut < len(text) and not text[cut].isspace():
-            cut += 1
-        return cut
 
     def _close(self, context_id: str, number: int | None, reason: CloseReason) -> None:
         if number is not None:
@@ -762,7 +526,7 @@ class Core:
         msg = ContextClosed(context_id=context_id, context_number=number, reason=reason)
         self._out.append(Message(msg))
 
-    def _open(self, index: int, now: float | None, context: int = 0) -> _Utterance:
+    def _open(self, index: int, now: float | None, context: int = 0) -> Utterance:
         fmt = self._format
         packer = AudioPacker(
             index,
@@ -776,21 +540,17 @@ class Core:
         )
         ctx = self._contexts.get(context)
         cid = None if ctx is None else ctx.context_id
-        u = self._utterances[index] = _Utterance(
-            index, packer, fmt.streamed, now, context, cid, fmt.word_timestamps
-        )
+        u = Utterance(index, packer, fmt.streamed, now, context, cid, fmt.word_timestamps)
         config = self.session.config
         u.pauses = fmt.streamed and (config is None or config.segmentation()[1])
-        self.session.in_flight = len(self._utterances)
-        self._by_context.setdefault(context, {})[index] = u
-        self._unreported.setdefault(context, collections.deque()).append(u)
+        self._flight.add(u)
         return u
 
-    def _utterance(self, index: int, context: int = 0) -> _Utterance:
+    def _utterance(self, index: int, context: int = 0) -> Utterance:
         # input.done with no text ends an utterance that never started
         return self._utterances.get(index) or self._open(index, None, context)
 
-    def _frames(self, u: _Utterance, sentence: int, frames: list[bytes]) -> None:
+    def _frames(self, u: Utterance, sentence: int, frames: list[bytes]) -> None:
         seg, packer = u.segments[sentence], u.packer
         if frames:  # audio a codec holds back is counted with the frames it comes out in
             new_samples, seg.counted = packer.samples_sent - seg.counted, packer.samples_sent
@@ -798,51 +558,12 @@ class Core:
             seg.made_s += new_samples / packer.sample_rate
             self._out.extend(Audio(frame, u.index, sentence, audio_s) for frame in frames)
 
-    def _words(
-        self,
-        u: _Utterance,
-        sentence: int,
-        seg: _Segment,
-        length: int,
-        rate: int,
-        words: Sequence[tuple[str, int, int]],
-    ) -> None:
-        # Resampling keeps time, so engine seconds into the segment are output seconds into it.
-        base = seg.start_ms + seg.engine_s * 1000.0
-
-        def ms(sample: int) -> float:
-            return round(base + sample * 1000.0 / rate, 2)
-
-        msg = WordTimestamps(
-            utterance_index=u.index,
-            sentence_index=sentence,
-            chunk_id=seg.word_chunks,
-            chunk_start_ms=ms(0),
-            chunk_end_ms=ms(length),
-            sample_rate=u.packer.sample_rate,
-            timestamps=_named(seg.namer, [(w, ms(start), ms(end)) for w, start, end in words]),
-            context_id=wire_context_id(u.context_id),
-        )
-        seg.word_chunks += 1
-        self._out.append(Message(msg, u.index))
-        folded = seg.text.lower() if len(seg.text.lower()) == len(seg.text) else seg.text
-        for w, _, end in words:  # where each word ends in the segment's text, for ``_spoken_cut``
-            at = folded.find(w.lower(), seg.timed_at) if w else -1
-            if at >= 0:
-                seg.timed_at = at + len(w)
-                seg.timed.append((seg.timed_at, base + end * 1000.0 / rate))
-
     def _settle(self) -> None:
         """Hand out the ``session.done`` of finished utterances in order within each context, then the
         ``context.closed`` of contexts closing with nothing left, then ``Finish`` when closing."""
-        finished: list[_Utterance] = []
-        for context, queue in list(self._unreported.items()):
-            while queue and queue[0].total is not None and queue[0].done >= queue[0].total:
-                finished.append(queue.popleft())
-            if not queue:
-                del self._unreported[context]
-        blocked = self._unreported.keys()  # contexts with an utterance still speaking
-        for u in sorted(finished, key=lambda u: u.index):  # across contexts, in the order they opened
+        finished = self._flight.finished()
+        blocked = self._flight.unreported.keys()  # contexts with an utterance still speaking
+        for u in finished:
             u.reported = True
             if u.segments and (tail := u.packer.finish()):  # a compressed stream's end
                 last = max(u.segments)
@@ -854,30 +575,3 @@ class Core:
         if self._closing and not blocked:
             self._closing = False
             self._out.append(Finish())
-
-    def _audio_done(self, u: _Utterance, sentence: int) -> AudioDone:
-        seg = u.segments[sentence]
-        ready = seg.first_sent_t - seg.ready_t if seg.first_sent_t is not None else None
-        return AudioDone(
-            utterance_index=u.index,
-            sentence_index=sentence,
-            total_bytes=seg.total_bytes,
-            duration_ms=round(seg.samples * 1000.0 / u.packer.sample_rate, 2),
-            error=seg.error,
-            text_to_first_audio_ms=_ms(ready),
-            synthesis_ms=_ms(seg.synthesis_s) or 0.0,
-            context_id=wire_context_id(u.context_id),
-        )
-
-    def _session_done(self, u: _Utterance) -> SessionDone:
-        first = None
-        if u.first_audio_t is not None and u.first_text_t is not None:
-            first = u.first_audio_t - u.first_text_t
-        return SessionDone(
-            utterance_index=u.index,
-            total_sentences=u.total or 0,
-            first_text_to_first_audio_ms=_ms(first),
-            audio_ms=round(u.packer.samples_sent * 1000.0 / u.packer.sample_rate, 2),
-            synthesis_ms=_ms(u.synthesis_s) or 0.0,
-            context_id=wire_context_id(u.context_id),
-        )

@@ -24,20 +24,14 @@ States and the messages that move between them (anything else is an error; ``_TR
 opt in refuses them as unknown types, as vllm-omni does, and ignores ``context_id`` (vllm-omni ignores
 unknown fields).
 
-Contexts (``protocol.contexts``: the table the core shares). The text side keeps one stream of utterances
-per context: the default one (no ``context_id``) and up to ``max_contexts`` named ones, each with its own
-segmenter and open utterance.
-``utterance_index`` is one counter for the whole session, so an index names one utterance whatever its
-context. A named context opens at the first ``input.text`` / ``input.done`` / ``input.commit`` /
-``keepalive`` naming it (``ContextStarted``; past the cap, ``too_many_contexts``) and closes at
-``context.close`` (gracefully, ``ContextEnded``), at ``input.cancel`` naming it (``ContextCancelled``)
-or not (``UtteranceCancelled``: every context), at ``session.close``, or when the core finds it idle
-(``expire``). A closed id may be used again: it opens a new context.
+Contexts: one stream of utterances per context, the default one and up to ``max_contexts`` named ones, in
+the table the core shares (``protocol.contexts``, which says when they open and close).
 """
 
 from __future__ import annotations
 
 import enum
+from typing import Protocol
 
 from . import pronounce
 from .codecs.openai import speakable
@@ -83,6 +77,16 @@ MAX_MESSAGE_BYTES = 128 * 1024
 MAX_CONTEXTS = 8
 #: Utterances a session may have queued at once (far more than any turn-taking client sends ahead).
 MAX_IN_FLIGHT = 256
+
+
+class Queue(Protocol):
+    """The engine work a session's core holds (``protocol.utterances.InFlight``): the core alone counts it."""
+
+    @property
+    def backlog(self) -> int: ...  # characters of segments handed out whose synthesis has not started
+
+    @property
+    def in_flight(self) -> int: ...  # utterances whose session.done is not written yet
 
 
 class State(enum.Enum):
@@ -153,8 +157,8 @@ class Session:
         self.max_pending_text_chars = max_pending_text_chars
         self.max_contexts = max_contexts
         self.context_idle_timeout_s = context_idle_timeout_s
-        #: Characters of segments handed out whose synthesis has not started (the ``Core`` keeps it).
-        self.backlog = 0
+        #: The engine work the core holds, which the caps count: the core sets it (``InFlight``).
+        self.queue: Queue | None = None
         #: The index the next utterance will take, in whichever context it starts.
         self.utterance_index = 0
         self._segmentation: tuple[Granularity, bool] = ("sentence", True)
@@ -162,8 +166,6 @@ class Session:
         self.contexts = Contexts()
         self.max_buffer_delay_s = DEFAULT_MAX_BUFFER_DELAY_MS / 1000.0
         self._refusal: ProtocolError | None = None  # ``refuse_new``: new utterances get this error
-        #: Utterances whose ``session.done`` is not out yet (the ``Core`` keeps it), and their cap.
-        self.in_flight = 0
         self.max_in_flight = max_in_flight
         #: Whether ``text_normalization`` ``auto`` writes numbers out, for an engine whose front end
         #: misreads them (Piper's espeak): the host sets it from the engine; ``on`` always does.
@@ -174,6 +176,16 @@ class Session:
         #: The client's text of each ``input.text`` taken, as sent, with its utterance: the ``Core`` takes
         #: it after each message (the listener's ``text_spoken`` names the client's own characters).
         self.received: list[tuple[int, str]] = []
+
+    @property
+    def backlog(self) -> int:
+        """Characters of segments handed out whose synthesis has not started (the core's count)."""
+        return 0 if self.queue is None else self.queue.backlog
+
+    @property
+    def in_flight(self) -> int:
+        """Utterances whose ``session.done`` is not out yet (the core's count)."""
+        return 0 if self.queue is None else self.queue.in_flight
 
     @property
     def _default(self) -> Context:
