@@ -25,6 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import msgspec
+
+from .messages import wire_context_id
 from .normalize import Normalizer
 from .segmenter import Segmenter
 
@@ -46,6 +49,13 @@ class Context:
     deadline: float | None = None  # when a first segment's text has waited enough
     parked: bool = False  # the deadline passed but the text allowed no cut: wait for more text
     play_end: float | None = None  # when the audio written so far ends, played in real time
+
+    def idle_at(self, limit_s: float) -> float | None:
+        """When a named context is idle: ``limit_s`` after the last message naming it (or its last audio.done
+        written); None for the default context, one closing, or no limit (0)."""
+        if self.context_id is None or self.closing or limit_s <= 0:
+            return None
+        return self.active_t + limit_s
 
 
 class Contexts:
@@ -112,6 +122,11 @@ class Contexts:
         ctx = self._all.pop(number, None)
         if ctx is not None and ctx.context_id is not None and self._is_open(ctx):
             del self._open[ctx.context_id]
+
+    def wire_id(self, number: int) -> str | msgspec.UnsetType:
+        """The id of the context of that number as server messages carry it (``wire_context_id``)."""
+        ctx = self._all.get(number)
+        return wire_context_id(None if ctx is None else ctx.context_id)
 
     def _is_open(self, ctx: Context) -> bool:
         return ctx is self.default or (ctx.context_id is not None and self._open.get(ctx.context_id) is ctx)

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import msgspec
 import numpy as np
 
 from . import listener, pauses, timings
@@ -67,7 +66,6 @@ from .events import (
     UtteranceStarted,
 )
 from .joins import Fader
-from .listener import MARGIN_S
 from .messages import (
     AudioCancelled,
     AudioStart,
@@ -78,18 +76,11 @@ from .messages import (
     Error,
     InputCommitted,
     SessionConfig,
-    wire_context_id,
 )
 from .output import Audio, Configure, Drop, Finish, Message, Output, OutputFormat, Report, Speak
 from .pace import Pace
-from .packer import AudioPacker
 from .session import Session
-from .utterances import InFlight, Segment, Utterance
-
-
-def _letters(text: str) -> int:
-    """The characters of ``text`` that are not whitespace."""
-    return len(text) - sum(ch.isspace() for ch in text)
+from .utterances import InFlight, Segment, Utterance, letters
 
 
 class Core:
@@ -107,8 +98,6 @@ class Core:
         # session asks (its caps: ``Session.queue``).
         self._flight = self.session.queue = InFlight()
         self._utterances = self._flight.utterances
-        self._by_context = self._flight.by_context
-        self._playing = self._flight.playing
         self._out: list[Output] = []
         self._closing = False
         # The session's table of contexts (``protocol.contexts``): it opens and ends them; the core keeps
@@ -126,21 +115,21 @@ class Core:
         (a segment gave less audio than estimated, the engine turned out slower), by no more than the
         estimates' error, which ``MARGIN_S`` covers.
         """
+        idle_s = self.session.context_idle_timeout_s
         due = [t for c in self._contexts if (t := self._cut_at(c)) is not None]
-        due += [t for c in self._contexts if (t := self._idle_at(c)) is not None]
-        due += [t for c in self._contexts if (t := self._pause_due(c)[0]) is not None]
+        due += [t for c in self._contexts if (t := c.idle_at(idle_s)) is not None]
+        due += [t for c in self._contexts if (t := listener.pause_due(c, self._flight)[0]) is not None]
         return min(due, default=None)
 
     def tick(self, now: float) -> None:
         """Let time pass: cut segments that waiting would make late, and close idle contexts.
 
         A first segment that waited ``max_buffer_delay_ms`` since its first text arrived, or a later one
-        whose listener is about to run dry (the listener clock, in the module docstring), with no sentence
-        end, is cut at the best point available (``Segmenter.cut_early``), and the text after it is looked
-        at again at once; if no point is, the cut waits for more text (that deadline is gone until a
-        message arrives). A named context idle for ``context_idle_timeout_s`` is closed
-        (``context.closed``, reason ``idle_timeout``); one whose audio is still being made or sent is
-        looked at again a timeout later.
+        whose listener is about to run dry (``protocol.listener``), with no sentence end, is cut at the best
+        point available (``Segmenter.cut_early``), and the text after it is looked at again at once; if no
+        point is, the cut waits for more text (that deadline is gone until a message arrives). A named
+        context idle for ``context_idle_timeout_s`` is closed (``context.closed``, reason ``idle_timeout``);
+        one whose audio is still being made or sent is looked at again a timeout later.
         """
         for ctx in self._contexts:
             while (due := self._cut_at(ctx)) is not None and now >= due:
@@ -148,10 +137,11 @@ class Core:
                 for event in events:
                     self.receive(event, now)
                 ctx.parked = not events
-            while (pause := self._pause_due(ctx))[0] is not None and now >= pause[0]:
+            while (pause := listener.pause_due(ctx, self._flight))[0] is not None and now >= pause[0]:
                 self._pause(ctx, pause[1], now)
         # Idle contexts close in the order their time ran out, however late the tick comes.
-        idle = [(t, c) for c in self._contexts if (t := self._idle_at(c)) is not None and now >= t]
+        idle_s = self.session.context_idle_timeout_s
+        idle = [(t, c) for c in self._contexts if (t := c.idle_at(idle_s)) is not None and now >= t]
         for _, ctx in sorted(idle, key=lambda pair: pair[0]):
             if self._flight.busy(ctx.number):
                 ctx.active_t = now
@@ -160,27 +150,17 @@ class Core:
                     self.receive(event, now)
 
     def receive_text(self, data: str, now: float) -> None:
-        """Take one text WebSocket message, received at ``now``.
-
-        Raises:
-            ProtocolError: the message is refused; ``fatal`` says whether the session must close.
-        """
+        """Take one text WebSocket message, received at ``now``; a ``ProtocolError`` refuses it (``fatal``:
+        the session must close)."""
         self._apply(self.session.receive_text(data), now)
 
     def receive_bytes(self, data: bytes, now: float) -> None:
-        """Take one binary WebSocket message (always refused: clients send JSON text).
-
-        Raises:
-            ProtocolError: always.
-        """
+        """Take one binary WebSocket message: always refused (``ProtocolError``), clients send JSON text."""
         self._apply(self.session.receive_bytes(data), now)
 
     def receive_message(self, msg: ClientMessage, now: float) -> None:
-        """Take one decoded client message, as a surface without JSON messages (REST) feeds its text.
-
-        Raises:
-            ProtocolError: the message is illegal in the session's state.
-        """
+        """Take one decoded client message, as a surface without JSON messages (REST) feeds its text; a
+        ``ProtocolError`` refuses one illegal in the session's state."""
         self._apply(self.session.receive(msg), now)
 
     def accept_config(self, config: SessionConfig, fmt: OutputFormat) -> None:
@@ -213,7 +193,7 @@ class Core:
                 namer = WordNamer(text, source, origins) if source else None
                 utterance = self._utterance(u)
                 utterance.segments[s] = Segment(text, now, source=source or text, namer=namer)
-                utterance.unsegmented -= _letters(source or text)
+                utterance.unsegmented -= letters(source or text)
                 self._flight.backlog += len(text)
                 self._out.append(Speak(u, s, text))
             case UtteranceEnded(utterance_index=u, total_sentences=n, context_number=c):
@@ -226,9 +206,8 @@ class Core:
             case UtteranceCancelled(utterance_index=u):
                 self.cancel(u, now)
             case Committed(commit_id=commit_id, utterance_index=u, sentence_index=s, context_number=c):
-                msg = InputCommitted(
-                    commit_id=commit_id, utterance_index=u, sentence_index=s, context_id=self._wire_id(c)
-                )
+                cid = self._contexts.wire_id(c)
+                msg = InputCommitted(commit_id=commit_id, utterance_index=u, sentence_index=s, context_id=cid)
                 self._out.append(Message(msg))
             case ContextStarted(context_id=cid, context_number=c):
                 self._contexts[c].active_t = now  # opened by the session
@@ -262,8 +241,8 @@ class Core:
             open_index: the utterance the client had open, confirmed when nothing was in flight.
             now: the time of the cancel (None: no utterance still playing is reported).
         """
-        playing = [u for q in self._playing.values() for u in q]
-        self._playing.clear()
+        playing = [u for q in self._flight.playing.values() for u in q]
+        self._flight.playing.clear()
         victims = tuple(self._utterances.values())
         self._cancel(victims, playing, now, AudioCancelled(utterance_index=open_index))
         for ctx in self._contexts:
@@ -283,16 +262,7 @@ class Core:
             u.pause_at = sentence if u.pause_at is not None else None
         start = seg.counted = u.packer.start_segment(sentence)
         seg.start_ms = start * 1000.0 / u.packer.sample_rate
-        msg = AudioStart(
-            utterance_index=utterance,
-            sentence_index=sentence,
-            sentence_text=seg.source,  # the client's text (seg.text is what the engine says)
-            format=u.packer.fmt,
-            sample_rate=u.packer.sample_rate,
-            start_sample=start,
-            word_timestamps=True if u.words else msgspec.UNSET,
-            context_id=wire_context_id(u.context_id),
-        )
+        msg = timings.audio_start(u, sentence, start)
         self._out.append(Message(msg, utterance, streamed=u.streamed, frame_header=u.packer.frame_header))
 
     def audio(
@@ -380,33 +350,14 @@ class Core:
         (``listener.Clock.read``)."""
         self._clock.read(read_s, now)
 
-    def _pause_due(self, ctx: Context) -> tuple[float | None, Utterance | None]:
-        """When a pause is next written in the context, and into which utterance (``protocol.pauses``)."""
-        if ctx.play_end is not None:
-            for u in self._by_context.get(ctx.number, {}).values():
-                if u.pause_at is not None:
-                    if any(seg.sent_s < seg.made_s - 1e-9 for seg in u.segments.values()):
-                        break  # audio is ready to go out: no pause before it
-                    return ctx.play_end - pauses.LEAD_S, u
-        return None, None
-
     def _pause(self, ctx: Context, u: Utterance | None, now: float) -> None:
-        """Write a chunk of pause into ``u`` (``protocol.pauses``); none once the listener ran dry."""
-        assert u is not None and u.pause_at is not None and ctx.play_end is not None
+        """Write a chunk of pause into ``u`` (``listener.pause``); none once the listener ran dry."""
+        assert u is not None and u.pause_at is not None
         sentence, packer = u.pause_at, u.packer
-        seg, rate = u.segments[sentence], packer.sample_rate
-        # Only while the text goes on (the next segment is cut, or text of it came): a client that sent a
-        # sentence and waits hears no pause, and gets its audio.done once the sentence has nearly played.
-        goes_on = sentence != u.held or sentence + 1 in u.segments or u.unsegmented > 0
-        n = pauses.chunk_samples(rate, packer.frame_samples, u.paused_s) if goes_on else 0
-        if n and now < ctx.play_end + pauses.LATE_S:
-            seg.paused_s += n / rate
-            u.paused_s += n / rate
-            if sentence != u.held:  # before its speech: its words start after it
-                seg.start_ms += n * 1000.0 / rate
-                seg.lead_s += n / rate
-            self._frames(u, sentence, packer.push(np.zeros(n, dtype=np.float32), rate))
-        if not n or u.paused_s >= pauses.MAX_S - 1e-9 or now >= ctx.play_end + pauses.LATE_S:
+        n, over = listener.pause(ctx, u, now)
+        if n:
+            self._frames(u, sentence, packer.push(np.zeros(n, dtype=np.float32), packer.sample_rate))
+        if over:
             u.pause_at = None
             self._release(u)
 
@@ -461,7 +412,7 @@ class Core:
         session = self.session
         for index, text in session.received:  # text of an utterance just started or still open
             self._utterances[index].text.append(text)
-            self._utterances[index].unsegmented += _letters(text)
+            self._utterances[index].unsegmented += letters(text)
         session.received.clear()
         for ctx in self._contexts:
             if not (session.eager_pending_in(ctx.number) and session.first_pending_in(ctx.number)):
@@ -472,32 +423,13 @@ class Core:
         self.tick(now)
 
     def _cut_at(self, ctx: Context) -> float | None:
-        """When the context's buffered text must be cut, if timed cuts apply to it."""
-        if ctx.parked or not self.session.eager_pending_in(ctx.number):
-            return None
-        if self.session.first_pending_in(ctx.number):
-            return ctx.deadline
-        index, text = self.session.pending_in(ctx.number)
-        u = self._utterances.get(-1 if index is None else index)
-        if u is None:  # pragma: no cover - a later segment's utterance has segments, so it is in flight
-            return None
-        return listener.runs_dry(ctx.play_end, u, self.pace) - self.pace.first_audio_s(len(text)) - MARGIN_S
-
-    def _idle_at(self, ctx: Context) -> float | None:
-        limit = self.session.context_idle_timeout_s
-        if ctx.context_id is None or ctx.closing or limit <= 0:
-            return None
-        return ctx.active_t + limit
-
-    def _wire_id(self, context: int) -> str | msgspec.UnsetType:
-        ctx = self._contexts.get(context)
-        return wire_context_id(None if ctx is None else ctx.context_id)
+        return listener.cut_at(ctx, self.session, self._flight, self.pace)
 
     def _drop(self, context_id: str, number: int | None, now: float, *, confirm: bool) -> None:
         """Cancel one context's utterances; ``confirm``: answer even when there were none."""
-        victims = () if number is None else tuple(self._by_context.get(number, {}).values())
+        victims = () if number is None else tuple(self._flight.by_context.get(number, {}).values())
         # An idle timeout stops no audio: only a cancel reports what was heard of audio all written.
-        playing = list(self._playing.pop(-1 if number is None else number, ())) if confirm else []
+        playing = list(self._flight.playing.pop(-1 if number is None else number, ())) if confirm else []
         self._cancel(victims, playing, now, AudioCancelled(context_id=context_id) if confirm else None)
 
     def _cancel(
@@ -522,27 +454,15 @@ class Core:
     def _close(self, context_id: str, number: int | None, reason: CloseReason) -> None:
         if number is not None:
             self._contexts.remove(number)
-            self._playing.pop(number, None)
+            self._flight.playing.pop(number, None)
         msg = ContextClosed(context_id=context_id, context_number=number, reason=reason)
         self._out.append(Message(msg))
 
     def _open(self, index: int, now: float | None, context: int = 0) -> Utterance:
-        fmt = self._format
-        packer = AudioPacker(
-            index,
-            fmt=fmt.fmt,
-            sample_rate=fmt.sample_rate,
-            frame_ms=fmt.frame_ms,
-            frame_header=fmt.frame_header,
-            stream_audio=fmt.streamed,
-            context_number=context,
-            bitrate=fmt.bitrate,
-        )
         ctx = self._contexts.get(context)
-        cid = None if ctx is None else ctx.context_id
-        u = Utterance(index, packer, fmt.streamed, now, context, cid, fmt.word_timestamps)
         config = self.session.config
-        u.pauses = fmt.streamed and (config is None or config.segmentation()[1])
+        eager = config is None or config.segmentation()[1]
+        u = Utterance.open(index, self._format, now, context, None if ctx is None else ctx.context_id, eager)
         self._flight.add(u)
         return u
 

@@ -20,9 +20,11 @@ it in real time from its first frame (a gap restarts the clock). Two rules read 
 
 from __future__ import annotations
 
-from .contexts import Contexts
+from . import pauses
+from .contexts import Context, Contexts
 from .messages import AudioCancelled, wire_context_id
 from .pace import AUDIO_SHARE, Pace
+from .session import Session
 from .utterances import InFlight, Utterance
 
 #: Slack the listener keeps when a segment is cut to be in time: frames in flight, the client's jitter
@@ -46,6 +48,52 @@ def runs_dry(play_end: float | None, u: Utterance, pace: Pace) -> float:
             end = begin if end is None else max(end, begin)
         end = (seg.ready_t if end is None else end) + max(0.0, owed - seg.sent_s)
     return max(seg.ready_t for seg in u.segments.values()) if end is None else end
+
+
+def cut_at(ctx: Context, session: Session, flight: InFlight, pace: Pace) -> float | None:
+    """When the context's buffered text must be cut, if timed cuts apply to it: a first segment's deadline,
+    or a later one's listener about to run dry."""
+    if ctx.parked or not session.eager_pending_in(ctx.number):
+        return None
+    if session.first_pending_in(ctx.number):
+        return ctx.deadline
+    index, text = session.pending_in(ctx.number)
+    u = flight.utterances.get(-1 if index is None else index)
+    if u is None:  # pragma: no cover - a later segment's utterance has segments, so it is in flight
+        return None
+    return runs_dry(ctx.play_end, u, pace) - pace.first_audio_s(len(text)) - MARGIN_S
+
+
+def pause_due(ctx: Context, flight: InFlight) -> tuple[float | None, Utterance | None]:
+    """When a pause is next written in the context, and into which utterance (``protocol.pauses``): just in
+    time, ``pauses.LEAD_S`` before its listener runs dry, while no audio is ready to go out."""
+    if ctx.play_end is not None:
+        for u in flight.by_context.get(ctx.number, {}).values():
+            if u.pause_at is not None:
+                if any(seg.sent_s < seg.made_s - 1e-9 for seg in u.segments.values()):
+                    break  # audio is ready to go out: no pause before it
+                return ctx.play_end - pauses.LEAD_S, u
+    return None, None
+
+
+def pause(ctx: Context, u: Utterance, now: float) -> tuple[int, bool]:
+    """The samples of the next chunk of ``u``'s sentence pause (``protocol.pauses``), counted in its records,
+    and whether the pause is over: it goes on only while the text does (the next segment is cut, or text of
+    it came), so a client that sent a sentence and waits hears no pause and gets its audio.done once the
+    sentence has nearly played; none once the listener ran dry."""
+    assert u.pause_at is not None and ctx.play_end is not None
+    sentence, packer = u.pause_at, u.packer
+    seg, rate = u.segments[sentence], packer.sample_rate
+    goes_on = sentence != u.held or sentence + 1 in u.segments or u.unsegmented > 0
+    n = pauses.chunk_samples(rate, packer.frame_samples, u.paused_s) if goes_on else 0
+    late = now >= ctx.play_end + pauses.LATE_S
+    if n and not late:
+        seg.paused_s += n / rate
+        u.paused_s += n / rate
+        if sentence != u.held:  # before its speech: its words start after it
+            seg.start_ms += n * 1000.0 / rate
+            seg.lead_s += n / rate
+    return (0 if late else n), (not n or u.paused_s >= pauses.MAX_S - 1e-9 or late)
 
 
 def cancelled(u: Utterance, now: float | None, pace: Pace) -> AudioCancelled:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+
 from .alignment import WordNamer
-from .messages import AudioDone, SessionDone, WordTimestamp, WordTimestamps, wire_context_id
+from .messages import AudioDone, AudioStart, SessionDone, WordTimestamp, WordTimestamps, wire_context_id
 from .utterances import Segment, Utterance
 
 
@@ -40,6 +42,20 @@ def word_timestamps(
     seg.word_chunks += 1
     _keep_ends(seg, base, rate, words)
     return msg
+
+
+def audio_start(u: Utterance, sentence: int, start: int) -> AudioStart:
+    """The ``audio.start`` of segment ``sentence``, its first sample ``start`` on the utterance's clock."""
+    return AudioStart(
+        utterance_index=u.index,
+        sentence_index=sentence,
+        sentence_text=u.segments[sentence].source,  # the client's text (its text is what the engine says)
+        format=u.packer.fmt,
+        sample_rate=u.packer.sample_rate,
+        start_sample=start,
+        word_timestamps=True if u.words else msgspec.UNSET,
+        context_id=wire_context_id(u.context_id),
+    )
 
 
 def audio_done(u: Utterance, sentence: int) -> AudioDone:

@@ -13,11 +13,17 @@ from dataclasses import dataclass, field
 
 from .alignment import WordNamer
 from .joins import Fader
+from .output import OutputFormat
 from .packer import AudioPacker
 
 #: Utterances kept per context, once written, while their audio still plays (``audio.cancelled`` reports
 #: what was heard of them): more than a client buffers, for any reply but a flood of tiny ones.
 PLAYING = 32
+
+
+def letters(text: str) -> int:
+    """The characters of ``text`` that are not whitespace (``Utterance.unsegmented`` counts them)."""
+    return len(text) - sum(ch.isspace() for ch in text)
 
 
 @dataclass(slots=True)
@@ -76,6 +82,32 @@ class Utterance:
     pause_at: int | None = None  # the segment a pause goes into, until the next speech (``Core._pause_due``)
     paused_s: float = 0.0  # pause written at this sentence end
     unsegmented: int = 0  # characters (not spaces) of its text received and not yet in a segment
+
+    @classmethod
+    def open(
+        cls,
+        index: int,
+        fmt: OutputFormat,
+        now: float | None,
+        context: int,
+        context_id: str | None,
+        eager: bool,
+    ) -> Utterance:
+        """A new utterance in ``fmt``, its first text at ``now`` (None: it has none); ``eager``: timed cuts
+        are on, so sentence pauses are too (in a streamed format)."""
+        packer = AudioPacker(
+            index,
+            fmt=fmt.fmt,
+            sample_rate=fmt.sample_rate,
+            frame_ms=fmt.frame_ms,
+            frame_header=fmt.frame_header,
+            stream_audio=fmt.streamed,
+            context_number=context,
+            bitrate=fmt.bitrate,
+        )
+        u = cls(index, packer, fmt.streamed, now, context, context_id, fmt.word_timestamps)
+        u.pauses = fmt.streamed and eager
+        return u
 
 
 class InFlight:
