@@ -8,7 +8,7 @@ dropout, not as a pause. So the session core (``protocol.core``) writes silence 
 after a segment that ends a sentence, while the utterance's next audio is not made:
 
 - only when the listener's audio ahead (written, played in real time from its first frame) is down to
-  ``LEAD_S``: a pause is written just in time, a chunk of ``CHUNK_S`` (whole frames) at a time, and never
+  ``LEAD_S``: a pause is written just in time, ``CHUNK_S`` (whole frames) at a time, and never
   while the next audio is made (it goes out instead);
 - at most ``MAX_S`` per sentence end: a longer wait is a gap, as before;
 - only after a segment that ends a sentence (never inside one: a pause there breaks the phrase), of an
@@ -36,8 +36,9 @@ from . import boundaries
 MAX_S: Final = 0.4
 #: The audio ahead of the listener below which a pause chunk is written: the time to write a frame.
 LEAD_S: Final = 0.05
-#: The pause written at a time (rounded up to whole frames).
-CHUNK_S: Final = 0.05
+#: The pause written at a time, rounded up to whole frames: a frame of 20 ms or more (a 40 ms frame at the
+#: default ``frame_ms``), so a pause is no longer than needed by more than a frame.
+CHUNK_S: Final = 0.02
 #: A pause whose time passed by more than this is not written: the listener has run dry (unless its
 #: player buffers), and silence now would only delay the next words.
 LATE_S: Final = 0.1

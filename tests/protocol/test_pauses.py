@@ -250,8 +250,8 @@ def test_a_pause_waits_for_audio_not_yet_written_and_the_words_after_it_start_la
 def test_a_pause_needs_a_sentence_end() -> None:
     assert pauses.ends_sentence("Sure!") and pauses.ends_sentence('He said "yes."')
     assert not pauses.ends_sentence("I can") and not pauses.ends_sentence("")
-    assert pauses.chunk_samples(8000, 800, 0.0) == 800  # 50 ms, rounded up to a whole 100 ms frame
-    assert pauses.chunk_samples(8000, 160, 0.0) == 480  # 60 ms: three 20 ms frames
+    assert pauses.chunk_samples(8000, 800, 0.0) == 800  # rounded up to a whole 100 ms frame
+    assert pauses.chunk_samples(8000, 80, 0.0) == 160  # 20 ms: two 10 ms frames
     assert pauses.chunk_samples(8000, 800, pauses.MAX_S) == 0
 
 
