@@ -410,10 +410,9 @@ class Core:
         for event in events:
             self.receive(event, now)
         session = self.session
-        for index, text in session.received:  # text of an utterance just started or still open
+        for index, text in session.take_received():  # text of an utterance just started or still open
             self._utterances[index].text.append(text)
             self._utterances[index].unsegmented += letters(text)
-        session.received.clear()
         for ctx in self._contexts:
             if not (session.eager_pending_in(ctx.number) and session.first_pending_in(ctx.number)):
                 ctx.deadline = None

@@ -173,9 +173,8 @@ class Session:
         #: Whether the engine says a pronunciation's ``ipa`` from its phonemes (``TTSEngine.ipa_symbols``):
         #: the normalizer then keeps those words as written; the host sets it from the engine.
         self.takes_ipa = False
-        #: The client's text of each ``input.text`` taken, as sent, with its utterance: the ``Core`` takes
-        #: it after each message (the listener's ``text_spoken`` names the client's own characters).
-        self.received: list[tuple[int, str]] = []
+        # The client's text of each input.text taken, as sent, with its utterance (``take_received``).
+        self._received: list[tuple[int, str]] = []
 
     @property
     def backlog(self) -> int:
@@ -296,7 +295,7 @@ class Session:
                     stream.utterance, stream.sentences = self._next_index(), 0
                     events.append(UtteranceStarted(stream.utterance, stream.number))
                 events.extend(self._segments(stream, stream.segmenter.push(stream.normalizer.feed(text))))
-                self.received.append((stream.utterance, text))
+                self._received.append((stream.utterance, text))
             case InputDone():
                 self._check_admitted(cid)
                 events.extend(self._end_utterance(self._stream(cid, events)))
@@ -329,6 +328,12 @@ class Session:
         self.state = _TRANSITIONS[key]
         self._settle_state()
         return events
+
+    def take_received(self) -> list[tuple[int, str]]:
+        """The client's text of each ``input.text`` since the last call, as sent, with its utterance: the
+        core keeps it (the listener's ``text_spoken`` names the client's own characters)."""
+        received, self._received = self._received, []
+        return received
 
     def receive_bytes(self, data: bytes) -> list[Event]:
         """Take one binary WebSocket message: clients send no binary data, so it is always refused."""

@@ -74,7 +74,7 @@ class Utterance:
     total: int | None = None  # segments, once all the text is segmented
     done: int = 0  # segments whose audio is finished
     reported: bool = False  # session.done handed out
-    text: list[str] = field(default_factory=list)  # the client's text, as sent (``Session.received``)
+    text: list[str] = field(default_factory=list)  # the client's text, as sent (``Session.take_received``)
     sent_s: float = 0.0  # its audio written
     play_end: float | None = None  # when its audio written ends, played in real time after what went before
     pauses: bool = False  # a sentence end may be followed by a pause (streamed, timed cuts on)

@@ -27,3 +27,14 @@ def test_the_session_s_caps_read_the_text_and_utterances_the_core_holds() -> Non
         core.session.in_flight = 0  # type: ignore[misc]
     alone = Session()  # a session without a core holds no engine work
     assert (alone.backlog, alone.in_flight) == (0, 0)
+
+
+def test_the_client_s_text_is_handed_to_the_core_once_not_cleared_by_it() -> None:
+    """The session keeps the client's text until the core takes it (``take_received``): one writer."""
+    session = Session()
+    session.receive(SessionConfig())
+    session.accept_config(SessionConfig())
+    session.receive(InputText(text="Hello "))
+    session.receive(InputText(text="there."))
+    assert session.take_received() == [(0, "Hello "), (0, "there.")]
+    assert session.take_received() == []
