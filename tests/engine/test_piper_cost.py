@@ -149,7 +149,9 @@ def test_only_the_wide_session_lets_its_pool_threads_sleep() -> None:
         engine = piper.PiperEngine(threads=1, workers=2, wide_threads=2)
         await engine.start()
         try:
-            return spinning(engine._voice), spinning(engine._wide)
+            model = engine._model
+            assert model is not None
+            return spinning(model.voice), spinning(model.wide)
         finally:
             await engine.aclose()
 

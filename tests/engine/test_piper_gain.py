@@ -28,8 +28,8 @@ def test_every_segment_gets_the_voices_one_gain_and_no_sample_clips() -> None:
         engine = PiperEngine(threads=1, workers=1, wide_threads=1)
         await engine.start()
         try:
-            voice = engine._voice
-            assert voice is not None
+            assert engine._model is not None
+            voice = engine._model.voice
             assert 1.0 < engine.gain < 2.5  # joe's raw peaks are 0.34-0.63: turned up, with headroom
             from piper import SynthesisConfig
 
@@ -63,8 +63,8 @@ def test_a_long_sentence_is_cut_into_pieces_where_a_reader_would_pause() -> None
         engine = PiperEngine(threads=1, workers=1, wide_threads=1)
         await engine.start()
         try:
-            voice = engine._voice
-            assert voice is not None
+            assert engine._model is not None
+            voice = engine._model.voice
             text = (
                 "This page streams text to the gateway while the model is still writing it and the gateway "
                 "turns that text into speech right away with no wait for the whole reply to arrive first"

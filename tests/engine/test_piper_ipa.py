@@ -53,8 +53,8 @@ def _direct(engine: PiperEngine, text: str) -> npt.NDArray[np.float32]:
     gain and fades, without sampling noise (as the engine runs a request with a seed)."""
     from piper import SynthesisConfig
 
-    voice = engine._voice
-    assert voice is not None
+    assert engine._model is not None
+    voice = engine._model.voice
     config = SynthesisConfig(length_scale=voice.config.length_scale)
     config.noise_scale = config.noise_w_scale = 0.0
     pieces = []
