@@ -48,7 +48,6 @@ import logging
 from collections.abc import AsyncGenerator
 
 import aiohttp
-import httpx
 import numpy as np
 import numpy.typing as npt
 
@@ -80,6 +79,7 @@ from .remote_answers import (
     retry_after,
     wav_chunks,
 )
+from .remote_clients import Clients, Limits
 from .remote_requests import FORWARDED, SpeechBodies
 from .remote_settings import DEFAULT_REFERENCE_AUDIO, DEFAULT_REFERENCE_TEXT, RemoteSettings
 from .survey import ALIGNER_FLAG, Survey
@@ -151,30 +151,20 @@ class RemoteEngine:
             urls, breaker_failures=breaker_failures, breaker_cooldown_s=breaker_cooldown_s
         )
         self.model = model
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.sample_rate = DEFAULT_SAMPLE_RATE
         self.default_voice = DEFAULT_VOICE
-        self.health_interval_s = health_interval_s
-        self.first_byte_timeout_s = first_byte_timeout_s
-        self.read_timeout_s = read_timeout_s
-        self.segment_timeout_s = segment_timeout_s
-        # Reads are bounded by ``Waits`` (first byte, idle, overall), which httpx's per-read timeout
-        # cannot tell apart: it would cut a whole answer's headers at the idle deadline.
-        self._timeout = httpx.Timeout(
-            connect=connect_timeout_s, read=None, write=read_timeout_s, pool=connect_timeout_s
+        self.limits = Limits(
+            connect_timeout_s, first_byte_timeout_s, read_timeout_s, segment_timeout_s, health_interval_s
         )
-        self._client: httpx.AsyncClient | None = None
-        self._connect_timeout_s = connect_timeout_s
-        #: The speech requests' client (``engine.http_stream``): their audio is the hot path.
-        self._speech: aiohttp.ClientSession | None = None
+        self._clients = Clients(self.limits, api_key)
         #: What is known of the upstreams: voices, checkpoint, which time words.
-        self.survey = Survey(self.pool, self._http, model=model, probe_s=first_byte_timeout_s)
+        self.survey = Survey(self.pool, self._clients.http, model=model, probe_s=first_byte_timeout_s)
         self._health: asyncio.Task[None] | None = None
         self._family = FAMILIES[family] if family else None
         #: The request bodies, with the default reference voice and the clips as data URLs.
         self.bodies = SpeechBodies(model, reference_audio, reference_text)
         #: Clips uploaded to each upstream and named there, for vllm-omni's speaker cache.
-        self.uploads = UpstreamVoices(self._http)
+        self.uploads = UpstreamVoices(self._clients.http)
         self._scrub = ScrubUrls(self.pool)
 
     @property
@@ -184,22 +174,14 @@ class RemoteEngine:
 
     async def start(self) -> None:
         self.bodies.default_reference()  # a missing or unreadable file fails the start, not a request
-        # Probes and uploads never follow a redirect either (httpx's default, said here): an upload carries
-        # a tenant's clip.
-        self._client = httpx.AsyncClient(
-            timeout=self._timeout,
-            limits=httpx.Limits(max_keepalive_connections=64),
-            headers=self._headers,
-            follow_redirects=False,
-        )
-        self._speech = http_stream.open_session(self._connect_timeout_s, self._headers)
+        self._clients.open()
         logging.getLogger("httpx").addFilter(self._scrub)  # it logs each probe's URL, credentials and all
         await self._survey()
         self._health = asyncio.create_task(self._health_loop())
 
     async def _health_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.health_interval_s)
+            await asyncio.sleep(self.limits.health_interval_s)
             await self._survey()
 
     async def _survey(self) -> None:
@@ -208,16 +190,6 @@ class RemoteEngine:
         names = self.survey.names
         if names and DEFAULT_VOICE not in names:
             self.default_voice = names[0]
-
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            raise EngineError("the remote engine is not started")
-        return self._client
-
-    def _speech_client(self) -> aiohttp.ClientSession:
-        if self._speech is None:
-            raise EngineError("the remote engine is not started")
-        return self._speech
 
     async def voices(self) -> list[Voice]:
         names = self.survey.names or []
@@ -258,7 +230,7 @@ class RemoteEngine:
         )
 
     async def synthesize(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
-        client = self._speech_client()
+        client = self._clients.speech()
         options = {**req.options, **({"seed": req.seed} if req.seed is not None else {})}
         self.family.check_request(req.reference, options)  # before any upstream call
         body = self._body(req.text, req.voice, options, reference=req.reference)
@@ -278,11 +250,7 @@ class RemoteEngine:
         busy: list[int] = []  # the Retry-After of each upstream that said it is busy
         failed = 0
         for upstream in candidates:
-            waits = Waits(
-                first_byte_s=self.first_byte_timeout_s if body.get("stream") else None,
-                idle_s=self.read_timeout_s,
-                overall_s=self.segment_timeout_s + max_audio_s,
-            )
+            waits = self.limits.waits(streamed=bool(body.get("stream")), max_audio_s=max_audio_s)
             opened = (
                 functools.partial(self._timed, client, upstream, waits=waits, max_audio_s=max_audio_s)
                 if words
@@ -443,7 +411,7 @@ class RemoteEngine:
                     yield chunk
 
     async def ready(self) -> bool:
-        return self._client is not None and bool(self.pool.candidates())
+        return self._clients.opened and bool(self.pool.candidates())
 
     async def aclose(self) -> None:
         logging.getLogger("httpx").removeFilter(self._scrub)
@@ -452,12 +420,7 @@ class RemoteEngine:
             self._health.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-        if self._speech is not None:
-            await self._speech.close()
-            self._speech = None
+        await self._clients.aclose()
 
 
 def create(settings: RemoteSettings) -> RemoteEngine:
