@@ -38,6 +38,7 @@ import logging
 import math
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -75,6 +76,7 @@ from .qwen3_tts import (
     variant_of,
     with_request_params,
 )
+from .vllm_omni_launch import Launch
 from .vllm_omni_settings import VllmOmniSettings
 
 __all__ = ["AudioReader", "OmniClient", "VllmOmniEngine", "VllmOmniSettings", "create", "to_samples"]
@@ -104,6 +106,14 @@ class OmniClient(Protocol):
     async def abort(self, request_id: str) -> None: ...
 
     def shutdown(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Running:
+    """A started engine's vllm-omni and its helpers (``VllmOmniEngine.start``)."""
+
+    omni: OmniClient
+    tools: Qwen3Tools | ServingTools
 
 
 class _Stream(AsyncGenerator[AudioChunk, None]):
@@ -147,9 +157,10 @@ class _Stream(AsyncGenerator[AudioChunk, None]):
     async def _pump(self, req: SynthesisRequest) -> None:
         submission: Submission | None = None
         try:
-            tools = self._engine._tools
+            running = self._engine._running
             outputs, snapshots, submission = await self._engine._submit(req, self.request_id)
-            assert tools is not None  # _submit checked
+            assert running is not None  # _submit checked
+            tools = running.tools
             self._submitted = True
             words = bool(req.options.get("word_timestamps"))
             reader = AudioReader(self._engine.sample_rate, snapshots=snapshots)
@@ -220,15 +231,11 @@ class VllmOmniEngine:
         omni_factory: Callable[[], OmniClient] | None = None,
         tools_factory: Callable[[OmniClient], Qwen3Tools | ServingTools] | None = None,
     ) -> None:
-        self.model = model
-        self.deploy_config = deploy_config
-        self.stage_init_timeout_s = stage_init_timeout_s
-        self.forced_aligner = forced_aligner
-        self._omni_factory = omni_factory or self._build_omni
-        self._tools_factory = tools_factory or self._build_tools
+        self._launch = Launch(model, deploy_config, stage_init_timeout_s, forced_aligner)
+        self._omni_factory = omni_factory or self._launch.omni
+        self._tools_factory = tools_factory or self._launch.tools
         self._use_profile(PROFILES[variant_of(model) or "CustomVoice"])
-        self._omni: OmniClient | None = None
-        self._tools: Qwen3Tools | ServingTools | None = None
+        self._running: _Running | None = None
         self._speakers: list[str] = []
         self._languages = DEFAULT_LANGUAGES
         self._native_speed = False
@@ -251,37 +258,6 @@ class VllmOmniEngine:
         self.clones = rules.clip is not Clip.NONE or rules.embedding
         self._native_speed = tools.native_speed
 
-    def _build_tools(self, omni: OmniClient) -> ServingTools:
-        return ServingTools(omni, self.model)
-
-    def _build_omni(self) -> OmniClient:
-        try:
-            from vllm_omni import AsyncOmni
-        except ImportError as exc:
-            raise EngineError(
-                "engine 'vllm-omni' needs the vllm extra (pip install 'voxgate[vllm]') and an NVIDIA GPU"
-            ) from exc
-        # vllm-omni 0.30.0 refuses stage_configs_path; deploy_config replaced it. Its other keywords are
-        # the serve command's options (``forced_aligner`` is ``--forced-aligner``).
-        extra: dict[str, Any] = {"forced_aligner": self.forced_aligner} if self.forced_aligner else {}
-        try:
-            omni: OmniClient = AsyncOmni(
-                model=self.model,
-                deploy_config=self.deploy_config,
-                stage_init_timeout=int(self.stage_init_timeout_s),
-                log_stats=False,
-                **extra,
-            )
-        # The library boundary. Without a GPU platform 0.30.0 raises RuntimeError("Orchestrator
-        # initialization failed: ") caused by a bare NotImplementedError from get_omni_ar_worker_cls;
-        # the engine has shut its orchestrator down by then, and no object is left to shut down.
-        except Exception as exc:
-            root: BaseException = exc
-            while root.__cause__ is not None or root.__context__ is not None:
-                root = root.__cause__ or root.__context__  # type: ignore[assignment]
-            raise EngineError(f"vllm-omni could not start {self.model}: {exc!r}, caused by {root!r}") from exc
-        return omni
-
     async def start(self) -> None:
         # AsyncOmni starts its stage processes in its constructor and blocks until they are up (minutes).
         # vllm-omni's own server builds it the same way, on the event loop before it serves; nothing is
@@ -300,7 +276,9 @@ class VllmOmniEngine:
             if self.family.presets is Presets.LISTED and self._speakers:
                 self.default_voice = self._speakers[0]
             elif self.profile.task_type == "CustomVoice" and self.family.task_type == "CustomVoice":
-                raise EngineError(f"{self.model} is a CustomVoice model whose config lists no speakers")
+                raise EngineError(
+                    f"{self._launch.model} is a CustomVoice model whose config lists no speakers"
+                )
             if self.family.reference_only:
                 self._default_reference()  # a missing or unreadable file fails the start, not a request
         except BaseException:
@@ -308,8 +286,8 @@ class VllmOmniEngine:
                 tools.shutdown()
             omni.shutdown()  # its stage processes hold the GPU
             raise
-        self._omni, self._tools = omni, tools
-        logger.info("vllm-omni %s: %s, voices %s", self.model, self.family.label, self._speakers)
+        self._running = _Running(omni, tools)
+        logger.info("vllm-omni %s: %s, voices %s", self._launch.model, self.family.label, self._speakers)
 
     def _default_reference(self) -> VoiceReference:
         """The reference a plain request carries to a family that speaks only from one (read once)."""
@@ -346,7 +324,11 @@ class VllmOmniEngine:
         elif rules.presets is Presets.NONE and voice != self.default_voice:
             raise UnknownVoice(voice, self.name, [self.default_voice])
         for field in demands(options):
-            if field == "word_timestamps" and self._tools is not None and self._tools.word_timestamps:
+            if (
+                field == "word_timestamps"
+                and self._running is not None
+                and self._running.tools.word_timestamps
+            ):
                 continue
             if field == "speed" and not self._native_speed:
                 raise UnsupportedOption(field, self.name, _NO_SPEED.format(label=rules.label))
@@ -381,11 +363,12 @@ class VllmOmniEngine:
         self, req: SynthesisRequest, request_id: str
     ) -> tuple[AsyncGenerator[Any, None], bool, Submission | None]:
         """Submit ``req``: its outputs, whether they are cumulative snapshots, and its serving bookkeeping."""
-        tools = self._tools
-        if self._omni is None or tools is None:
+        running = self._running
+        if running is None:
             raise EngineError("the vllm-omni engine is not started")
+        tools = running.tools
         if not isinstance(tools, ServingTools):
-            omni, prompt, params, snapshots = self._prepare(req, tools)
+            omni, prompt, params, snapshots = self._prepare(req, running.omni, tools)
             outputs = omni.generate(
                 prompt,
                 request_id=request_id,
@@ -410,12 +393,10 @@ class VllmOmniEngine:
         return submission.outputs, not tools.streaming, submission
 
     def _prepare(
-        self, req: SynthesisRequest, tools: Qwen3Tools
+        self, req: SynthesisRequest, omni: OmniClient, tools: Qwen3Tools
     ) -> tuple[OmniClient, dict[str, Any], list[Any], bool]:
         """With stand-in helpers: the client, prompt and per-stage params for ``req`` (``engine.qwen3_tts``'s
         building), and whether its audio comes as snapshots."""
-        omni = self._omni
-        assert omni is not None  # _submit checked
         profile, options = self.profile, req.options
         language = options.get("language")
         info = build_info(
@@ -443,25 +424,26 @@ class VllmOmniEngine:
         return omni, prompt, params, not tools.streaming
 
     async def _abort(self, request_id: str) -> None:
-        if self._omni is None:
+        if self._running is None:
             return
         try:
-            await self._omni.abort(request_id)
+            await self._running.omni.abort(request_id)
         # Cleanup of a closed stream: a failed abort must not turn a cancel into a session error.
         except Exception as exc:
             logger.warning("vllm-omni abort of %s failed: %r", request_id, exc)
 
     async def ready(self) -> bool:
-        return self._omni is not None and not getattr(self._omni, "errored", False)
+        return self._running is not None and not getattr(self._running.omni, "errored", False)
 
     async def aclose(self) -> None:
         for stream in list(self._streams):
             await stream.aclose()
-        omni, tools, self._omni, self._tools = self._omni, self._tools, None, None
-        if isinstance(tools, ServingTools):
-            tools.shutdown()  # its request-building thread
-        if omni is not None:
-            omni.shutdown()
+        running, self._running = self._running, None
+        if running is None:
+            return
+        if isinstance(running.tools, ServingTools):
+            running.tools.shutdown()  # its request-building thread
+        running.omni.shutdown()
 
 
 def create(settings: VllmOmniSettings) -> VllmOmniEngine:
