@@ -260,6 +260,9 @@ class Core:
         if u.held is not None:  # the sentence before it ends here; a pause may go on before its speech
             self._release(u)
             u.pause_at = sentence if u.pause_at is not None else None
+        for other in [o for o in self._utterances.values() if o is not u and o.held is not None]:
+            other.pause_at = None  # another utterance speaks now: a segment's audio is never split
+            self._release(other)
         start = seg.counted = u.packer.start_segment(sentence)
         seg.start_ms = start * 1000.0 / u.packer.sample_rate
         msg = timings.audio_start(u, sentence, start)

@@ -7,6 +7,7 @@ real-time listener); here it also keeps what was written, in order, so the pause
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -15,6 +16,7 @@ from voxgate.protocol import pauses
 from voxgate.protocol.core import Core
 from voxgate.protocol.messages import AudioCancelled, AudioDone, AudioStart, InputDone, WordTimestamps
 from voxgate.protocol.output import Audio, Configure, Message, Output, OutputFormat, Report, Speak
+from voxgate.protocol.session import Session
 
 from .test_listener_clock import LONG_SECOND, PCM, RATE, SECONDS_PER_CHAR, Run
 
@@ -267,3 +269,28 @@ def test_no_pause_where_the_audio_is_not_streamed() -> None:
     core.audio(0, 0, np.full(RATE // 2, 0.25, dtype=np.float32), RATE)
     core.segment_done(0, 0, synthesis_s=0.1)
     assert "AudioDone" in _names(core.data_to_send())  # one file a segment: nothing can follow it
+
+
+def test_another_context_s_segment_ends_a_held_sentence_before_it_starts() -> None:
+    """A sentence held for a pause (its utterance open) ends, with its ``audio.done``, before a segment of
+    another utterance starts: on the wire a segment's audio runs from its ``audio.start`` to its
+    ``audio.done`` unbroken, which the codecs that name the segment of each frame by the last
+    ``audio.start`` (ElevenLabs') rely on."""
+    core = Core(PCM, Session())
+    core.receive_text(json.dumps({"type": "session.config"}), 0.0)
+    (configure,) = core.data_to_send()
+    assert isinstance(configure, Configure)
+    core.accept_config(configure.config, PCM)
+    for context, words in (("a", "First one. "), ("b", "Second one. ")):
+        core.receive_text(json.dumps({"type": "input.text", "text": words, "context_id": context}), 0.0)
+    speaks = [o for o in core.data_to_send() if isinstance(o, Speak)]
+    assert [(s.utterance, s.text) for s in speaks] == [(0, "First one."), (1, "Second one.")]
+    core.segment_started(0, 0)
+    core.audio(0, 0, np.full(RATE // 2, 0.25, dtype=np.float32), RATE)
+    core.segment_done(0, 0, synthesis_s=0.1)
+    held = [o.msg for o in core.data_to_send() if isinstance(o, Message)]
+    assert [type(m) for m in held] == [AudioStart]  # its audio.done waits: a pause may follow
+    core.segment_started(1, 0)
+    out = [core.sending(o, 0.2) for o in core.data_to_send()]
+    msgs = [o.msg for o in out if isinstance(o, Message)]
+    assert [(type(m), m.utterance_index) for m in msgs] == [(AudioDone, 0), (AudioStart, 1)]  # type: ignore[union-attr]
