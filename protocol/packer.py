@@ -13,11 +13,49 @@ segment is one complete file.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import cast
+
 import numpy as np
 
 from .audio import BYTES_PER_SAMPLE, AudioFormat, Resampler, Samples, encode, wav_header
-from .encoders import COMPRESSED_FORMATS, StreamEncoder, encode_whole
+from .encoders import COMPRESSED_FORMATS, CompressedFormat, StreamEncoder, encode_whole
 from .frames import FrameHeader
+
+
+@dataclass(slots=True)
+class _Numbers:
+    """The numbers the frame header gives the next message."""
+
+    utterance_index: int
+    context_number: int
+    sentence_index: int = 0
+    frame_index: int = 0  #: within the utterance
+
+
+class _Compressor:
+    """A compressed format's encoding: one encoder stream for a streamed utterance, begun when its first
+    audio comes, or one whole file per segment."""
+
+    def __init__(self, fmt: CompressedFormat, sample_rate: int, bitrate: int | None) -> None:
+        self._args = fmt, sample_rate, bitrate
+        self._stream: StreamEncoder | None = None
+
+    def whole(self, audio: Samples) -> bytes:
+        return encode_whole(audio, *self._args)
+
+    def push(self, audio: Samples) -> bytes:
+        """The stream's bytes for ``audio`` (none while a codec frame fills)."""
+        if self._stream is None:
+            self._stream = StreamEncoder(*self._args)
+        return self._stream.encode(audio)
+
+    def finish(self) -> bytes:
+        """End the stream: its last bytes (the codec's delay), if it was begun."""
+        if self._stream is None:
+            return b""
+        tail, self._stream = self._stream.finish(), None
+        return tail
 
 
 class AudioPacker:
@@ -47,28 +85,25 @@ class AudioPacker:
         context_number: int = 0,
         bitrate: int | None = None,
     ) -> None:
-        self.utterance_index = utterance_index
-        self.context_number = context_number
+        self._numbers = _Numbers(utterance_index, context_number)
         self.fmt: AudioFormat = fmt
         self.sample_rate = sample_rate
         self.frame_samples = max(1, round(sample_rate * frame_ms / 1000))
         self.frame_header = frame_header
         self.stream_audio = stream_audio
         self.samples_sent = 0  # utterance position of the next sample
-        self._frame_index = 0
-        self._sentence_index = 0
         self._resampler: Resampler | None = None
         self._pending: list[Samples] = []
         self._pending_len = 0
         self.segment_bytes = 0
         self.segment_samples = 0
-        self.bitrate = bitrate
-        self.compressed = fmt in COMPRESSED_FORMATS
-        self._encoder: StreamEncoder | None = None  # a streamed compressed utterance's, once audio came
+        self._compressor: _Compressor | None = None  # a compressed format's
+        if fmt in COMPRESSED_FORMATS:
+            self._compressor = _Compressor(cast(CompressedFormat, fmt), sample_rate, bitrate)
 
     def start_segment(self, sentence_index: int) -> int:
         """Begin a segment; returns its ``start_sample``."""
-        self._sentence_index = sentence_index
+        self._numbers.sentence_index = sentence_index
         self._resampler = None
         self._pending, self._pending_len = [], 0
         self.segment_bytes = self.segment_samples = 0
@@ -91,9 +126,9 @@ class AudioPacker:
 
     def finish(self) -> list[bytes]:
         """End the utterance: a streamed compressed format's last bytes (the codec's delay), if any."""
-        if self._encoder is None:
+        if self._compressor is None:
             return []
-        tail, self._encoder = self._encoder.finish(), None
+        tail = self._compressor.finish()
         return [self._message(tail, 0)] if tail else []
 
     def _drain_resampler(self) -> Samples:
@@ -110,8 +145,8 @@ class AudioPacker:
         if not self._pending_len:
             return []
         audio = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
-        if self.compressed:
-            return self._compressed(audio)
+        if self._compressor is not None:
+            return self._compressed(self._compressor, audio)
         if not self.stream_audio:
             cut = len(audio)
         else:
@@ -131,15 +166,12 @@ class AudioPacker:
             for i in range(0, cut, step)
         ]
 
-    def _compressed(self, audio: Samples) -> list[bytes]:
+    def _compressed(self, compressor: _Compressor, audio: Samples) -> list[bytes]:
         """Every pending sample through the encoder: its bytes so far, or the segment's whole file."""
         self._pending, self._pending_len = [], 0
         if not self.stream_audio:
-            whole = encode_whole(audio, self.fmt, self.sample_rate, self.bitrate)  # type: ignore[arg-type]
-            return [self._message(whole, len(audio))]
-        if self._encoder is None:
-            self._encoder = StreamEncoder(self.fmt, self.sample_rate, self.bitrate)  # type: ignore[arg-type]
-        payload = self._encoder.encode(audio)
+            return [self._message(compressor.whole(audio), len(audio))]
+        payload = compressor.push(audio)
         if payload:
             return [self._message(payload, len(audio))]
         self.samples_sent += len(audio)  # in the codec, to come out with the next bytes
@@ -150,18 +182,14 @@ class AudioPacker:
         if self.fmt == "wav":
             if not self.stream_audio:
                 payload = wav_header(self.sample_rate, len(payload)) + payload
-            elif self._frame_index == 0:
+            elif self._numbers.frame_index == 0:
                 payload = wav_header(self.sample_rate) + payload
-        header = b""
+        header, n = b"", self._numbers
         if self.frame_header:
             header = FrameHeader(
-                self.utterance_index,
-                self._sentence_index,
-                self._frame_index,
-                self.samples_sent,
-                self.context_number,
+                n.utterance_index, n.sentence_index, n.frame_index, self.samples_sent, n.context_number
             ).serialize()
-        self._frame_index += 1
+        n.frame_index += 1
         self.samples_sent += samples
         self.segment_samples += samples
         self.segment_bytes += len(payload)
