@@ -39,12 +39,13 @@ the SDK). The REST routes send a segment whole with its alignment (``hold`` / ``
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Mapping
 
 import msgspec
 
 from ..alignment import Alignment, known_alignment, spread_alignment, word_alignment
-from ..audio import BYTES_PER_SAMPLE
+from ..audio import BYTES_PER_SAMPLE, AudioFormat
 from ..dictionaries import Dictionary, Locator, Locators, pronunciations
 from ..errors import FAILURES, CloseCode, ErrorCode, ProtocolError, decoded
 from ..messages import (
@@ -134,6 +135,22 @@ def decode_inbound(data: str | bytes) -> Inbound:
 FIXED_CONTEXT = "elevenlabs:default"
 
 
+@dataclasses.dataclass(slots=True)
+class _Segment:
+    """The segment whose audio comes next (from its ``audio.start``), and how much of it was sent."""
+
+    format: AudioFormat
+    rate: int
+    context: str = FIXED_CONTEXT
+    text: str = ""
+    start_ms: float = 0.0  #: where it starts on its utterance's clock
+    timed: list[WordTimestamp] = dataclasses.field(default_factory=list)  #: its words
+    speaking: bool = False  #: between its audio.start and its audio.done
+    sent: int = 0  #: its characters already sent
+    sent_ms: float = 0.0  #: its audio already sent
+    origin_ms: float = 0.0  #: where the next alignment's times count from, from its start
+
+
 class Stream:
     """One ``stream-input`` or ``multi-stream-input`` socket over one voxgate session and its contexts.
 
@@ -170,17 +187,9 @@ class Stream:
         self.settled = False  # a first message was taken: later ``voice_settings`` are ignored
         self.ended = False  # the client's input ended: what follows is ignored
         self._open: set[str] = set()  # the contexts this codec opened and has not closed
-        self._context = FIXED_CONTEXT  # the context of the segment whose audio comes next
-        self._timed: list[WordTimestamp] = []  # that segment's words
-        self._start_ms = 0.0  # where that segment starts on its utterance's clock
-        self._text = ""  # that segment's text
-        self._format, self._rate = params.audio
+        self._segment = _Segment(*params.audio)
         self._held: bytes | None = None  # REST: a segment's audio, until its audio.done says how long it is
         self._ready: tuple[bytes, Alignment, float] | None = None  # REST: a segment with its alignment
-        self._speaking = False  # between a segment's audio.start and its audio.done
-        self._sent = 0  # that segment's characters already sent
-        self._sent_ms = 0.0  # that segment's audio already sent
-        self._origin_ms = 0.0  # where the next alignment's times count from, from the segment's start
 
     def start(self) -> list[ClientMessage]:
         """The session's ``session.config``, sent as the socket opens (the first message may add a speed)."""
@@ -273,7 +282,7 @@ class Stream:
     def render(self, msg: ServerMessage) -> list[bytes]:
         """The client messages for one server message of the session: ``isFinal`` for a context's end, an
         error, and at a segment's ``audio.done`` the alignment of its characters not sent yet."""
-        rest = self._rest(msg.duration_ms) if isinstance(msg, AudioDone) and self._speaking else []
+        rest = self._rest(msg.duration_ms) if isinstance(msg, AudioDone) and self._segment.speaking else []
         match self._take(msg):
             case ContextClosed(context_id=context):
                 self._open.discard(context)
@@ -294,35 +303,37 @@ class Stream:
         client adding up each alignment's span (pipecat) stays on the audio's clock; a message whose
         alignment is its own audio's starts at that audio's start.
         """
-        width = BYTES_PER_SAMPLE.get(self._format)
-        self._sent_ms += len(data) / width * 1000.0 / self._rate if width else audio_s * 1000.0
+        seg = self._segment
+        width = BYTES_PER_SAMPLE.get(seg.format)
+        seg.sent_ms += len(data) / width * 1000.0 / seg.rate if width else audio_s * 1000.0
         alignment = None
-        if self._speaking and self._timed:
-            known, open_ms = known_alignment(self._text + " ", self._timed, self._start_ms)
-            alignment = self._next(known, min(self._sent_ms, open_ms), last=False)
+        if seg.speaking and seg.timed:
+            known, open_ms = known_alignment(seg.text + " ", seg.timed, seg.start_ms)
+            alignment = self._next(known, min(seg.sent_ms, open_ms), last=False)
         return self._audio_payload(data, alignment)
 
     def _rest(self, duration_ms: float) -> list[bytes]:
         """At a segment's ``audio.done``: its characters not sent yet, in an audio message with no audio
         (the segment's whole alignment when its engine times no words: only its length places them)."""
-        self._speaking = False
+        self._segment.speaking = False
         alignment = self._next(self._alignment(duration_ms), duration_ms, last=True)
         return [] if alignment is None else [self._audio_payload(b"", alignment)]
 
     def _next(self, known: Alignment, until_ms: float, *, last: bool) -> Alignment | None:
         """The characters of ``known`` not sent yet that start before ``until_ms`` (every one: ``last``),
         timed from the previous alignment's end to ``until_ms``; None if there are none."""
-        stop = self._sent
+        seg = self._segment
+        stop = seg.sent
         while stop < len(known.chars) and (last or known.charStartTimesMs[stop] < until_ms):
             stop += 1
-        if stop == self._sent:
+        if stop == seg.sent:
             return None
-        origin, until = round(self._origin_ms), round(until_ms)
-        starts = [max(t - origin, 0) for t in known.charStartTimesMs[self._sent : stop]]
-        durations = known.charDurationsMs[self._sent : stop]
+        origin, until = round(seg.origin_ms), round(until_ms)
+        starts = [max(t - origin, 0) for t in known.charStartTimesMs[seg.sent : stop]]
+        durations = known.charDurationsMs[seg.sent : stop]
         durations[-1] = max(until - origin - starts[-1], 0)
-        chars = known.chars[self._sent : stop]
-        self._sent, self._origin_ms = stop, until_ms
+        chars = known.chars[seg.sent : stop]
+        seg.sent, seg.origin_ms = stop, until_ms
         return Alignment(chars, starts, durations)
 
     def hold(self, data: bytes) -> None:
@@ -343,14 +354,10 @@ class Stream:
     def _take(self, msg: ServerMessage) -> ServerMessage:
         match msg:
             case AudioStart(sentence_text=sentence, format=fmt, sample_rate=rate, start_sample=start):
-                self._text, self._format, self._rate = sentence, fmt, rate
-                self._start_ms, self._timed = start * 1000.0 / rate, []
-                self._speaking, self._sent, self._sent_ms, self._origin_ms = True, 0, 0.0, 0.0
-                self._context = (
-                    FIXED_CONTEXT if isinstance(msg.context_id, msgspec.UnsetType) else msg.context_id
-                )
+                context = FIXED_CONTEXT if isinstance(msg.context_id, msgspec.UnsetType) else msg.context_id
+                self._segment = _Segment(fmt, rate, context, sentence, start * 1000.0 / rate, speaking=True)
             case WordTimestamps(timestamps=timed):
-                self._timed += timed
+                self._segment.timed += timed
             case AudioDone(duration_ms=duration_ms) if self._held is not None:
                 data, self._held = self._held, None
                 self._ready = (data, self._alignment(duration_ms), duration_ms)
@@ -358,9 +365,10 @@ class Stream:
 
     def _alignment(self, duration_ms: float) -> Alignment:
         """The alignment of the segment of the ``audio.start`` seen last, ``duration_ms`` long."""
-        if self._timed:
-            return word_alignment(self._text + " ", self._timed, self._start_ms, duration_ms)
-        return spread_alignment(self._text + " ", duration_ms)
+        seg = self._segment
+        if seg.timed:
+            return word_alignment(seg.text + " ", seg.timed, seg.start_ms, duration_ms)
+        return spread_alignment(seg.text + " ", duration_ms)
 
     def _audio_payload(self, data: bytes, alignment: Alignment | None) -> bytes:
         """One audio message: base64 audio with its alignment (also as ``normalizedAlignment``; null when it
@@ -372,7 +380,7 @@ class Stream:
             "normalizedAlignment": shape,
             "alignment": shape,
         }
-        return self._shape(payload, self._context)
+        return self._shape(payload, self._segment.context)
 
     def error(self, err: ProtocolError, context: str | None = None) -> bytes:
         """An error in ElevenLabs' shape, of ``context`` (the session's name for it), else of the socket;
