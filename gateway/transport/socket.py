@@ -103,6 +103,16 @@ class _Writer:
     held_s: float = 0.0  # audio the codec took and holds back (counted when it goes out)
 
 
+@dataclass(slots=True)
+class _Reader:
+    """The reader's state."""
+
+    deadline: Deadline = field(default_factory=Deadline)  # its config, idle and tick timeouts
+    receiving: asyncio.Future[Mapping[str, Any]] | None = None  # the socket's read in progress
+    #: Set when the core's next deadline came sooner than the reader waits.
+    sooner: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 @dataclass
 class Connection:
     """Drives one accepted WebSocket until it ends, speaking its wire through ``codec``."""
@@ -127,10 +137,8 @@ class Connection:
             s, self.meter, log, extensions=self.extensions, configure=self._configure, dropped=self._cleared
         )
         self.writer = _Writer()
-        self.receive_deadline = Deadline()  # the reader's config, idle and tick timeouts
-        self._receiving: asyncio.Future[Mapping[str, Any]] | None = None  # the socket's read in progress
-        self._sooner = asyncio.Event()  # the core's next deadline came sooner than the reader waits
-        self.host.sooner = self._sooner.set
+        self.reader = _Reader()
+        self.host.sooner = self.reader.sooner.set
         self.last_activity = time.monotonic()
         self.wire: Codec = self.codec or SessionCodec(extensions=self.extensions)  # adopt() may wrap it
         if self.receipts is not None:
@@ -173,7 +181,7 @@ class Connection:
         except* SlowConsumer as group:
             stop = _Stop(slow_consumer_error(group.exceptions[0]))  # type: ignore[arg-type]
         finally:
-            self.receive_deadline.close()
+            self.reader.deadline.close()
             self.writer.deadline.close()
             if self.receipts is not None:
                 self.receipts.close()
@@ -215,8 +223,8 @@ class Connection:
         try:
             await self._read_messages()
         finally:
-            if self._receiving is not None:
-                self._receiving.cancel()
+            if self.reader.receiving is not None:
+                self.reader.receiving.cancel()
             self.host.errors.flush()  # the count of errors left out of the log, as the reader ends
 
     async def _read_messages(self) -> None:
@@ -273,7 +281,7 @@ class Connection:
                 wait = limit  # busy past the limit: the writer's own timeout ends a stuck send
             wait = max(wait, 0.01)
             # The core's next deadline (a timed cut, a context's idle timeout) bounds the wait; engine
-            # reports and writes may bring it sooner meanwhile (the host says so: ``_sooner``).
+            # reports and writes may bring it sooner meanwhile (the host says so: ``_Reader.sooner``).
             now = time.perf_counter()
             deadline = self.core.next_deadline()
             tick = deadline is not None and deadline - now < wait
@@ -282,7 +290,7 @@ class Connection:
             self.host.waiting_until = now + wait
             try:
                 # In this task, not wait_for's: on 3.11 wait_for can swallow the task group's cancel.
-                message = await self.receive_deadline.within(self._message_or_sooner(), wait)
+                message = await self.reader.deadline.within(self._message_or_sooner(), wait)
                 if message is None:
                     continue  # the core's deadline came sooner: wait again, for the new one
                 return dict(message)
@@ -312,18 +320,19 @@ class Connection:
     async def _message_or_sooner(self) -> Mapping[str, Any] | None:
         """The next message of the socket, or None when the core's next deadline came sooner than the wait
         in progress. The socket's read is kept across waits (a wait that ends early loses no message)."""
-        if self._receiving is None:
-            self._receiving = asyncio.ensure_future(self.ws.receive())
-        receiving: asyncio.Future[Any] = self._receiving
-        sooner: asyncio.Future[Any] = asyncio.ensure_future(self._sooner.wait())
+        reader = self.reader
+        if reader.receiving is None:
+            reader.receiving = asyncio.ensure_future(self.ws.receive())
+        receiving: asyncio.Future[Any] = reader.receiving
+        sooner: asyncio.Future[Any] = asyncio.ensure_future(reader.sooner.wait())
         try:
             await asyncio.wait([receiving, sooner], return_when=asyncio.FIRST_COMPLETED)
         finally:
             sooner.cancel()
-        if self._receiving.done():
-            receiving, self._receiving = self._receiving, None
-            return receiving.result()
-        self._sooner.clear()
+        if reader.receiving.done():
+            got, reader.receiving = reader.receiving, None
+            return got.result()
+        reader.sooner.clear()
         return None
 
     def _busy(self) -> bool:
