@@ -40,6 +40,7 @@ import collections
 import secrets
 from asyncio.transports import BaseTransport, Transport
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -57,6 +58,24 @@ INTERVAL_SHARE = 0.25
 QUIET_S = 0.2
 #: How long a closed connection may take to send what it still holds before it is aborted.
 CLOSE_FLUSH_S = 10.0
+
+
+@dataclass(slots=True)
+class _Burst:
+    """What was written since the last ping."""
+
+    audio_s: float = 0.0  # its audio
+    unreceipted: bool = False  # something was written
+    last_write: float = 0.0  # loop time of the last write (not reset by a ping)
+    quiet: asyncio.TimerHandle | None = None  # pings it once nothing was written for ``QUIET_S``
+
+
+@dataclass(slots=True)
+class _Stall:
+    """The stall clock."""
+
+    since: float | None = None  # a ping is awaited, with no pong since this loop time
+    timer: asyncio.TimerHandle | None = None  # checks it once ``timeout_s`` has passed
 
 
 class ReadReceipts:
@@ -79,12 +98,8 @@ class ReadReceipts:
         self._pings: collections.OrderedDict[bytes, float] = collections.OrderedDict()
         self._written_s = 0.0  # audio written, all told
         self._read_s = 0.0  # ... of which the client has shown it read
-        self._audio_s = 0.0  # audio written since the last ping
-        self._unreceipted = False  # something was written since the last ping
-        self._last_write = 0.0
-        self._stall_since: float | None = None  # a ping is awaited, with no pong since this time
-        self._quiet: asyncio.TimerHandle | None = None
-        self._watch: asyncio.TimerHandle | None = None
+        self._burst = _Burst()
+        self._stall = _Stall()
         self._receipt = asyncio.Event()  # set by each receipt, for ``read_up_to``
 
     @property
@@ -95,7 +110,7 @@ class ReadReceipts:
     @property
     def in_flight(self) -> bool:
         """While watching, something written is not yet receipted: the receipts watch the client."""
-        return bool(self.timeout_s) and (bool(self._pings) or self._unreceipted)
+        return bool(self.timeout_s) and (bool(self._pings) or self._burst.unreceipted)
 
     @property
     def read_s(self) -> float:
@@ -116,14 +131,15 @@ class ReadReceipts:
         """One message was written to the socket, carrying ``audio_s`` of audio."""
         if not self.timeout_s:
             return
-        self._audio_s += audio_s
+        burst = self._burst
+        burst.audio_s += audio_s
         self._written_s += audio_s
-        self._unreceipted = True
-        self._last_write = self._loop.time()
-        if self._audio_s >= self.interval_s:
+        burst.unreceipted = True
+        burst.last_write = self._loop.time()
+        if burst.audio_s >= self.interval_s:
             self._ping()
-        elif self._quiet is None:
-            self._quiet = self._loop.call_at(self._last_write + QUIET_S, self._on_quiet)
+        elif burst.quiet is None:
+            burst.quiet = self._loop.call_at(burst.last_write + QUIET_S, self._on_quiet)
 
     async def read_up_to(self, lead_s: float) -> None:
         """Wait until at most ``lead_s`` of the audio written is unread (returns at once when not watching).
@@ -132,7 +148,7 @@ class ReadReceipts:
         client that keeps up. A client that never catches up is ``stalled`` meanwhile.
         """
         while self.timeout_s and self.unread_s > lead_s:
-            if self._unreceipted:
+            if self._burst.unreceipted:
                 self._ping()
             self._receipt.clear()
             await self._receipt.wait()
@@ -149,7 +165,7 @@ class ReadReceipts:
         self._read_s = read_s
         now = self._loop.time()
         self.last_receipt = now
-        self._stall_since = now if self._pings else None
+        self._stall.since = now if self._pings else None
         self._receipt.set()
         if self.on_receipt is not None:
             self.on_receipt()
@@ -158,19 +174,20 @@ class ReadReceipts:
     def close(self) -> None:
         """Stop: no more pings, no more checks; ``read_up_to`` returns."""
         self.timeout_s = 0.0
-        for handle in (self._quiet, self._watch):
+        for handle in (self._burst.quiet, self._stall.timer):
             if handle is not None:
                 handle.cancel()
-        self._quiet = self._watch = None
+        self._burst.quiet = self._stall.timer = None
         self._receipt.set()
 
     def _on_quiet(self) -> None:
-        self._quiet = None
-        if not self._unreceipted or not self.timeout_s:
+        burst = self._burst
+        burst.quiet = None
+        if not burst.unreceipted or not self.timeout_s:
             return
-        due = self._last_write + QUIET_S
+        due = burst.last_write + QUIET_S
         if self._loop.time() < due:  # written since this timer was armed: the burst goes on
-            self._quiet = self._loop.call_at(due, self._on_quiet)
+            burst.quiet = self._loop.call_at(due, self._on_quiet)
             return
         self._ping()
 
@@ -179,20 +196,22 @@ class ReadReceipts:
         if not self._send_ping(payload):
             return
         self._pings[payload] = self._written_s
-        self._audio_s = 0.0
-        self._unreceipted = False
-        if self._stall_since is None:
-            self._stall_since = self._loop.time()
-            if self._watch is None:
-                self._watch = self._loop.call_at(self._stall_since + self.timeout_s, self._check)
+        self._burst.audio_s = 0.0
+        self._burst.unreceipted = False
+        stall = self._stall
+        if stall.since is None:
+            stall.since = self._loop.time()
+            if stall.timer is None:
+                stall.timer = self._loop.call_at(stall.since + self.timeout_s, self._check)
 
     def _check(self) -> None:
-        self._watch = None
-        if self._stall_since is None or not self.timeout_s:
+        stall = self._stall
+        stall.timer = None
+        if stall.since is None or not self.timeout_s:
             return
-        due = self._stall_since + self.timeout_s
+        due = stall.since + self.timeout_s
         if self._loop.time() < due:  # a pong came since: the clock restarted
-            self._watch = self._loop.call_at(due, self._check)
+            stall.timer = self._loop.call_at(due, self._check)
             return
         self.stalled.set()
 
