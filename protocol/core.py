@@ -192,7 +192,7 @@ class Core:
             case SegmentReady(utterance_index=u, sentence_index=s, text=text, source=source, origins=origins):
                 namer = WordNamer(text, source, origins) if source else None
                 utterance = self._utterance(u)
-                utterance.segments[s] = Segment(text, now, source=source or text, namer=namer)
+                utterance.segments[s] = Segment.open(text, now, source or text, namer)
                 utterance.unsegmented -= letters(source or text)
                 self._flight.backlog += len(text)
                 self._out.append(Speak(u, s, text))
@@ -264,7 +264,7 @@ class Core:
             other.pause_at = None  # another utterance speaks now: a segment's audio is never split
             self._release(other)
         start = seg.counted = u.packer.start_segment(sentence)
-        seg.start_ms = start * 1000.0 / u.packer.sample_rate
+        seg.clock.start_ms = start * 1000.0 / u.packer.sample_rate
         msg = timings.audio_start(u, sentence, start)
         self._out.append(Message(msg, utterance, streamed=u.streamed, frame_header=u.packer.frame_header))
 
@@ -291,7 +291,7 @@ class Core:
         if words:
             msg = timings.word_timestamps(u, sentence, len(samples), sample_rate, words)
             self._out.append(Message(msg, u.index))
-        seg.engine_s += len(samples) / sample_rate
+        seg.clock.engine_s += len(samples) / sample_rate
         if seg.fader is None:
             seg.fader, seg.rate = Fader(sample_rate), sample_rate
         self._frames(u, sentence, u.packer.push(seg.fader.push(samples), sample_rate))
@@ -314,14 +314,14 @@ class Core:
         if seg.fader is not None:  # its last milliseconds, faded out
             self._frames(u, sentence, packer.push(seg.fader.end(), seg.rate))
         self._frames(u, sentence, packer.end_segment())
-        seg.synthesis_s, seg.error = synthesis_s, error is not None
+        seg.times.synthesis_s, seg.error = synthesis_s, error is not None
         seg.finished = True
         self.pace.spoken(len(seg.text), packer.segment_samples / packer.sample_rate)
         u.synthesis_s += synthesis_s
         if (
             error is None
             and u.pauses
-            and seg.made_s > 0
+            and seg.clock.made_s > 0
             and (u.total is None or sentence < u.total - 1)
             and pauses.ends_sentence(seg.text)
         ):  # a pause may follow: its audio.done waits for the next segment (``protocol.pauses``)
@@ -392,7 +392,7 @@ class Core:
             case Message(msg=AudioStart(utterance_index=index, sentence_index=int(sentence))):
                 u = self._utterances.get(index)
                 if u is not None:
-                    u.segments[sentence].started_t = now
+                    u.segments[sentence].times.started_t = now
             case Report(utterance=index, sentence=None):
                 u = self._utterances.get(index)
                 if u is None:
@@ -477,7 +477,7 @@ class Core:
         if frames:  # audio a codec holds back is counted with the frames it comes out in
             new_samples, seg.counted = packer.samples_sent - seg.counted, packer.samples_sent
             audio_s = new_samples / packer.sample_rate / len(frames)  # a whole segment when not streamed
-            seg.made_s += new_samples / packer.sample_rate
+            seg.clock.made_s += new_samples / packer.sample_rate
             self._out.extend(Audio(frame, u.index, sentence, audio_s) for frame in frames)
 
     def _settle(self) -> None:

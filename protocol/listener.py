@@ -39,15 +39,19 @@ def runs_dry(play_end: float | None, u: Utterance, pace: Pace) -> float:
     ``play_end``) and still owed."""
     end = play_end if u.first_audio_t is not None else None
     for seg in u.segments.values():
-        if seg.finished and seg.sent_s >= seg.made_s:
+        if seg.finished and seg.clock.sent_s >= seg.clock.made_s:
             continue  # all of it written: in play_end
-        owed = seg.made_s if seg.finished else max(seg.made_s, seg.paused_s + pace.audio_s(len(seg.text)))
-        if seg.first_sent_t is None:  # it begins once the engine gives its first audio
-            begin = seg.ready_t if seg.started_t is None else seg.started_t
+        owed = (
+            seg.clock.made_s
+            if seg.finished
+            else max(seg.clock.made_s, seg.pause.paused_s + pace.audio_s(len(seg.text)))
+        )
+        if seg.times.first_sent_t is None:  # it begins once the engine gives its first audio
+            begin = seg.times.ready_t if seg.times.started_t is None else seg.times.started_t
             begin += pace.first_audio_s(len(seg.text))
             end = begin if end is None else max(end, begin)
-        end = (seg.ready_t if end is None else end) + max(0.0, owed - seg.sent_s)
-    return max(seg.ready_t for seg in u.segments.values()) if end is None else end
+        end = (seg.times.ready_t if end is None else end) + max(0.0, owed - seg.clock.sent_s)
+    return max(seg.times.ready_t for seg in u.segments.values()) if end is None else end
 
 
 def cut_at(ctx: Context, session: Session, flight: InFlight, pace: Pace) -> float | None:
@@ -70,7 +74,7 @@ def pause_due(ctx: Context, flight: InFlight) -> tuple[float | None, Utterance |
     if ctx.play_end is not None:
         for u in flight.by_context.get(ctx.number, {}).values():
             if u.pause_at is not None:
-                if any(seg.sent_s < seg.made_s - 1e-9 for seg in u.segments.values()):
+                if any(seg.clock.sent_s < seg.clock.made_s - 1e-9 for seg in u.segments.values()):
                     break  # audio is ready to go out: no pause before it
                 return ctx.play_end - pauses.LEAD_S, u
     return None, None
@@ -88,11 +92,11 @@ def pause(ctx: Context, u: Utterance, now: float) -> tuple[int, bool]:
     n = pauses.chunk_samples(rate, packer.frame_samples, u.paused_s) if goes_on else 0
     late = now >= ctx.play_end + pauses.LATE_S
     if n and not late:
-        seg.paused_s += n / rate
+        seg.pause.paused_s += n / rate
         u.paused_s += n / rate
         if sentence != u.held:  # before its speech: its words start after it
-            seg.start_ms += n * 1000.0 / rate
-            seg.lead_s += n / rate
+            seg.clock.start_ms += n * 1000.0 / rate
+            seg.pause.lead_s += n / rate
     return (0 if late else n), (not n or u.paused_s >= pauses.MAX_S - 1e-9 or late)
 
 
@@ -122,18 +126,18 @@ def spoken_cut(u: Utterance, text: str, played_ms: float, pace: Pace) -> int:
     """
     cut = cursor = 0
     for seg in (u.segments[s] for s in sorted(u.segments)):
-        at = text.find(seg.source, cursor)
-        heard_ms = played_ms - seg.start_ms
+        at = text.find(seg.words.source, cursor)
+        heard_ms = played_ms - seg.clock.start_ms
         if at < 0 or not seg.started or heard_ms <= 0:
             break
-        cursor = at + len(seg.source)
-        speech_s = seg.made_s - seg.paused_s
+        cursor = at + len(seg.words.source)
+        speech_s = seg.clock.made_s - seg.pause.paused_s
         if seg.finished and heard_ms >= speech_s * 1000.0 - _SLACK_MS:
             cut = cursor
             continue
         n = len(seg.text)
         if u.words:
-            k = max((end for end, end_ms in seg.timed if end_ms <= played_ms), default=0)
+            k = max((end for end, end_ms in seg.words.timed if end_ms <= played_ms), default=0)
         else:
             length_s = speech_s if seg.finished else max(speech_s, pace.audio_s(n) / AUDIO_SHARE)
             k = min(n, int(n * (heard_ms + _SLACK_MS) / (length_s * 1000.0)))
@@ -141,7 +145,7 @@ def spoken_cut(u: Utterance, text: str, played_ms: float, pace: Pace) -> int:
                 k = max(0, seg.text.rfind(" ", 0, k))
             k = len(seg.text[:k].rstrip())
         if k:
-            cut = at + (k if seg.namer is None else seg.namer.origins[k - 1] + 1)
+            cut = at + (k if seg.words.namer is None else seg.words.namer.origins[k - 1] + 1)
         break
     while 0 < cut < len(text) and not text[cut].isspace():
         cut += 1
@@ -167,13 +171,13 @@ class Clock:
         if u is None:
             return  # cancelled
         seg = u.segments[sentence]
-        if seg.lead_s > 1e-9:  # a pause before its speech
-            seg.lead_s -= audio_s
-        elif seg.first_sent_t is None:
-            seg.first_sent_t = now
-            if seg.started_t is not None:
-                self._pace.first_audio(len(seg.text), now - seg.started_t)
-        seg.sent_s += audio_s
+        if seg.pause.lead_s > 1e-9:  # a pause before its speech
+            seg.pause.lead_s -= audio_s
+        elif seg.times.first_sent_t is None:
+            seg.times.first_sent_t = now
+            if seg.times.started_t is not None:
+                self._pace.first_audio(len(seg.text), now - seg.times.started_t)
+        seg.clock.sent_s += audio_s
         u.sent_s += audio_s
         u.first_audio_t = now if u.first_audio_t is None else u.first_audio_t
         if (ctx := self._contexts.get(u.context)) is not None:

@@ -24,7 +24,7 @@ def word_timestamps(
     in segment ``sentence``; each word's end is kept too, in the segment's text (``listener.spoken_cut``)."""
     seg = u.segments[sentence]
     # Resampling keeps time, so engine seconds into the segment are output seconds into it.
-    base = seg.start_ms + seg.engine_s * 1000.0
+    base = seg.clock.start_ms + seg.clock.engine_s * 1000.0
 
     def ms(sample: int) -> float:
         return round(base + sample * 1000.0 / rate, 2)
@@ -32,14 +32,14 @@ def word_timestamps(
     msg = WordTimestamps(
         utterance_index=u.index,
         sentence_index=sentence,
-        chunk_id=seg.word_chunks,
+        chunk_id=seg.words.chunks,
         chunk_start_ms=ms(0),
         chunk_end_ms=ms(length),
         sample_rate=u.packer.sample_rate,
-        timestamps=_named(seg.namer, [(w, ms(start), ms(end)) for w, start, end in words]),
+        timestamps=_named(seg.words.namer, [(w, ms(start), ms(end)) for w, start, end in words]),
         context_id=wire_context_id(u.context_id),
     )
-    seg.word_chunks += 1
+    seg.words.chunks += 1
     _keep_ends(seg, base, rate, words)
     return msg
 
@@ -49,7 +49,9 @@ def audio_start(u: Utterance, sentence: int, start: int) -> AudioStart:
     return AudioStart(
         utterance_index=u.index,
         sentence_index=sentence,
-        sentence_text=u.segments[sentence].source,  # the client's text (its text is what the engine says)
+        sentence_text=u.segments[
+            sentence
+        ].words.source,  # the client's text (its text is what the engine says)
         format=u.packer.fmt,
         sample_rate=u.packer.sample_rate,
         start_sample=start,
@@ -61,7 +63,7 @@ def audio_start(u: Utterance, sentence: int, start: int) -> AudioStart:
 def audio_done(u: Utterance, sentence: int) -> AudioDone:
     """The ``audio.done`` of segment ``sentence``, its audio all written."""
     seg = u.segments[sentence]
-    ready = seg.first_sent_t - seg.ready_t if seg.first_sent_t is not None else None
+    ready = seg.times.first_sent_t - seg.times.ready_t if seg.times.first_sent_t is not None else None
     return AudioDone(
         utterance_index=u.index,
         sentence_index=sentence,
@@ -69,7 +71,7 @@ def audio_done(u: Utterance, sentence: int) -> AudioDone:
         duration_ms=round(seg.samples * 1000.0 / u.packer.sample_rate, 2),
         error=seg.error,
         text_to_first_audio_ms=_ms(ready),
-        synthesis_ms=_ms(seg.synthesis_s) or 0.0,
+        synthesis_ms=_ms(seg.times.synthesis_s) or 0.0,
         context_id=wire_context_id(u.context_id),
     )
 
@@ -92,10 +94,10 @@ def session_done(u: Utterance) -> SessionDone:
 def _keep_ends(seg: Segment, base: float, rate: int, words: Sequence[tuple[str, int, int]]) -> None:
     folded = seg.text.lower() if len(seg.text.lower()) == len(seg.text) else seg.text
     for w, _, end in words:  # where each word ends in the segment's text, for ``spoken_cut``
-        at = folded.find(w.lower(), seg.timed_at) if w else -1
+        at = folded.find(w.lower(), seg.words.timed_at) if w else -1
         if at >= 0:
-            seg.timed_at = at + len(w)
-            seg.timed.append((seg.timed_at, base + end * 1000.0 / rate))
+            seg.words.timed_at = at + len(w)
+            seg.words.timed.append((seg.words.timed_at, base + end * 1000.0 / rate))
 
 
 def _named(namer: WordNamer | None, words: list[tuple[str, float, float]]) -> list[WordTimestamp]:

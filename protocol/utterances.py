@@ -27,34 +27,68 @@ def letters(text: str) -> int:
 
 
 @dataclass(slots=True)
+class SegmentTimes:
+    """When a segment's steps came, on the session's clock (``Segment.times``)."""
+
+    ready_t: float  # handed to the engine
+    started_t: float | None = None  # its audio.start was written: the engine began it
+    first_sent_t: float | None = None  # its first audio (not a pause's) was written
+    synthesis_s: float = 0.0  # the engine's time on it
+
+
+@dataclass(slots=True)
+class SegmentClock:
+    """Where a segment's audio stands on the utterance clock, in seconds unless named (``Segment.clock``)."""
+
+    start_ms: float = 0.0  # where its audio starts on the utterance clock
+    engine_s: float = 0.0  # engine audio taken so far (the clock of the words that come with it)
+    made_s: float = 0.0  # audio handed out (Audio outputs)
+    sent_s: float = 0.0  # of which written
+
+
+@dataclass(slots=True)
+class SegmentPause:
+    """The sentence pause in a segment's audio (``protocol.pauses``; ``Segment.pause``)."""
+
+    paused_s: float = 0.0  # pause in its audio, after or before its speech
+    lead_s: float = 0.0  # of a pause before its speech, what is not written yet (not its first audio)
+
+
+@dataclass(slots=True)
+class SegmentWords:
+    """How a segment's words are named in the client's text and timed (``Segment.words``)."""
+
+    source: str = ""  # the client's text it stands for (sentence_text)
+    namer: WordNamer | None = None  # names its words in that text, where it differs from the segment's text
+    timed: list[tuple[int, float]] = field(default_factory=list)  # each word timed: its end in text, in ms
+    timed_at: int = 0  # where in the segment's text the next timed word is looked for
+    chunks: int = 0  # audio.chunk word messages sent
+
+
+@dataclass(slots=True)
 class Segment:
     """One segment of an utterance: its text, the engine's work on it, its audio made and written."""
 
     text: str
-    ready_t: float
-    source: str = ""  # the client's text it stands for (sentence_text)
-    namer: WordNamer | None = None  # names its words in that text, where it differs from ``text``
+    times: SegmentTimes
+    words: SegmentWords
+    clock: SegmentClock = field(default_factory=SegmentClock)
+    pause: SegmentPause = field(default_factory=SegmentPause)
     counted: int = 0  # utterance samples already handed out as Audio
     started: bool = False  # synthesis began (its text left the session's backlog)
-    first_sent_t: float | None = None
-    synthesis_s: float = 0.0
     total_bytes: int = 0
     samples: int = 0
     error: bool = False
-    start_ms: float = 0.0  # where its audio starts on the utterance clock
-    engine_s: float = 0.0  # engine audio taken so far (the clock of the words that come with it)
-    word_chunks: int = 0  # audio.chunk word messages sent
     reported: bool = False  # its audio.done was written
-    started_t: float | None = None  # its audio.start was written: the engine began it
-    made_s: float = 0.0  # audio handed out (Audio outputs)
-    sent_s: float = 0.0  # of which written
     finished: bool = False  # segment_done came
     fader: Fader | None = None  # its first and last milliseconds ramped (``protocol.joins``)
     rate: int = 0  # the engine's sample rate, from its first audio
-    timed: list[tuple[int, float]] = field(default_factory=list)  # each word timed: its end in text, in ms
-    timed_at: int = 0  # where in ``text`` the next timed word is looked for
-    paused_s: float = 0.0  # sentence pause in its audio (``protocol.pauses``), after or before its speech
-    lead_s: float = 0.0  # of a pause before its speech, what is not written yet (not its first audio)
+
+    @classmethod
+    def open(cls, text: str, now: float, source: str, namer: WordNamer | None) -> Segment:
+        """A segment of ``text`` handed to the engine at ``now``, standing for ``source`` (named by
+        ``namer`` where it differs)."""
+        return cls(text, SegmentTimes(now), SegmentWords(source, namer))
 
 
 @dataclass(slots=True)
