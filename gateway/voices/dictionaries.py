@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import fcntl
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -34,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ...protocol.dictionaries import Dictionary, decode, encode, is_id
 from ..settings import Settings
 from .format import VoiceStoreUnavailable, folder_name_of
-from .local import write_atomic
+from .local import folder_lock, write_atomic
 
 if TYPE_CHECKING:
     from .backend import VoiceBackend
@@ -44,7 +43,6 @@ logger = logging.getLogger(__name__)
 
 SUBFOLDER = "pronunciation-dictionaries"
 SUFFIX = ".json"
-LOCK_NAME = ".lock"
 #: A record of 256 entries is tens of KiB; anything much larger is not one this server wrote.
 MAX_RECORD_BYTES = 4 << 20
 
@@ -146,7 +144,7 @@ class LocalDictionaries:
         payload = encode(dictionary)
         folder = self._folder(dictionary.owner)
         folder.mkdir(parents=True, exist_ok=True)
-        with self._locked(folder):
+        with folder_lock(folder):
             name = f"{dictionary.id}{SUFFIX}"
             _check_caps(self._sizes(folder), name, len(payload), self.max_dictionaries, self.max_bytes)
             write_atomic(folder / name, payload)
@@ -157,7 +155,7 @@ class LocalDictionaries:
         folder = self._folder(owner)
         if not is_id(dictionary_id) or not folder.is_dir():
             return None
-        with self._locked(folder):
+        with folder_lock(folder):
             path = folder / f"{dictionary_id}{SUFFIX}"
             current = self._read(path, owner, dictionary_id)
             if current is None:
@@ -221,17 +219,6 @@ class LocalDictionaries:
             return None
         self._cache[path] = (key, found)
         return found
-
-    @staticmethod
-    @contextlib.contextmanager
-    def _locked(folder: Path) -> Iterator[None]:
-        """Serialise count-then-write across threads and processes sharing the folder."""
-        fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
 
 
 class S3Dictionaries:

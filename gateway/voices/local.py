@@ -196,7 +196,7 @@ class VoiceStore(BaseVoiceStore):
         """A temp file renamed over the voice's, under the owner's folder lock (``BaseVoiceStore.save``)."""
         folder = self._folder(owner, create=True)
         path, legacy = folder / file_name_of(name), folder / file_name_of(name, exact=True)
-        with self._locked(folder):
+        with folder_lock(folder):
             sizes = self._sizes(folder)
             # The voice's own files (under its name, or as written before names ignored case) are replaced.
             replacing = path in sizes
@@ -287,13 +287,14 @@ class VoiceStore(BaseVoiceStore):
                 sizes[Path(entry.path)] = entry.stat(follow_symlinks=False).st_size
         return sizes
 
-    @staticmethod
-    @contextlib.contextmanager
-    def _locked(folder: Path) -> Iterator[None]:
-        """Serialise the count-then-write of saves across threads and processes sharing the folder."""
-        fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+
+@contextlib.contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """Serialise a count-then-write in an owner's folder (a voice's save, a pronunciation dictionary's) across
+    threads and processes sharing it: an exclusive ``flock`` on its ``LOCK_NAME`` file."""
+    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
