@@ -193,14 +193,14 @@ class Core:
                 namer = WordNamer(text, source, origins) if source else None
                 utterance = self._utterance(u)
                 utterance.segments[s] = Segment.open(text, now, source or text, namer)
-                utterance.unsegmented -= letters(source or text)
+                utterance.counts.unsegmented -= letters(source or text)
                 self._flight.backlog += len(text)
                 self._out.append(Speak(u, s, text))
             case UtteranceEnded(utterance_index=u, total_sentences=n, context_number=c):
                 ended = self._utterance(u, c)
-                ended.total = n
-                if ended.pause_at is not None and ended.pause_at >= n - 1:  # nothing follows: no pause
-                    ended.pause_at = None
+                ended.counts.total = n
+                if ended.pause.at is not None and ended.pause.at >= n - 1:  # nothing follows: no pause
+                    ended.pause.at = None
                     self._release(ended)
                 self._settle()
             case UtteranceCancelled(utterance_index=u):
@@ -257,11 +257,11 @@ class Core:
         seg = u.segments[sentence]
         seg.started = True
         self._flight.backlog -= len(seg.text)
-        if u.held is not None:  # the sentence before it ends here; a pause may go on before its speech
+        if u.pause.held is not None:  # the sentence before it ends here; a pause may go on before its speech
             self._release(u)
-            u.pause_at = sentence if u.pause_at is not None else None
-        for other in [o for o in self._utterances.values() if o is not u and o.held is not None]:
-            other.pause_at = None  # another utterance speaks now: a segment's audio is never split
+            u.pause.at = sentence if u.pause.at is not None else None
+        for other in [o for o in self._utterances.values() if o is not u and o.pause.held is not None]:
+            other.pause.at = None  # another utterance speaks now: a segment's audio is never split
             self._release(other)
         start = seg.counted = u.packer.start_segment(sentence)
         seg.clock.start_ms = start * 1000.0 / u.packer.sample_rate
@@ -286,8 +286,8 @@ class Core:
         if u is None:
             return
         seg = u.segments[sentence]
-        if u.pause_at == sentence:  # its speech: the pause before it is over
-            u.pause_at = None
+        if u.pause.at == sentence:  # its speech: the pause before it is over
+            u.pause.at = None
         if words:
             msg = timings.word_timestamps(u, sentence, len(samples), sample_rate, words)
             self._out.append(Message(msg, u.index))
@@ -317,16 +317,16 @@ class Core:
         seg.times.synthesis_s, seg.error = synthesis_s, error is not None
         seg.finished = True
         self.pace.spoken(len(seg.text), packer.segment_samples / packer.sample_rate)
-        u.synthesis_s += synthesis_s
+        u.times.synthesis_s += synthesis_s
         if (
             error is None
-            and u.pauses
+            and u.pause.on
             and seg.clock.made_s > 0
-            and (u.total is None or sentence < u.total - 1)
+            and (u.counts.total is None or sentence < u.counts.total - 1)
             and pauses.ends_sentence(seg.text)
         ):  # a pause may follow: its audio.done waits for the next segment (``protocol.pauses``)
-            u.held = u.pause_at = sentence
-            u.paused_s = 0.0
+            u.pause.held = u.pause.at = sentence
+            u.pause.paused_s = 0.0
             return
         self._end(u, sentence, error)
 
@@ -338,13 +338,13 @@ class Core:
         self._out.append(Report(u.index, sentence))
         if error is not None:
             self._out.append(Message(Error.of(error, u.index, u.context_id), u.index, failure=error))
-        u.done += 1
+        u.counts.done += 1
         self._settle()
 
     def _release(self, u: Utterance) -> None:
         """End the segment held for a pause, if any."""
-        if u.held is not None:
-            held, u.held = u.held, None
+        if u.pause.held is not None:
+            held, u.pause.held = u.pause.held, None
             self._end(u, held)
 
     def read(self, read_s: float, now: float) -> None:
@@ -355,13 +355,13 @@ class Core:
 
     def _pause(self, ctx: Context, u: Utterance | None, now: float) -> None:
         """Write a chunk of pause into ``u`` (``listener.pause``); none once the listener ran dry."""
-        assert u is not None and u.pause_at is not None
-        sentence, packer = u.pause_at, u.packer
+        assert u is not None and u.pause.at is not None
+        sentence, packer = u.pause.at, u.packer
         n, over = listener.pause(ctx, u, now)
         if n:
             self._frames(u, sentence, packer.push(np.zeros(n, dtype=np.float32), packer.sample_rate))
         if over:
-            u.pause_at = None
+            u.pause.at = None
             self._release(u)
 
     def report(self, utterance: int, error: ProtocolError) -> None:
@@ -415,7 +415,7 @@ class Core:
         session = self.session
         for index, text in session.take_received():  # text of an utterance just started or still open
             self._utterances[index].text.append(text)
-            self._utterances[index].unsegmented += letters(text)
+            self._utterances[index].counts.unsegmented += letters(text)
         for ctx in self._contexts:
             if not (session.eager_pending_in(ctx.number) and session.first_pending_in(ctx.number)):
                 ctx.deadline = None

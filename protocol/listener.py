@@ -37,7 +37,7 @@ _SLACK_MS = 0.5
 def runs_dry(play_end: float | None, u: Utterance, pace: Pace) -> float:
     """When the listener of ``u`` hears its last audio, from the audio written (its context's, to
     ``play_end``) and still owed."""
-    end = play_end if u.first_audio_t is not None else None
+    end = play_end if u.times.first_audio_t is not None else None
     for seg in u.segments.values():
         if seg.finished and seg.clock.sent_s >= seg.clock.made_s:
             continue  # all of it written: in play_end
@@ -73,7 +73,7 @@ def pause_due(ctx: Context, flight: InFlight) -> tuple[float | None, Utterance |
     time, ``pauses.LEAD_S`` before its listener runs dry, while no audio is ready to go out."""
     if ctx.play_end is not None:
         for u in flight.by_context.get(ctx.number, {}).values():
-            if u.pause_at is not None:
+            if u.pause.at is not None:
                 if any(seg.clock.sent_s < seg.clock.made_s - 1e-9 for seg in u.segments.values()):
                     break  # audio is ready to go out: no pause before it
                 return ctx.play_end - pauses.LEAD_S, u
@@ -85,19 +85,19 @@ def pause(ctx: Context, u: Utterance, now: float) -> tuple[int, bool]:
     and whether the pause is over: it goes on only while the text does (the next segment is cut, or text of
     it came), so a client that sent a sentence and waits hears no pause and gets its audio.done once the
     sentence has nearly played; none once the listener ran dry."""
-    assert u.pause_at is not None and ctx.play_end is not None
-    sentence, packer = u.pause_at, u.packer
+    assert u.pause.at is not None and ctx.play_end is not None
+    sentence, packer = u.pause.at, u.packer
     seg, rate = u.segments[sentence], packer.sample_rate
-    goes_on = sentence != u.held or sentence + 1 in u.segments or u.unsegmented > 0
-    n = pauses.chunk_samples(rate, packer.frame_samples, u.paused_s) if goes_on else 0
+    goes_on = sentence != u.pause.held or sentence + 1 in u.segments or u.counts.unsegmented > 0
+    n = pauses.chunk_samples(rate, packer.frame_samples, u.pause.paused_s) if goes_on else 0
     late = now >= ctx.play_end + pauses.LATE_S
     if n and not late:
         seg.pause.paused_s += n / rate
-        u.paused_s += n / rate
-        if sentence != u.held:  # before its speech: its words start after it
+        u.pause.paused_s += n / rate
+        if sentence != u.pause.held:  # before its speech: its words start after it
             seg.clock.start_ms += n * 1000.0 / rate
             seg.pause.lead_s += n / rate
-    return (0 if late else n), (not n or u.paused_s >= pauses.MAX_S - 1e-9 or late)
+    return (0 if late else n), (not n or u.pause.paused_s >= pauses.MAX_S - 1e-9 or late)
 
 
 def cancelled(u: Utterance, now: float | None, pace: Pace) -> AudioCancelled:
@@ -179,7 +179,7 @@ class Clock:
                 self._pace.first_audio(len(seg.text), now - seg.times.started_t)
         seg.clock.sent_s += audio_s
         u.sent_s += audio_s
-        u.first_audio_t = now if u.first_audio_t is None else u.first_audio_t
+        u.times.first_audio_t = now if u.times.first_audio_t is None else u.times.first_audio_t
         if (ctx := self._contexts.get(u.context)) is not None:
             ctx.play_end = max(now, ctx.play_end or now) + audio_s
         u.play_end = max(now, u.play_end or now) + audio_s if ctx is None else ctx.play_end

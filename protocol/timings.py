@@ -79,14 +79,14 @@ def audio_done(u: Utterance, sentence: int) -> AudioDone:
 def session_done(u: Utterance) -> SessionDone:
     """The ``session.done`` of ``u``, all its audio written."""
     first = None
-    if u.first_audio_t is not None and u.first_text_t is not None:
-        first = u.first_audio_t - u.first_text_t
+    if u.times.first_audio_t is not None and u.times.first_text_t is not None:
+        first = u.times.first_audio_t - u.times.first_text_t
     return SessionDone(
         utterance_index=u.index,
-        total_sentences=u.total or 0,
+        total_sentences=u.counts.total or 0,
         first_text_to_first_audio_ms=_ms(first),
         audio_ms=round(u.packer.samples_sent * 1000.0 / u.packer.sample_rate, 2),
-        synthesis_ms=_ms(u.synthesis_s) or 0.0,
+        synthesis_ms=_ms(u.times.synthesis_s) or 0.0,
         context_id=wire_context_id(u.context_id),
     )
 

@@ -22,7 +22,7 @@ PLAYING = 32
 
 
 def letters(text: str) -> int:
-    """The characters of ``text`` that are not whitespace (``Utterance.unsegmented`` counts them)."""
+    """The characters of ``text`` that are not whitespace (``UtteranceCounts.unsegmented`` counts them)."""
     return len(text) - sum(ch.isspace() for ch in text)
 
 
@@ -92,30 +92,51 @@ class Segment:
 
 
 @dataclass(slots=True)
+class UtteranceTimes:
+    """When an utterance's text and audio came, on the session's clock (``Utterance.times``)."""
+
+    first_text_t: float | None  # its first text (None: it has none)
+    first_audio_t: float | None = None  # its first audio written
+    synthesis_s: float = 0.0  # the engine's time on its segments
+
+
+@dataclass(slots=True)
+class UtterancePause:
+    """An utterance's sentence pause (``protocol.pauses``; ``Utterance.pause``)."""
+
+    on: bool = False  # a sentence end may be followed by a pause (streamed, timed cuts on)
+    held: int | None = None  # a segment ended on a sentence, its audio.done held while a pause may follow
+    at: int | None = None  # the segment a pause goes into, until the next speech (``Core._pause_due``)
+    paused_s: float = 0.0  # pause written at this sentence end
+
+
+@dataclass(slots=True)
+class UtteranceCounts:
+    """How far an utterance's text and segments have come (``Utterance.counts``)."""
+
+    total: int | None = None  # segments, once all the text is segmented
+    done: int = 0  # segments whose audio is finished
+    unsegmented: int = 0  # characters (not spaces) of its text received and not yet in a segment
+
+
+@dataclass(slots=True)
 class Utterance:
     """One utterance in flight: its segments, its audio packer, its timings and its listener clock."""
 
     index: int
     packer: AudioPacker
     streamed: bool
-    first_text_t: float | None
+    times: UtteranceTimes
     context: int = 0  # its context's number
     context_id: str | None = None
     words: bool = False  # the config asked for word timings
-    first_audio_t: float | None = None
-    synthesis_s: float = 0.0
     segments: dict[int, Segment] = field(default_factory=dict)
-    total: int | None = None  # segments, once all the text is segmented
-    done: int = 0  # segments whose audio is finished
+    counts: UtteranceCounts = field(default_factory=UtteranceCounts)
+    pause: UtterancePause = field(default_factory=UtterancePause)
     reported: bool = False  # session.done handed out
     text: list[str] = field(default_factory=list)  # the client's text, as sent (``Session.take_received``)
     sent_s: float = 0.0  # its audio written
     play_end: float | None = None  # when its audio written ends, played in real time after what went before
-    pauses: bool = False  # a sentence end may be followed by a pause (streamed, timed cuts on)
-    held: int | None = None  # a segment ended on a sentence, its audio.done held while a pause may follow
-    pause_at: int | None = None  # the segment a pause goes into, until the next speech (``Core._pause_due``)
-    paused_s: float = 0.0  # pause written at this sentence end
-    unsegmented: int = 0  # characters (not spaces) of its text received and not yet in a segment
 
     @classmethod
     def open(
@@ -139,9 +160,8 @@ class Utterance:
             context_number=context,
             bitrate=fmt.bitrate,
         )
-        u = cls(index, packer, fmt.streamed, now, context, context_id, fmt.word_timestamps)
-        u.pauses = fmt.streamed and eager
-        return u
+        times, pause = UtteranceTimes(now), UtterancePause(on=fmt.streamed and eager)
+        return cls(index, packer, fmt.streamed, times, context, context_id, fmt.word_timestamps, pause=pause)
 
 
 class InFlight:
@@ -197,7 +217,9 @@ class InFlight:
         one of their context's is reported; across contexts in the order they opened."""
         finished: list[Utterance] = []
         for context, queue in list(self.unreported.items()):
-            while queue and queue[0].total is not None and queue[0].done >= queue[0].total:
+            while (
+                queue and queue[0].counts.total is not None and queue[0].counts.done >= queue[0].counts.total
+            ):
                 finished.append(queue.popleft())
             if not queue:
                 del self.unreported[context]
