@@ -49,6 +49,7 @@ exactly at the cap.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from . import boundaries
@@ -125,6 +126,25 @@ def _is_cjk(char: str) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    """Where a segmenter may cut, fixed when it is made (``Segmenter``'s arguments)."""
+
+    sentences: bool  # at sentence ends (granularity not "none")
+    clauses: bool  # at clause marks too (granularity "clause")
+    eager_first: bool  # timed cuts on (``Segmenter.cut_early``)
+    max_chars: int  # the hard cap on a segment's length
+
+
+@dataclass(slots=True)
+class _CutPoints:
+    """Where ``cut_early`` may cut the buffered segment: (position, words before, CJK chars before), and for
+    word boundaries the start of the token before (-1 between two CJK characters)."""
+
+    clauses: list[tuple[int, int, int]] = field(default_factory=list)
+    words: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+
 class Segmenter:
     """Cut a stream of text fragments into segments for a TTS engine.
 
@@ -150,10 +170,7 @@ class Segmenter:
             raise ValueError(f"unknown granularity {granularity!r}")
         if max_chars < 1:
             raise ValueError("max_chars must be at least 1")
-        self._sentences = granularity != "none"
-        self._clauses = granularity == "clause"
-        self._eager_first = eager_first
-        self._max_chars = max_chars
+        self._rules = _Rules(granularity != "none", granularity == "clause", eager_first, max_chars)
         self._buf = ""
         self._pos = 0  # next index of _buf to scan
         self._out: list[str] = []
@@ -168,7 +185,7 @@ class Segmenter:
     @property
     def eager_pending(self) -> bool:
         """Whether text of a segment that ``cut_early`` may cut is buffered (timed cuts are on)."""
-        return self._eager_first and self._has_content
+        return self._rules.eager_first and self._has_content
 
     @property
     def first_pending(self) -> bool:
@@ -206,12 +223,12 @@ class Segmenter:
         # later one counts it too: the text goes on, and a word that grows is still a word.
         words = self._words - (1 if self._in_token and self._eager else 0)
         cjk = self._cjk
-        for at, words_before, cjk_before in reversed(self._clause_points):
+        for at, words_before, cjk_before in reversed(self._points.clauses):
             if words - words_before >= EAGER_TAIL_WORDS or cjk - cjk_before >= EAGER_TAIL_CJK_CHARS:
                 return at
         best, best_score = -1, boundaries.NONE
         min_words, min_cjk = (EAGER_MIN_WORDS, EAGER_MIN_CJK_CHARS) if self._eager else (0, 0)
-        for at, words_before, cjk_before, start in reversed(self._word_points):
+        for at, words_before, cjk_before, start in reversed(self._points.words):
             head = words_before >= min_words or cjk_before >= min_cjk
             tail = words - words_before >= EAGER_TAIL_WORDS or cjk - cjk_before >= EAGER_TAIL_CJK_CHARS
             # The latest point of each score comes first, so it wins its score.
@@ -280,7 +297,7 @@ class Segmenter:
         self._buf = ""
         self._pos = 0
         self._out = []
-        self._eager = self._eager_first
+        self._eager = self._rules.eager_first
         self._new_segment(0)
 
     def _new_segment(self, begin: int) -> None:
@@ -293,10 +310,7 @@ class Segmenter:
         self._cjk = 0
         self._last_ws = -1
         self._soft = -1  # last punctuation boundary this granularity did not cut at
-        # Where cut_early may cut: (position, words before, CJK chars before), and for word boundaries
-        # the start of the token before (-1 between two CJK characters).
-        self._clause_points: list[tuple[int, int, int]] = []
-        self._word_points: list[tuple[int, int, int, int]] = []
+        self._points = _CutPoints()
 
     def _compact(self) -> None:
         drop = self._begin
@@ -307,10 +321,9 @@ class Segmenter:
             self._tok_start = max(0, self._tok_start - drop)
             self._last_ws = self._last_ws - drop if self._last_ws >= 0 else -1
             self._soft = self._soft - drop if self._soft >= 0 else -1
-            self._clause_points = [(at - drop, w, c) for at, w, c in self._clause_points]
-            self._word_points = [
-                (at - drop, w, c, t - drop if t >= 0 else -1) for at, w, c, t in self._word_points
-            ]
+            points = self._points
+            points.clauses = [(at - drop, w, c) for at, w, c in points.clauses]
+            points.words = [(at - drop, w, c, t - drop if t >= 0 else -1) for at, w, c, t in points.words]
 
     def _scan(self, *, final: bool) -> None:
         buf = self._buf
@@ -323,7 +336,7 @@ class Segmenter:
             if self._in_token and self._tok_word:
                 run = _PLAIN_RUN.match(buf, i - 1)
                 if run is not None:
-                    i = max(i, min(run.end(), self._begin + self._max_chars))
+                    i = max(i, min(run.end(), self._begin + self._rules.max_chars))
         self._pos = i
 
     def _step(self, i: int, final: bool) -> bool:
@@ -338,9 +351,9 @@ class Segmenter:
                     self._cut(i)
                 else:
                     self._soft = i
-                    if self._eager_first and kind == _CLAUSE and self._big_enough():
-                        self._clause_points.append((i, self._words, self._cjk))
-        if self._has_content and i - self._begin >= self._max_chars:
+                    if self._rules.eager_first and kind == _CLAUSE and self._big_enough():
+                        self._points.clauses.append((i, self._words, self._cjk))
+        if self._has_content and i - self._begin >= self._rules.max_chars:
             self._cap(i, char)
         self._absorb(i, char)
         return True
@@ -353,11 +366,11 @@ class Segmenter:
 
     def _takes(self, kind: int) -> bool:
         if kind == _SENTENCE:
-            return self._sentences or self._eager
-        return self._clauses and self._big_enough()
+            return self._rules.sentences or self._eager
+        return self._rules.clauses and self._big_enough()
 
     def _cap(self, i: int, char: str) -> None:
-        if self._soft >= self._begin + self._max_chars // 2:
+        if self._soft >= self._begin + self._rules.max_chars // 2:
             at = self._soft
         elif char.isspace():
             at = i
@@ -382,8 +395,8 @@ class Segmenter:
     def _absorb(self, k: int, char: str) -> None:
         if char.isspace():
             if self._has_content:
-                if self._eager_first and self._in_token and self._long_enough():
-                    self._word_points.append((k, self._words, self._cjk, self._tok_start))
+                if self._rules.eager_first and self._in_token and self._long_enough():
+                    self._points.words.append((k, self._words, self._cjk, self._tok_start))
                 self._last_ws = k
                 self._in_token = False
             else:
@@ -400,8 +413,13 @@ class Segmenter:
             self._tok_word = True
             self._words += 1
         if char >= "\u3040" and _is_cjk(char):
-            if self._eager_first and k > self._begin and self._long_enough() and _is_cjk(self._buf[k - 1]):
-                self._word_points.append((k, self._words, self._cjk, -1))
+            if (
+                self._rules.eager_first
+                and k > self._begin
+                and self._long_enough()
+                and _is_cjk(self._buf[k - 1])
+            ):
+                self._points.words.append((k, self._words, self._cjk, -1))
             self._cjk += 1
 
     def _boundary(self, i: int, char: str, final: bool) -> int:
