@@ -115,7 +115,7 @@ class Core:
         (a segment gave less audio than estimated, the engine turned out slower), by no more than the
         estimates' error, which ``MARGIN_S`` covers.
         """
-        idle_s = self.session.context_idle_timeout_s
+        idle_s = self.session.limits.context_idle_timeout_s
         due = [t for c in self._contexts if (t := self._cut_at(c)) is not None]
         due += [t for c in self._contexts if (t := c.idle_at(idle_s)) is not None]
         due += [t for c in self._contexts if (t := listener.pause_due(c, self._flight)[0]) is not None]
@@ -140,7 +140,7 @@ class Core:
             while (pause := listener.pause_due(ctx, self._flight))[0] is not None and now >= pause[0]:
                 self._pause(ctx, pause[1], now)
         # Idle contexts close in the order their time ran out, however late the tick comes.
-        idle_s = self.session.context_idle_timeout_s
+        idle_s = self.session.limits.context_idle_timeout_s
         idle = [(t, c) for c in self._contexts if (t := c.idle_at(idle_s)) is not None and now >= t]
         for _, ctx in sorted(idle, key=lambda pair: pair[0]):
             if self._flight.busy(ctx.number):

@@ -54,6 +54,7 @@ from .events import (
     UtteranceEnded,
     UtteranceStarted,
 )
+from .limits import SessionLimits
 from .messages import (
     ClientMessage,
     ContextClose,
@@ -124,18 +125,9 @@ class Session:
     """Protocol state of one WebSocket connection.
 
     Args:
-        max_config_bytes: largest accepted ``session.config`` message.
-        max_message_bytes: largest accepted message of any other type.
-        max_pending_text_chars: most text not yet handed to the engine (buffered here, or in segments not
-            started yet: ``backlog``, kept by the ``Core``) an ``input.text`` may bring it to; 0 for no cap.
         extensions: the client opted in to voxgate's extensions (``protocol.codecs.stream``).
-        max_contexts: named contexts open at once; a message that would open one more is refused
-            (``too_many_contexts``). 0 refuses every named context.
-        context_idle_timeout_s: seconds a named context may go without a message before the core
-            closes it (``Core.tick``); 0 for never.
-        max_in_flight: utterances queued at once (started, their ``session.done`` not yet out); a
-            message that would start one more is refused (``text_backlog_full``). Empty utterances
-            (``input.done`` alone) count too: each holds a little state until its turn.
+        max_config_bytes, max_message_bytes, max_pending_text_chars, max_contexts, context_idle_timeout_s,
+            max_in_flight: its caps, kept as ``limits`` (``protocol.limits.SessionLimits``: what each holds).
     """
 
     def __init__(
@@ -152,11 +144,14 @@ class Session:
         self.extensions = extensions
         self.state = State.AWAITING_CONFIG
         self.config: SessionConfig | None = None
-        self.max_config_bytes = max_config_bytes
-        self.max_message_bytes = max_message_bytes
-        self.max_pending_text_chars = max_pending_text_chars
-        self.max_contexts = max_contexts
-        self.context_idle_timeout_s = context_idle_timeout_s
+        self.limits = SessionLimits(
+            max_config_bytes,
+            max_message_bytes,
+            max_pending_text_chars,
+            max_contexts,
+            context_idle_timeout_s,
+            max_in_flight,
+        )
         #: The engine work the core holds, which the caps count: the core sets it (``InFlight``).
         self.queue: Queue | None = None
         #: The index the next utterance will take, in whichever context it starts.
@@ -166,7 +161,6 @@ class Session:
         self.contexts = Contexts()
         self.max_buffer_delay_s = DEFAULT_MAX_BUFFER_DELAY_MS / 1000.0
         self._refusal: ProtocolError | None = None  # ``refuse_new``: new utterances get this error
-        self.max_in_flight = max_in_flight
         #: Whether ``text_normalization`` ``auto`` writes numbers out, for an engine whose front end
         #: misreads them (Piper's espeak): the host sets it from the engine; ``on`` always does.
         self.expand_numbers = False
@@ -251,8 +245,8 @@ class Session:
         """
         msg = decode(
             data,
-            max_config_bytes=self.max_config_bytes,
-            max_message_bytes=self.max_message_bytes,
+            max_config_bytes=self.limits.max_config_bytes,
+            max_message_bytes=self.limits.max_message_bytes,
             fatal=not self.configured,
         )
         ignored = unknown_fields(data) if isinstance(msg, SessionConfig) else ()
@@ -378,7 +372,7 @@ class Session:
             return  # it goes to an utterance already open
         if self._refusal is not None:
             raise self._error(self._refusal.code, self._refusal.message, context_id=context_id)
-        if self.in_flight >= self.max_in_flight:
+        if self.in_flight >= self.limits.max_in_flight:
             raise self._error(
                 ErrorCode.TEXT_BACKLOG_FULL,
                 f"{self.in_flight} utterances are waiting to be spoken, the most a session may queue: "
@@ -387,7 +381,7 @@ class Session:
             )
 
     def _check_backlog(self, text: str, context_id: str | None) -> None:
-        cap = self.max_pending_text_chars
+        cap = self.limits.max_pending_text_chars
         pending = self.backlog + sum(
             len(stream.segmenter.pending) + len(stream.normalizer.pending) for stream in self.contexts.texts()
         )
@@ -421,7 +415,7 @@ class Session:
         if stream is not None:
             events.append(ContextActive(stream.number))
             return stream
-        if self.contexts.open_count >= self.max_contexts:
+        if self.contexts.open_count >= self.limits.max_contexts:
             raise self._error(
                 ErrorCode.TOO_MANY_CONTEXTS,
                 f"{self.contexts.open_count} contexts are open, the most this session allows; close one "

@@ -213,7 +213,8 @@ def test_binary_message_is_refused() -> None:
 
 def test_default_limits() -> None:
     session = Session()
-    assert (session.max_config_bytes, session.max_message_bytes) == (MAX_CONFIG_BYTES, MAX_MESSAGE_BYTES)
+    limits = session.limits
+    assert (limits.max_config_bytes, limits.max_message_bytes) == (MAX_CONFIG_BYTES, MAX_MESSAGE_BYTES)
     assert (MAX_CONFIG_BYTES, MAX_MESSAGE_BYTES) == (4 * 1024 * 1024, 128 * 1024)
 
 
