@@ -37,6 +37,8 @@ from .names import UnsafeName, normalize_name
 FORMAT = "voxgate.voice/1"
 SUFFIX = ".safetensors"
 PUBLIC_DIR = "_public"
+#: The lock of an owner's folder: a file the local store ``flock``s, an object the S3 store holds.
+LOCK_NAME = ".lock"
 # Long enough for a descriptive name, short enough to fit one line of a voice picker.
 MAX_NAME_CHARS = 64
 # 30 s of audio at 192 kHz is 23 MB as float32 (as earlier versions stored it); a bigger file is not one

@@ -34,6 +34,7 @@ from safetensors import SafetensorError, safe_open
 
 from .format import (
     FORMAT,
+    LOCK_NAME,
     MAX_FILE_BYTES,
     PUBLIC_DIR,
     SUFFIX,
@@ -78,7 +79,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 TEMP_SUFFIX = ".tmp"
-LOCK_NAME = ".lock"
 # Far longer than any write takes, so a younger temp file may still belong to a live writer.
 STALE_TEMP_S = 60.0
 

@@ -50,6 +50,7 @@ from obstore.store import S3Store
 from safetensors import SafetensorError
 
 from .format import (
+    LOCK_NAME,
     MAX_FILE_BYTES,
     SUFFIX,
     BaseVoiceStore,
@@ -70,7 +71,6 @@ from .format import (
 
 logger = logging.getLogger(__name__)
 
-LOCK_NAME = ".lock"
 # A count plus one PUT of at most a few MB takes well under a second on a working store; after a crash,
 # the owner's uploads wait this long at most.
 LOCK_STALE_S = 5.0
